@@ -1,0 +1,3 @@
+"""normcal calibration maths."""
+
+from __future__ import annotations
