@@ -1,0 +1,151 @@
+"""The ``normcal`` command line: ``serve``, ``ingest`` (and more as the product grows)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def read_beir_corpus(
+    data_dir: Path, limit: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield ``{"id", "text", "metadata"}`` from a BEIR ``corpus.jsonl``.
+
+    The title, when present, is the first line of the text (BEIR's convention of
+    embedding title and body together).
+    """
+    with (data_dir / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh):
+            if limit is not None and n >= limit:
+                return
+            row = json.loads(line)
+            title = (row.get("title") or "").strip()
+            body = (row.get("text") or "").strip()
+            text = f"{title}\n{body}" if title and body else (title or body)
+            if text:
+                yield {"id": str(row["_id"]), "text": text, "metadata": {}}
+
+
+def _batches(
+    items: Iterator[dict[str, Any]], size: int
+) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get("NORMCAL_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the HTTP service in this process."""
+    import uvicorn
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    overrides: dict[str, Any] = {}
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir
+    settings = Settings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    """Upsert a BEIR corpus into a collection through the HTTP API."""
+    import httpx
+    from tqdm import tqdm
+
+    docs = list(read_beir_corpus(Path(args.data_dir), args.limit))
+    with httpx.Client(base_url=args.url, headers=_headers(), timeout=600) as client:
+        created = client.post("/v1/collections", json={"name": args.collection})
+        if created.status_code not in (201, 409):
+            print(f"error: {created.text}", file=sys.stderr)
+            return 1
+
+        def put(batch: list[dict[str, Any]]) -> int:
+            response = client.put(
+                f"/v1/collections/{args.collection}/documents",
+                json={"documents": batch},
+            )
+            response.raise_for_status()
+            return len(batch)
+
+        started = time.perf_counter()
+        with (
+            tqdm(total=len(docs), unit="doc", file=sys.stderr) as bar,
+            ThreadPoolExecutor(2) as pool,  # two in flight keep the model busy
+        ):
+            for n in pool.map(put, _batches(iter(docs), args.batch_size)):
+                bar.update(n)
+        elapsed = time.perf_counter() - started
+    rate = len(docs) / elapsed if elapsed > 0 else float("inf")
+    print(
+        f"ingested {len(docs)} documents into {args.collection!r} "
+        f"in {elapsed:.1f}s ({rate:.1f} docs/s)"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``normcal``."""
+    parser = argparse.ArgumentParser(prog="normcal", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--data-dir", type=Path, default=None, help="overrides NORMCAL_DATA_DIR"
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    ingest = sub.add_parser("ingest", help="upsert a BEIR corpus.jsonl via the API")
+    ingest.add_argument("data_dir", type=Path, help="folder holding corpus.jsonl")
+    ingest.add_argument("--collection", required=True)
+    ingest.add_argument("--url", default=os.environ.get("NORMCAL_URL", DEFAULT_URL))
+    ingest.add_argument("--batch-size", type=int, default=64)
+    ingest.add_argument(
+        "--limit", type=int, default=None, help="first N documents only"
+    )
+    ingest.set_defaults(func=cmd_ingest)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``normcal`` script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Concurrency primitives: a readers-writer lock and a bounded CPU pool.
+
+CPU work (embedding, FAISS, fitting) never runs on the event loop. The pool refuses
+work beyond ``max_pending`` queued jobs with :class:`OverloadedError` (HTTP 503 +
+``Retry-After``) instead of queueing forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+from app.exceptions import OverloadedError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        """Hold the lock shared."""
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        """Hold the lock exclusively."""
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class CpuPool:
+    """A thread pool with a bound on queued work.
+
+    Parameters
+    ----------
+    workers : int
+        Threads running CPU-bound jobs.
+    max_pending : int
+        Jobs (running or queued) beyond which :meth:`run` raises ``OverloadedError``.
+    """
+
+    def __init__(self, workers: int, max_pending: int) -> None:
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="normcal-cpu")
+        self._max_pending = max_pending
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet finished."""
+        return self._pending
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` in the pool and await its result."""
+        with self._lock:
+            if self._pending >= self._max_pending:
+                raise OverloadedError(
+                    f"{self._pending} jobs are already queued; retry shortly",
+                    retry_after=1,
+                )
+            self._pending += 1
+        ctx = contextvars.copy_context()
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor, lambda: ctx.run(fn, *args, **kwargs)
+            )
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def shutdown(self) -> None:
+        """Wait for running jobs, then stop the threads."""
+        self._executor.shutdown(wait=True, cancel_futures=True)

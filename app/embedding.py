@@ -1,0 +1,144 @@
+"""Embedding backend: unit vectors *and* the raw norm that cosine similarity discards.
+
+The norm is the length of the pooled vector before the model's final ``Normalize``
+module (theory.md §4.8): for all-MiniLM-L6-v2 that is the mean-pooled token embedding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+logger = logging.getLogger(__name__)
+
+InputType = Literal["query", "document"]
+
+
+@dataclass(frozen=True)
+class EmbeddingBatch:
+    """Embeddings of a batch of texts, in input order.
+
+    Attributes
+    ----------
+    vectors : ndarray of shape (n, dim), float32
+        Unit vectors ``u = z / ||z||``.
+    norms : ndarray of shape (n,), float64
+        Raw norms ``r = ||z||`` of the pooled vectors before normalisation.
+    n_tokens : ndarray of shape (n,), int64
+        Tokens the model saw (special tokens included, after truncation).
+    truncated : ndarray of shape (n,), bool
+        Whether the text was longer than the model's maximum sequence length.
+    """
+
+    vectors: NDArray[np.float32]
+    norms: NDArray[np.float64]
+    n_tokens: NDArray[np.int64]
+    truncated: NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return int(self.norms.shape[0])
+
+
+class Embedder(Protocol):
+    """What the service needs from an embedding model."""
+
+    model_name: str
+    dim: int
+    max_seq_length: int
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed ``texts`` (blocking, CPU-bound); order is preserved."""
+        ...
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model with its ``Normalize`` module removed.
+
+    Parameters
+    ----------
+    model_path : str
+        Local model directory (no hub download: ``HF_HUB_OFFLINE=1`` is forced).
+    model_name : str
+        Name reported in responses.
+    prompts : dict
+        Prefix per input type, e.g. ``{"query": "query: ", "document": "passage: "}``.
+    batch_size : int
+        Texts per forward pass; the library sorts texts by length within a call.
+    device : str
+        Torch device.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        model_name: str,
+        prompts: dict[InputType, str] | None = None,
+        batch_size: int = 32,
+        device: str = "cpu",
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.models import Normalize
+
+        model = SentenceTransformer(model_path, device=device, local_files_only=True)
+        modules = list(model)
+        if modules and isinstance(modules[-1], Normalize):
+            # Keep the pooled vector's length: rebuild the pipeline without Normalize.
+            model = SentenceTransformer(modules=modules[:-1], device=device)
+        self._model = model
+        self._tokenizer = model.tokenizer
+        self.model_name = model_name
+        self.prompts: dict[InputType, str] = dict(prompts or {})
+        self.batch_size = batch_size
+        self.max_seq_length = int(model.max_seq_length or 512)
+        get_dim = getattr(model, "get_embedding_dimension", None) or (
+            model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
+        if dim is None:  # pragma: no cover - every pooled model reports it
+            raise ValueError(f"model at {model_path} does not report its dimension")
+        self.dim = int(dim)
+
+    def token_counts(self, texts: list[str]) -> NDArray[np.int64]:
+        """Untruncated token counts, special tokens included."""
+        encoded = self._tokenizer(
+            texts, add_special_tokens=True, truncation=False, verbose=False
+        )
+        return np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed texts; see :class:`EmbeddingBatch`."""
+        prefix = self.prompts.get(input_type, "")
+        inputs = [prefix + t for t in texts] if prefix else list(texts)
+        if not inputs:
+            return EmbeddingBatch(
+                np.zeros((0, self.dim), np.float32),
+                np.zeros(0),
+                np.zeros(0, np.int64),
+                np.zeros(0, bool),
+            )
+        raw = self._model.encode(
+            inputs,
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+            show_progress_bar=False,
+        )
+        z = np.asarray(raw, dtype=np.float64)
+        norms = np.linalg.norm(z, axis=1)
+        # A zero vector has no direction; keep it as zeros (cosine 0 with everything).
+        safe = np.where(norms > 0, norms, 1.0)
+        vectors = (z / safe[:, None]).astype(np.float32)
+        full = self.token_counts(inputs)
+        return EmbeddingBatch(
+            vectors=vectors,
+            norms=norms,
+            n_tokens=np.minimum(full, self.max_seq_length),
+            truncated=full > self.max_seq_length,
+        )

@@ -1,0 +1,213 @@
+"""RFC 9457 problem responses: the one table from exceptions to HTTP.
+
+Routes raise domain exceptions and never build error responses themselves. A 500 never
+echoes internals: it logs the traceback with the request id and says only that.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app import exceptions as exc
+from calibration import exceptions as cal
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class ProblemDetail(BaseModel):
+    """An RFC 9457 problem document."""
+
+    type: str = Field(description="URI reference naming the problem type")
+    title: str
+    status: int
+    detail: str
+    instance: str | None = Field(None, description="urn:request:<id> of the request")
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="field errors, for validation problems"
+    )
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    """How one exception class is reported."""
+
+    status: int
+    slug: str
+    title: str
+
+
+# Most specific classes first: the first isinstance match wins. calibration/ knows
+# nothing of HTTP; its errors are mapped here too, so the table stays in one place.
+PROBLEM_TABLE: dict[type[Exception], ProblemType] = {
+    cal.InsufficientDataError: ProblemType(422, "insufficient-data", "Not enough data"),
+    cal.InvalidInputError: ProblemType(422, "invalid-input", "Invalid input"),
+    cal.UnsupportedFormatError: ProblemType(
+        422, "unsupported-format", "Unsupported format"
+    ),
+    cal.NotFittedCalibratorError: ProblemType(
+        409, "not-fitted", "Calibrator not fitted"
+    ),
+    cal.CalibrationError: ProblemType(422, "calibration-failed", "Calibration failed"),
+    exc.NotFoundError: ProblemType(404, "not-found", "Not found"),
+    exc.ConflictError: ProblemType(409, "conflict", "Conflict"),
+    exc.LimitExceededError: ProblemType(422, "limit-exceeded", "Limit exceeded"),
+    exc.InvalidRequestError: ProblemType(422, "invalid-request", "Invalid request"),
+    exc.PayloadTooLargeError: ProblemType(
+        413, "payload-too-large", "Payload too large"
+    ),
+    exc.UnauthorizedError: ProblemType(401, "unauthorized", "Unauthorized"),
+    exc.OverloadedError: ProblemType(503, "overloaded", "Service overloaded"),
+}
+
+VALIDATION = ProblemType(422, "validation-error", "Request validation failed")
+MALFORMED_JSON = ProblemType(400, "malformed-json", "Malformed JSON body")
+INTERNAL = ProblemType(500, "internal-error", "Internal server error")
+
+
+def problem_type_uri(slug: str) -> str:
+    """Return the type URI of a problem slug (documented in the README)."""
+    return f"/problems/{slug}"
+
+
+def request_instance(request: Request) -> str | None:
+    """Return the ``urn:request:<id>`` of the request, if the middleware set one."""
+    request_id = getattr(request.state, "request_id", None)
+    return f"urn:request:{request_id}" if request_id else None
+
+
+def problem_response(
+    request: Request,
+    problem: ProblemType,
+    detail: str,
+    *,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """Build a problem+json response."""
+    body = ProblemDetail(
+        type=problem_type_uri(problem.slug),
+        title=problem.title,
+        status=problem.status,
+        detail=detail,
+        instance=request_instance(request),
+        errors=errors,
+    )
+    return JSONResponse(
+        body.model_dump(exclude_none=True),
+        status_code=problem.status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=headers,
+    )
+
+
+def lookup(error: Exception) -> ProblemType | None:
+    """Find the problem type of a domain exception (None if it is not one)."""
+    for cls, problem in PROBLEM_TABLE.items():
+        if isinstance(error, cls):
+            return problem
+    return None
+
+
+async def _domain_handler(request: Request, error: Exception) -> JSONResponse:
+    problem = lookup(error)
+    if problem is None:  # pragma: no cover - registered only for mapped classes
+        return await _internal_handler(request, error)
+    headers = None
+    if isinstance(error, exc.OverloadedError):
+        headers = {"Retry-After": str(error.retry_after)}
+    if isinstance(error, exc.UnauthorizedError):
+        headers = {"WWW-Authenticate": "Bearer"}
+    errors = None
+    field = getattr(error, "field", None)
+    if field is not None:
+        errors = [{"loc": field.split("."), "msg": str(error)}]
+    return problem_response(
+        request, problem, str(error), errors=errors, headers=headers
+    )
+
+
+def _jsonable_errors(raw: list[Any]) -> list[dict[str, Any]]:
+    # pydantic error dicts may hold exception objects in ``ctx``; keep the readable parts.
+    return [
+        {
+            "loc": [str(p) for p in e.get("loc", ())],
+            "msg": e.get("msg"),
+            "type": e.get("type"),
+        }
+        for e in raw
+    ]
+
+
+async def _validation_handler(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    errors = _jsonable_errors(list(error.errors()))
+    if any(e["type"] == "json_invalid" for e in errors):
+        return problem_response(
+            request,
+            MALFORMED_JSON,
+            "The request body is not valid JSON.",
+            errors=errors,
+        )
+    first = errors[0] if errors else {"loc": [], "msg": "invalid"}
+    where = ".".join(p for p in first["loc"] if p != "body") or "body"
+    detail = f"{where}: {first['msg']}"
+    if len(errors) > 1:
+        detail += f" (and {len(errors) - 1} more)"
+    return problem_response(request, VALIDATION, detail, errors=errors)
+
+
+async def _http_handler(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    problem = ProblemType(
+        error.status_code, f"http-{error.status_code}", _reason(error.status_code)
+    )
+    return problem_response(
+        request, problem, str(error.detail), headers=dict(error.headers or {})
+    )
+
+
+async def _internal_handler(request: Request, error: Exception) -> JSONResponse:
+    logger.error(
+        "unhandled error in %s %s (request %s)",
+        request.method,
+        request.url.path,
+        getattr(request.state, "request_id", "-"),
+        exc_info=error,
+    )
+    return problem_response(
+        request, INTERNAL, "The server failed to handle this request; see its logs."
+    )
+
+
+def _reason(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:  # pragma: no cover - non-standard status
+        return "Error"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the problem handlers on ``app``."""
+    for cls in (exc.NormcalError, cal.CalibrationError):
+        app.add_exception_handler(cls, _domain_handler)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(Exception, _internal_handler)
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ProblemDetail, "content": {PROBLEM_MEDIA_TYPE: {}}}
+    for status in (400, 401, 404, 409, 413, 422, 503)
+}

@@ -1,0 +1,69 @@
+"""Domain errors of the service. ``app/errors.py`` maps each to an HTTP problem.
+
+::
+
+    NormcalError
+    ├── NotFoundError            (an unknown collection, document or calibrator)
+    ├── ConflictError            (a collection that already exists)
+    ├── InvalidRequestError      (well-formed but unacceptable input)
+    │   └── LimitExceededError   (a declared limit was passed)
+    ├── PayloadTooLargeError     (request body over the byte cap)
+    ├── UnauthorizedError        (missing or wrong API key)
+    └── OverloadedError          (CPU pool saturated; retry later)
+"""
+
+from __future__ import annotations
+
+
+class NormcalError(Exception):
+    """Base class of every error the service reports as a problem response."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFoundError(NormcalError):
+    """A named resource does not exist."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"{kind} {name!r} does not exist")
+        self.kind = kind
+        self.name = name
+
+
+class ConflictError(NormcalError):
+    """The resource already exists."""
+
+
+class InvalidRequestError(NormcalError):
+    """The request is well-formed JSON but cannot be served as asked."""
+
+    def __init__(self, detail: str, *, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.field = field
+
+
+class LimitExceededError(InvalidRequestError):
+    """A declared limit was exceeded."""
+
+    def __init__(self, field: str, limit: int, actual: int) -> None:
+        super().__init__(f"{field}: {actual} exceeds the limit of {limit}", field=field)
+        self.limit = limit
+        self.actual = actual
+
+
+class PayloadTooLargeError(NormcalError):
+    """The request body is larger than the configured cap."""
+
+
+class UnauthorizedError(NormcalError):
+    """The request lacks a valid bearer token."""
+
+
+class OverloadedError(NormcalError):
+    """More CPU work is queued than the pool accepts; the client should retry."""
+
+    def __init__(self, detail: str, *, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after

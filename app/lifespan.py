@@ -1,0 +1,72 @@
+"""The lifespan owns every heavy resource: embedder, collections, CPU pool."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TypedDict
+
+from fastapi import FastAPI
+
+from app.concurrency import CpuPool
+from app.embedding import Embedder, SentenceTransformerEmbedder
+from app.registry import CollectionRegistry
+from app.service import Service
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class State(TypedDict):
+    """Lifespan state, available to requests as ``request.state``."""
+
+    service: Service
+
+
+def load_embedder(settings: Settings) -> Embedder:
+    """Load the configured sentence-transformers model from local files."""
+    return SentenceTransformerEmbedder(
+        settings.model_path,
+        model_name=settings.model_name,
+        prompts={"query": settings.query_prompt, "document": settings.document_prompt},
+        batch_size=settings.embed_batch_size,
+        device=settings.device,
+    )
+
+
+def make_lifespan(
+    settings: Settings, embedder: Embedder | None = None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[State]]:
+    """Build the lifespan; ``embedder`` lets tests share one loaded model."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+        model = embedder if embedder is not None else load_embedder(settings)
+        registry = CollectionRegistry(
+            settings.data_dir,
+            model_name=model.model_name,
+            dim=model.dim,
+            index_type=settings.index_type,
+            hnsw_m=settings.hnsw_m,
+            ef_search=settings.hnsw_ef_search,
+            synchronous=settings.sqlite_synchronous,
+        )
+        registry.load()
+        pool = CpuPool(settings.worker_threads, settings.max_pending_jobs)
+        logger.info(
+            "normcal ready: model %s (dim %d), %d collections in %s",
+            model.model_name,
+            model.dim,
+            len(registry.names()),
+            settings.data_dir,
+        )
+        try:
+            yield {"service": Service(settings, model, registry, pool)}
+        finally:
+            # Reverse order: finish CPU work, then close SQLite cleanly.
+            pool.shutdown()
+            registry.close()
+            logger.info("normcal stopped")
+
+    return lifespan

@@ -1,0 +1,40 @@
+"""Enforcement of the limits declared in ``Settings.limits``.
+
+Each check raises :class:`LimitExceededError` (HTTP 422) naming the field, the limit
+and the value; nothing has been written when it does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from app.exceptions import LimitExceededError
+from app.settings import Limits
+
+
+def check_count(field: str, items: Sequence[Any], limit: int) -> None:
+    """Reject more than ``limit`` items."""
+    if len(items) > limit:
+        raise LimitExceededError(field, limit, len(items))
+
+
+def check_texts(field: str, texts: Sequence[str], limits: Limits) -> None:
+    """Reject any text longer than ``limits.max_text_chars`` characters."""
+    for i, text in enumerate(texts):
+        if len(text) > limits.max_text_chars:
+            raise LimitExceededError(f"{field}.{i}", limits.max_text_chars, len(text))
+
+
+def check_value(field: str, value: int, limit: int) -> None:
+    """Reject a number above ``limit``."""
+    if value > limit:
+        raise LimitExceededError(field, limit, value)
+
+
+def check_metadata(field: str, metadata: dict[str, Any], limits: Limits) -> None:
+    """Reject metadata whose JSON encoding is larger than the limit."""
+    size = len(json.dumps(metadata, ensure_ascii=False).encode())
+    if size > limits.max_metadata_bytes:
+        raise LimitExceededError(field, limits.max_metadata_bytes, size)

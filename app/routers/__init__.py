@@ -1,0 +1,3 @@
+"""One router per resource."""
+
+from __future__ import annotations

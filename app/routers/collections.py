@@ -1,0 +1,40 @@
+"""Collections: create, list, describe, drop."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from app.deps import ServiceDep
+from app.errors import PROBLEM_RESPONSES
+from app.routers.params import CollectionName
+from app.schemas.collections import CollectionCreate, CollectionInfo, CollectionList
+
+router = APIRouter(
+    prefix="/collections", tags=["collections"], responses=PROBLEM_RESPONSES
+)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_collection(*, body: CollectionCreate, service: ServiceDep) -> CollectionInfo:
+    """Create an empty collection."""
+    return service.create_collection(body.name, body.description)
+
+
+@router.get("")
+def read_collections(*, service: ServiceDep) -> CollectionList:
+    """List collections."""
+    data = service.list_collections()
+    return CollectionList(data=data, count=len(data))
+
+
+@router.get("/{name}")
+def read_collection(*, name: CollectionName, service: ServiceDep) -> CollectionInfo:
+    """Describe a collection: counts, model, active calibrator."""
+    return service.describe(name)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_collection(*, name: CollectionName, service: ServiceDep) -> Response:
+    """Drop a collection and its files."""
+    service.drop_collection(name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

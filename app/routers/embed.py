@@ -1,0 +1,32 @@
+"""``POST /v1/embed``: unit vectors plus raw norms."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.deps import ServiceDep
+from app.errors import PROBLEM_RESPONSES
+from app.schemas.embed import Embedding, EmbedRequest, EmbedResponse
+
+router = APIRouter(prefix="/embed", tags=["embed"], responses=PROBLEM_RESPONSES)
+
+
+@router.post("")
+async def create_embeddings(
+    *, body: EmbedRequest, service: ServiceDep
+) -> EmbedResponse:
+    """Embed texts; each gets its unit vector, raw norm and token count."""
+    batch = await service.embed(body.texts, body.input_type)
+    return EmbedResponse(
+        data=[
+            Embedding(
+                embedding=batch.vectors[i].tolist(),
+                norm=float(batch.norms[i]),
+                n_tokens=int(batch.n_tokens[i]),
+                truncated=bool(batch.truncated[i]),
+            )
+            for i in range(len(batch))
+        ],
+        model=service.embedder.model_name,
+        dim=service.embedder.dim,
+    )

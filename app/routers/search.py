@@ -1,0 +1,25 @@
+"""``POST /v1/collections/{name}/search``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.deps import ServiceDep
+from app.errors import PROBLEM_RESPONSES
+from app.routers.params import CollectionName
+from app.schemas.search import BatchSearchResponse, SearchRequest, SearchResult
+
+router = APIRouter(
+    prefix="/collections/{name}", tags=["search"], responses=PROBLEM_RESPONSES
+)
+
+
+@router.post("/search")
+async def search_collection(
+    *, name: CollectionName, body: SearchRequest, service: ServiceDep
+) -> SearchResult | BatchSearchResponse:
+    """Top-k documents by cosine, with norms (and probabilities once calibrated)."""
+    results = await service.search(name, body)
+    if body.query is not None:
+        return results[0]
+    return BatchSearchResponse(results=results)

@@ -1,0 +1,82 @@
+"""Schemas of ``POST /v1/collections/{name}/search``."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, Field, model_validator
+
+from app.schemas.collections import CalibratorRef
+from app.schemas.common import Metadata, MetadataScalar, Probability, RequestModel, Text
+
+
+class SearchRequest(RequestModel):
+    """One query (``query``) or a batch (``queries``)."""
+
+    query: Text | None = None
+    queries: list[Text] | None = Field(None, min_length=1)
+    k: int | None = Field(
+        None, ge=1, description="hits per query; default 10, at most limits.max_k"
+    )
+    filter: dict[str, MetadataScalar] | None = Field(
+        None, description="metadata equality on every key"
+    )
+    include_text: bool = False
+    min_probability: Probability | None = Field(
+        None, description="drop hits whose probability is below this"
+    )
+    target_precision: Probability | None = Field(
+        None,
+        description="return the longest prefix whose mean probability meets this",
+    )
+
+    @model_validator(mode="after")
+    def _one_of_query_or_queries(self) -> Self:
+        if (self.query is None) == (self.queries is None):
+            raise ValueError("give exactly one of 'query' or 'queries'")
+        return self
+
+    @property
+    def texts(self) -> list[str]:
+        """The query texts, batch or not."""
+        return [self.query] if self.query is not None else list(self.queries or [])
+
+
+class SearchHit(BaseModel):
+    """One hit."""
+
+    id: str
+    score: float = Field(description="cosine similarity")
+    probability: float | None = Field(description="calibrated P(relevant)")
+    norm: float = Field(description="raw norm of the document embedding")
+    n_tokens: int
+    metadata: Metadata
+    text: str | None = None
+
+
+class QueryInfo(BaseModel):
+    """What the model made of the query."""
+
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+class SearchResult(BaseModel):
+    """Hits of one query, best first, with query-level confidence."""
+
+    query: QueryInfo
+    hits: list[SearchHit]
+    confidence: float | None = Field(
+        None, description="P(at least one relevant hit among the returned)"
+    )
+    abstain: bool | None = Field(
+        None, description="true when nothing relevant is likely to have been found"
+    )
+    calibrator: CalibratorRef | None = None
+
+
+class BatchSearchResponse(BaseModel):
+    """Results of a ``queries`` batch, in order."""
+
+    results: list[SearchResult]

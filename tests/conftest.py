@@ -1,0 +1,64 @@
+"""Shared fixtures: the real bundled model (loaded once), settings, app and client."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(
+    os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data")
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_environ() -> Iterator[None]:
+    """Snapshot and restore ``os.environ`` around every test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    """The real all-MiniLM-L6-v2 embedder, loaded once per test session."""
+    from app.lifespan import load_embedder
+    from app.settings import Settings
+
+    return load_embedder(Settings())
+
+
+@pytest.fixture
+def settings(tmp_path: Path):
+    from app.settings import Settings
+
+    return Settings(data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+def app(settings, embedder):
+    from app.main import create_app
+
+    return create_app(settings, embedder=embedder)
+
+
+@pytest.fixture
+def client(app):
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as c:
+        yield c
+
+
+def shared_dataset(name: str) -> Path:
+    """Path of a staged dataset, or skip when ``../shared/data`` is absent."""
+    path = SHARED_DATA / name
+    if not (path / "corpus.jsonl").exists():
+        pytest.skip(f"{path} not available (tests read ../shared/data when present)")
+    return path
