@@ -72,7 +72,7 @@ def test_acknowledged_upserts_survive_kill_9(tmp_path):
         with httpx.Client(base_url=server.url, timeout=60) as c:
             info = c.get("/v1/collections/crash").json()
             assert info["documents"] == info["indexed"]
-            present = {i: 0 for i in attempted}
+            present = dict.fromkeys(attempted, 0)
             for i in attempted:
                 for doc in _batch(i):
                     r = c.get(f"/v1/collections/crash/documents/{doc['id']}")
