@@ -1,3 +1,123 @@
-"""normcal calibration maths."""
+"""normcal calibration maths: retrieval evidence to P(relevant).
+
+Pure numpy / scipy / scikit-learn; importing this package never imports fastapi, torch
+or faiss. Modules: :mod:`~calibration.features` (NormReference, pair features, sign
+probe), :mod:`~calibration.models` (Platt, isotonic, NT, NT-list),
+:mod:`~calibration.selection` (grouped CV, method choice, norm lift),
+:mod:`~calibration.query` (query confidence, risk-controlled abstention),
+:mod:`~calibration.metrics`, :mod:`~calibration.io` (versioned JSON) and
+:mod:`~calibration.exceptions`.
+"""
 
 from __future__ import annotations
+
+from calibration.exceptions import (
+    CalibrationError,
+    CalibrationFitError,
+    ConvergenceError,
+    InsufficientDataError,
+    InvalidInputError,
+    NotFittedCalibratorError,
+    SingleClassError,
+    UnsupportedFormatError,
+)
+from calibration.features import (
+    FEATURES,
+    ListFeatures,
+    NormReference,
+    list_features,
+    pair_features,
+    regime_from_rho,
+    sign_probe,
+    stack_pair_features,
+)
+from calibration.io import FORMAT_VERSION, dumps, from_dict, loads, to_dict
+from calibration.metrics import (
+    ReliabilityCurve,
+    TercileReliability,
+    auroc,
+    brier_score,
+    expected_calibration_error,
+    negative_log_likelihood,
+    reliability_by_tercile,
+    reliability_curve,
+)
+from calibration.models import (
+    IsotonicCalibrator,
+    ListAwareCalibrator,
+    NormTemperedCalibrator,
+    PlattCalibrator,
+    nt_prior,
+)
+from calibration.query import (
+    QUERY_FEATURES,
+    AbstainPolicy,
+    QueryConfidenceModel,
+    cross_fit_query_confidence,
+    fit_abstain_policy,
+    query_features,
+    query_table,
+)
+from calibration.selection import (
+    METHODS,
+    MethodScores,
+    NormLift,
+    SelectionResult,
+    cross_val_predict_grouped,
+    make_calibrator,
+    select_calibrator,
+)
+from calibration.simulate import SimulatedJudgments, simulate_judgments
+
+__all__ = [
+    "FEATURES",
+    "FORMAT_VERSION",
+    "METHODS",
+    "QUERY_FEATURES",
+    "AbstainPolicy",
+    "CalibrationError",
+    "CalibrationFitError",
+    "ConvergenceError",
+    "InsufficientDataError",
+    "InvalidInputError",
+    "IsotonicCalibrator",
+    "ListAwareCalibrator",
+    "ListFeatures",
+    "MethodScores",
+    "NormLift",
+    "NormReference",
+    "NormTemperedCalibrator",
+    "NotFittedCalibratorError",
+    "PlattCalibrator",
+    "QueryConfidenceModel",
+    "ReliabilityCurve",
+    "SelectionResult",
+    "SimulatedJudgments",
+    "SingleClassError",
+    "TercileReliability",
+    "UnsupportedFormatError",
+    "auroc",
+    "brier_score",
+    "cross_fit_query_confidence",
+    "cross_val_predict_grouped",
+    "dumps",
+    "expected_calibration_error",
+    "fit_abstain_policy",
+    "from_dict",
+    "list_features",
+    "loads",
+    "make_calibrator",
+    "negative_log_likelihood",
+    "nt_prior",
+    "pair_features",
+    "query_features",
+    "query_table",
+    "regime_from_rho",
+    "reliability_by_tercile",
+    "reliability_curve",
+    "select_calibrator",
+    "sign_probe",
+    "simulate_judgments",
+    "stack_pair_features",
+    "to_dict",
+]

@@ -245,7 +245,7 @@ class NormReference(BaseEstimator):  # type: ignore[misc]
         -------
         len : ndarray of shape (n,)
             Centred log token count (log units), clipped to ``length_clip``.
-        """  # noqa: E501
+        """
         self._check_fitted()
         n = as_float_1d(n_tokens, "n_tokens")
         if np.any(n < 1):
@@ -454,7 +454,7 @@ def sign_probe(ell: ArrayLike, top_mean_cos: ArrayLike) -> float:
     rho : float
         Spearman correlation; 0.0 when either input is constant (no signal) or
         fewer than 3 texts are given.
-    """  # noqa: E501
+    """
     a = as_float_1d(ell, "ell")
     b = as_float_1d(top_mean_cos, "top_mean_cos")
     if a.shape != b.shape:

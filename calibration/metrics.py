@@ -204,7 +204,7 @@ def negative_log_likelihood(
     -------
     float
         :math:`-\frac1n\sum_i y_i\log p_i + (1-y_i)\log(1-p_i)` (nats per pair).
-    """  # noqa: E501
+    """
     y, p = _check(y_true, y_prob)
     p = np.clip(p, eps, 1.0 - eps)
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))

@@ -681,7 +681,7 @@ class _NTBase(_Calibrator):
         -------
         ndarray of shape (n_pairs,)
             Slope of the logit in the cosine.
-        """  # noqa: E501
+        """
         _check_fitted(self, "coef_")
         need = len(FEATURES) if self._list_terms else self._min_columns
         _, V, _ = self._design(_as_X(X, need))

@@ -1,0 +1,482 @@
+r"""Model selection by grouped cross-validation, and the norm-lift report.
+
+Pairs of one query are correlated, so every split is by query (``GroupKFold``) and
+every metric is computed on pooled out-of-fold (OOF) predictions. ``method="auto"``
+keeps the method with the lowest OOF NLL (theory.md §4.7).
+
+Norm-aware models must earn their place: ``nt`` is kept only if its OOF NLL beats
+Platt, and ``nt-list`` only if it beats the same list model without residual-norm
+terms; otherwise the norm-free counterpart is served (also when ``X`` carries no norm
+signal at all, e.g. unit-norm embeddings). With at least 200 labelled queries a fitted
+norm model whose every norm term is within 2 posterior SD of zero is also replaced
+(theory.md §4.7).
+
+:func:`select_calibrator` is a pure function of ``(X, y, groups)``, so the service can
+nest it inside an outer grouped CV for an honest evaluation of the whole procedure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.model_selection import GroupKFold
+
+from calibration._typing import ArrayLike, FloatArray, IntArray
+from calibration._validation import as_float_2d, as_groups, as_labels, require_queries
+from calibration.exceptions import InvalidInputError, SingleClassError
+from calibration.features import ELL_D, ELL_Q, FEATURES
+from calibration.metrics import (
+    ReliabilityCurve,
+    auroc,
+    brier_score,
+    expected_calibration_error,
+    negative_log_likelihood,
+    reliability_curve,
+)
+from calibration.models import (
+    IsotonicCalibrator,
+    ListAwareCalibrator,
+    NormTemperedCalibrator,
+    PlattCalibrator,
+    _Calibrator,
+    _NTBase,
+)
+
+__all__ = [
+    "METHODS",
+    "MethodScores",
+    "NormLift",
+    "SelectionResult",
+    "cross_val_predict_grouped",
+    "make_calibrator",
+    "select_calibrator",
+]
+
+METHODS: tuple[str, ...] = ("platt", "isotonic", "nt", "nt-list")
+"""Method names on the wire (plus ``"auto"`` for :func:`select_calibrator`)."""
+
+_WIDE_FROM = 200
+_GAMMA_RULE_FROM = 200
+
+
+@dataclass(frozen=True)
+class MethodScores:
+    """Out-of-fold metrics of one method.
+
+    Attributes
+    ----------
+    method : str
+        Method name (``"platt"``, ``"isotonic"``, ``"nt"``, ``"nt-list"`` or a lift
+        variant such as ``"nt-list/length"``).
+    nll, brier, ece, auroc : float
+        OOF NLL (nats per pair), Brier score, ECE with 15 equal-mass bins, AUROC.
+    """
+
+    method: str
+    nll: float
+    brier: float
+    ece: float
+    auroc: float
+
+
+@dataclass(frozen=True)
+class NormLift:
+    """What the norm terms bought on this data, from grouped CV.
+
+    ``variants`` holds OOF scores of the list model with nothing, length only,
+    residual norm only, and both (keys ``"none"``, ``"length"``, ``"residual"``,
+    ``"length+residual"``); the raw norm is the residual plus the length trend, so
+    ``"length+residual"`` carries all of it. ``with_norms``/``without_norms`` compare
+    the best norm-aware family with its norm-free counterpart.
+
+    Attributes
+    ----------
+    base_method : str
+        Family compared (``"nt"`` vs Platt, or ``"nt-list"`` vs list model without
+        residual norms).
+    nll_with, nll_without, brier_with, brier_without : float
+        OOF NLL and Brier with and without the residual-norm terms.
+    norm_signal : bool
+        Whether norm terms are kept in the served model.
+    reason : str
+        Why (user-readable).
+    terms : dict
+        Fitted ``{name: (estimate, posterior sd)}`` of the norm-aware model refitted
+        on all data (sd 0 = pinned at the prior centre).
+    variants : dict
+        ``{variant: MethodScores}`` of the decomposition above.
+    """
+
+    base_method: str
+    nll_with: float
+    nll_without: float
+    brier_with: float
+    brier_without: float
+    norm_signal: bool
+    reason: str
+    terms: dict[str, tuple[float, float]] = field(default_factory=dict)
+    variants: dict[str, MethodScores] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SelectionResult:
+    """Outcome of :func:`select_calibrator`.
+
+    Attributes
+    ----------
+    estimator : calibrator
+        Chosen calibrator refitted on all data.
+    method : str
+        Chosen wire name.
+    uses_norms : bool
+        Whether the served model uses residual-norm terms.
+    cv : dict
+        ``{method: MethodScores}`` for every wire method.
+    norm_lift : NormLift
+        Norm-lift report.
+    n_queries, n_pairs, n_splits : int
+        Data size and folds.
+    reliability : ReliabilityCurve
+        OOF reliability curve of the chosen method (15 equal-mass bins).
+    oof_proba : ndarray of shape (n_pairs,)
+        OOF probabilities of the chosen method (for query-level fitting).
+    notes : tuple of str
+        Decisions taken (fallbacks, skipped methods).
+    """
+
+    estimator: _Calibrator
+    method: str
+    uses_norms: bool
+    cv: dict[str, MethodScores]
+    norm_lift: NormLift
+    n_queries: int
+    n_pairs: int
+    n_splits: int
+    reliability: ReliabilityCurve
+    oof_proba: FloatArray
+    notes: tuple[str, ...] = ()
+
+
+def make_calibrator(
+    method: str,
+    *,
+    probe_rho: float | None = None,
+    query_side_only: bool = False,
+    **params: Any,
+) -> _Calibrator:
+    """Return an unfitted calibrator for a wire method name.
+
+    Parameters
+    ----------
+    method : {"platt", "isotonic", "nt", "nt-list"}
+        Method name.
+    probe_rho : float or None, default=None
+        Sign-probe value passed to the NT models.
+    query_side_only : bool, default=False
+        Never reorder hits (NT models).
+    **params
+        Extra constructor parameters of the NT models.
+
+    Returns
+    -------
+    calibrator
+        Unfitted estimator.
+    """
+    if method == "platt":
+        return PlattCalibrator()
+    if method == "isotonic":
+        return IsotonicCalibrator()
+    if method == "nt":
+        return NormTemperedCalibrator(
+            probe_rho=probe_rho, query_side_only=query_side_only, **params
+        )
+    if method == "nt-list":
+        return ListAwareCalibrator(
+            probe_rho=probe_rho, query_side_only=query_side_only, **params
+        )
+    raise InvalidInputError(
+        f"Unknown method {method!r}; expected one of {(*METHODS, 'auto')}.",
+        field="method",
+    )
+
+
+def cross_val_predict_grouped(
+    estimator: _Calibrator,
+    X: ArrayLike,
+    y: ArrayLike,
+    groups: ArrayLike,
+    *,
+    n_splits: int = 5,
+) -> FloatArray:
+    """Out-of-fold probabilities with folds split by query.
+
+    A training fold with a single class predicts its base rate (clipped to
+    [1e-4, 1 - 1e-4]) instead of failing.
+
+    Parameters
+    ----------
+    estimator : calibrator
+        Unfitted template (cloned per fold).
+    X : array-like of shape (n_pairs, n_features)
+        Pair features.
+    y : array-like of shape (n_pairs,)
+        Labels.
+    groups : array-like of shape (n_pairs,)
+        Query ids.
+    n_splits : int, default=5
+        Number of folds.
+
+    Returns
+    -------
+    ndarray of shape (n_pairs,)
+        OOF probabilities.
+    """
+    Xa = as_float_2d(X, "X")
+    yv = as_labels(y, Xa.shape[0], allow_single_class=True)
+    codes = as_groups(groups, Xa.shape[0])
+    require_queries(int(codes.max()) + 1, n_splits, "Cross-validation")
+    return _oof(estimator, Xa, yv, codes, _folds(Xa, yv, codes, n_splits))
+
+
+def _folds(
+    X: FloatArray, y: FloatArray, codes: IntArray, n_splits: int
+) -> list[tuple[IntArray, IntArray]]:
+    return [
+        (np.asarray(tr, np.int64), np.asarray(te, np.int64))
+        for tr, te in GroupKFold(n_splits=n_splits).split(X, y, codes)
+    ]
+
+
+def _oof(
+    template: _Calibrator,
+    X: FloatArray,
+    y: FloatArray,
+    codes: IntArray,
+    folds: list[tuple[IntArray, IntArray]],
+) -> FloatArray:
+    from sklearn.base import clone
+
+    out = np.empty(X.shape[0])
+    for tr, te in folds:
+        try:
+            est = clone(template).fit(X[tr], y[tr], codes[tr])
+            out[te] = est.predict_proba(X[te])
+        except SingleClassError:
+            out[te] = np.clip(y[tr].mean(), 1e-4, 1 - 1e-4)
+    return out
+
+
+def _scores(method: str, y: FloatArray, p: FloatArray) -> MethodScores:
+    return MethodScores(
+        method=method,
+        nll=negative_log_likelihood(y, p),
+        brier=brier_score(y, p),
+        ece=expected_calibration_error(y, p, n_bins=15, strategy="quantile"),
+        auroc=auroc(y, p),
+    )
+
+
+def select_calibrator(
+    X: ArrayLike,
+    y: ArrayLike,
+    groups: ArrayLike,
+    *,
+    method: str = "auto",
+    n_splits: int = 5,
+    probe_rho: float | None = None,
+    query_side_only: bool = False,
+) -> SelectionResult:
+    """Cross-validate every method by query, choose one, refit it, report norm lift.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_pairs, 7)
+        Pair features in ``FEATURES`` order.
+    y : array-like of shape (n_pairs,)
+        Binary relevance labels.
+    groups : array-like of shape (n_pairs,)
+        Query id of each pair.
+    method : {"auto", "platt", "isotonic", "nt", "nt-list"}, default="auto"
+        ``"auto"`` keeps the lowest OOF NLL after the norm fallbacks of the module
+        docstring; a named method is served as asked (metrics of all are reported).
+    n_splits : int, default=5
+        Grouped folds; at least this many distinct queries are required.
+    probe_rho : float or None, default=None
+        Sign probe from unlabelled data for the NT prior; ``None`` probes ``X``.
+    query_side_only : bool, default=False
+        Restrict NT models to query-side terms (no reordering of hits).
+
+    Returns
+    -------
+    SelectionResult
+        Fitted estimator, choice, per-method CV metrics and norm lift.
+
+    Raises
+    ------
+    InvalidInputError
+        Bad shapes, NaN/inf, non-binary labels, unknown method.
+    SingleClassError
+        All labels equal.
+    InsufficientDataError
+        Fewer distinct queries than ``n_splits`` (or fewer than 2).
+    """
+    if method != "auto" and method not in METHODS:
+        raise InvalidInputError(
+            f"Unknown method {method!r}; expected one of {(*METHODS, 'auto')}.",
+            field="method",
+        )
+    if n_splits < 2:
+        raise InvalidInputError("n_splits must be at least 2.", field="n_splits")
+    Xa = as_float_2d(X, "X", min_columns=len(FEATURES))
+    yv = as_labels(y, Xa.shape[0])
+    if groups is None:
+        raise InvalidInputError("groups (query ids) are required.", field="groups")
+    codes = as_groups(groups, Xa.shape[0])
+    n_queries = int(codes.max()) + 1
+    require_queries(n_queries, n_splits, f"{n_splits}-fold grouped cross-validation")
+    folds = _folds(Xa, yv, codes, n_splits)
+    notes: list[str] = []
+    has_norms = bool(np.any(Xa[:, [ELL_Q, ELL_D]] != 0.0))
+    kw: dict[str, Any] = {"probe_rho": probe_rho, "query_side_only": query_side_only}
+
+    def list_model(norms: bool, length: bool) -> ListAwareCalibrator:
+        return ListAwareCalibrator(use_norms=norms, use_length=length, **kw)
+
+    templates: dict[str, _Calibrator] = {
+        "platt": PlattCalibrator(),
+        "isotonic": IsotonicCalibrator(),
+        "nt-list/none": list_model(False, False),
+        "nt-list/length": list_model(False, True),
+    }
+    if has_norms:
+        templates["nt"] = NormTemperedCalibrator(**kw)
+        templates["nt-list/residual"] = list_model(True, False)
+        templates["nt-list/length+residual"] = list_model(True, True)
+        if n_queries >= _WIDE_FROM:
+            templates["nt/wide"] = NormTemperedCalibrator(prior_width="wide", **kw)
+            templates["nt-list/wide"] = ListAwareCalibrator(prior_width="wide", **kw)
+    else:
+        notes.append("Norm columns are all zero (unit-norm model?): no norm terms.")
+
+    oof = {k: _oof(t, Xa, yv, codes, folds) for k, t in templates.items()}
+    scores = {k: _scores(k, yv, p) for k, p in oof.items()}
+
+    # Resolve each wire method to the variant that represents it.
+    chosen_variant: dict[str, str] = {"platt": "platt", "isotonic": "isotonic"}
+    if has_norms:
+        nt_key = "nt"
+        if "nt/wide" in scores and scores["nt/wide"].nll < scores["nt"].nll:
+            nt_key = "nt/wide"
+            notes.append("nt: the wide prior won in CV (>= 200 labelled queries).")
+        ntl_key = "nt-list/length+residual"
+        if (
+            "nt-list/wide" in scores
+            and scores["nt-list/wide"].nll < scores[ntl_key].nll
+        ):
+            ntl_key = "nt-list/wide"
+        chosen_variant["nt"] = nt_key
+        chosen_variant["nt-list"] = ntl_key
+    else:
+        chosen_variant["nt"] = "platt"
+        chosen_variant["nt-list"] = "nt-list/length"
+
+    cv = {m: _rename(scores[chosen_variant[m]], m) for m in METHODS}
+
+    # Norm lift: best norm-aware family vs its norm-free counterpart.
+    if has_norms:
+        fam = min(("nt", "nt-list"), key=lambda m: scores[chosen_variant[m]].nll)
+    else:
+        fam = "nt-list"
+    free_key = "platt" if fam == "nt" else "nt-list/length"
+    with_key = chosen_variant[fam]
+    norm_signal = has_norms and scores[with_key].nll < scores[free_key].nll
+    if not has_norms:
+        reason = "No norm signal: norm columns are constant (unit-norm embeddings)."
+    elif norm_signal:
+        reason = f"{fam} with norm terms beat its norm-free counterpart in grouped CV."
+    else:
+        reason = f"{fam} with norm terms did not beat its norm-free counterpart."
+
+    norm_est: _NTBase | None = None
+    terms: dict[str, tuple[float, float]] = {}
+    if has_norms:
+        norm_est = _refit(templates[with_key], Xa, yv, codes)
+        terms = norm_est.norm_terms()
+        if (
+            norm_signal
+            and n_queries >= _GAMMA_RULE_FROM
+            and norm_est.prior_width_ != "fixed"
+            and all(abs(v) < 2 * sd for v, sd in terms.values())
+        ):
+            norm_signal = False
+            reason = (
+                "Every fitted norm term is within 2 posterior SD of zero with "
+                f"{n_queries} labelled queries: the norm adds nothing here."
+            )
+
+    # Served variant per method after the norm fallback.
+    served = dict(chosen_variant)
+    if not norm_signal:
+        served["nt"] = "platt" if has_norms else served["nt"]
+        served["nt-list"] = "nt-list/length"
+        if has_norms:
+            notes.append(f"Norm fallback: {reason}")
+    if method == "auto":
+        method = min(METHODS, key=lambda m: scores[served[m]].nll)
+        key = served[method]
+    else:
+        key = chosen_variant[method]
+    if norm_est is not None and key == with_key:
+        est: _Calibrator = norm_est
+    else:
+        est = _refit(templates[key], Xa, yv, codes)
+    uses_norms = key in {
+        "nt",
+        "nt/wide",
+        "nt-list/residual",
+        "nt-list/length+residual",
+        "nt-list/wide",
+    }
+    variants = {
+        "none": scores["nt-list/none"],
+        "length": scores["nt-list/length"],
+    }
+    if has_norms:
+        variants["residual"] = scores["nt-list/residual"]
+        variants["length+residual"] = scores["nt-list/length+residual"]
+    lift = NormLift(
+        base_method=fam,
+        nll_with=scores[with_key].nll,
+        nll_without=scores[free_key].nll,
+        brier_with=scores[with_key].brier,
+        brier_without=scores[free_key].brier,
+        norm_signal=norm_signal,
+        reason=reason,
+        terms=terms,
+        variants=variants,
+    )
+    return SelectionResult(
+        estimator=est,
+        method=method,
+        uses_norms=uses_norms,
+        cv=cv,
+        norm_lift=lift,
+        n_queries=n_queries,
+        n_pairs=int(Xa.shape[0]),
+        n_splits=n_splits,
+        reliability=reliability_curve(yv, oof[key], n_bins=15, strategy="quantile"),
+        oof_proba=oof[key],
+        notes=tuple(notes),
+    )
+
+
+def _rename(s: MethodScores, method: str) -> MethodScores:
+    return MethodScores(method, s.nll, s.brier, s.ece, s.auroc)
+
+
+def _refit(template: Any, X: FloatArray, y: FloatArray, codes: IntArray) -> Any:
+    from sklearn.base import clone
+
+    return clone(template).fit(X, y, codes)

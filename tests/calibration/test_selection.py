@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from calibration.exceptions import (
+    InsufficientDataError,
+    InvalidInputError,
+    SingleClassError,
+)
+from calibration.models import ListAwareCalibrator, NormTemperedCalibrator
+from calibration.selection import (
+    METHODS,
+    cross_val_predict_grouped,
+    make_calibrator,
+    select_calibrator,
+)
+from calibration.simulate import simulate_judgments
+
+
+@pytest.fixture(scope="module")
+def auto_result(list_world):
+    d = list_world
+    t0 = time.perf_counter()
+    res = select_calibrator(d.X, d.y, d.groups)
+    return res, time.perf_counter() - t0
+
+
+def test_auto_is_fast_and_reports_every_method(auto_result, list_world):
+    res, seconds = auto_result
+    assert seconds < 10.0  # 300 queries x 20 hits, 5-fold grouped CV
+    assert set(res.cv) == set(METHODS)
+    for m, sc in res.cv.items():
+        assert sc.method == m
+        assert np.isfinite([sc.nll, sc.brier, sc.ece, sc.auroc]).all()
+    assert res.n_queries == 300 and res.n_pairs == list_world.X.shape[0]
+    assert res.oof_proba.shape == list_world.y.shape
+
+
+def test_auto_keeps_best_nll_and_list_model_wins_on_list_world(auto_result):
+    res, _ = auto_result
+    assert res.method == "nt-list"
+    assert res.cv["nt-list"].nll == min(sc.nll for sc in res.cv.values())
+    assert isinstance(res.estimator, ListAwareCalibrator)
+    assert res.uses_norms
+    lift = res.norm_lift
+    assert lift.norm_signal
+    assert lift.nll_with < lift.nll_without
+    assert set(lift.variants) == {"none", "length", "residual", "length+residual"}
+    gq, gq_sd = lift.terms["gamma_q"]
+    assert gq_sd > 0 and abs(gq) > 2 * gq_sd
+
+
+def test_unit_norms_fall_back_to_norm_free(list_world):
+    d = list_world
+    X = d.X.copy()
+    X[:, 1:3] = 0.0
+    res = select_calibrator(X, d.y, d.groups)
+    assert not res.uses_norms
+    assert not res.norm_lift.norm_signal
+    assert res.norm_lift.terms == {}
+    assert res.cv["nt"].nll == res.cv["platt"].nll
+
+
+def test_norm_free_world_does_not_keep_norm_terms():
+    d = simulate_judgments(
+        250, rng=4, gamma_q=0.0, gamma_d=0.0, beta_q=0.0, delta_gap=0.5
+    )
+    res = select_calibrator(d.X, d.y, d.groups)
+    # Pure noise norms: either CV rejects them or the 2-sd rule does.
+    assert not res.uses_norms
+
+
+def test_named_method_is_served(list_world):
+    d = list_world
+    res = select_calibrator(d.X, d.y, d.groups, method="nt", query_side_only=True)
+    assert res.method == "nt"
+    assert isinstance(res.estimator, NormTemperedCalibrator)
+    assert not res.estimator.reorders_hits
+
+
+def test_selection_input_errors(list_world):
+    d = list_world
+    with pytest.raises(InsufficientDataError) as ei:
+        rows = d.groups < 3
+        select_calibrator(d.X[rows], d.y[rows], d.groups[rows])
+    assert ei.value.n_queries == 3 and ei.value.required == 5
+    with pytest.raises(SingleClassError):
+        select_calibrator(d.X, np.ones_like(d.y), d.groups)
+    with pytest.raises(InvalidInputError):
+        select_calibrator(d.X, d.y, d.groups, method="magic")
+    with pytest.raises(InvalidInputError):
+        select_calibrator(d.X[:, :3], d.y, d.groups)
+    with pytest.raises(InvalidInputError):
+        select_calibrator(d.X, d.y, d.groups[:-1])
+    with pytest.raises(InvalidInputError):
+        make_calibrator("magic")
+
+
+def test_nested_evaluation_is_possible(list_world):
+    # The service's eval: outer grouped CV, selection inside each training fold.
+    from sklearn.model_selection import GroupKFold
+
+    d = list_world
+    nll = []
+    for tr, te in GroupKFold(n_splits=3).split(d.X, d.y, d.groups):
+        res = select_calibrator(d.X[tr], d.y[tr], d.groups[tr], n_splits=3)
+        p = res.estimator.predict_proba(d.X[te])
+        nll.append(-np.mean(d.y[te] * np.log(p) + (1 - d.y[te]) * np.log1p(-p)))
+    assert np.all(np.isfinite(nll))
+
+
+def test_cross_val_predict_grouped_is_out_of_fold(list_world):
+    d = list_world
+    p = cross_val_predict_grouped(make_calibrator("platt"), d.X, d.y, d.groups)
+    assert p.shape == d.y.shape
+    assert np.all((p > 0) & (p < 1))
