@@ -136,6 +136,15 @@ async def _domain_handler(request: Request, error: Exception) -> JSONResponse:
     )
 
 
+async def render_problem(request: Request, error: exc.NormcalError) -> JSONResponse:
+    """Render a domain error via the table, for pure ASGI middleware (auth, body cap).
+
+    Middleware runs outside the app's exception handlers, so it renders here rather
+    than raising; the response is the one the handler would have produced.
+    """
+    return await _domain_handler(request, error)
+
+
 def _jsonable_errors(raw: list[Any]) -> list[dict[str, Any]]:
     # pydantic error dicts may hold exception objects in ``ctx``; keep the readable parts.
     return [

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from app.concurrency import CpuPool
 from app.embedding import Embedder, SentenceTransformerEmbedder
+from app.observability import Metrics
 from app.registry import CollectionRegistry
 from app.service import Service
 from app.settings import Settings
@@ -36,7 +37,9 @@ def load_embedder(settings: Settings) -> Embedder:
 
 
 def make_lifespan(
-    settings: Settings, embedder: Embedder | None = None
+    settings: Settings,
+    embedder: Embedder | None = None,
+    metrics: Metrics | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[State]]:
     """Build the lifespan; ``embedder`` lets tests share one loaded model."""
 
@@ -61,10 +64,15 @@ def make_lifespan(
             len(registry.names()),
             settings.data_dir,
         )
+        if metrics is not None:
+            model = metrics.instrument(model)
+            metrics.watch(registry)
         try:
-            yield {"service": Service(settings, model, registry, pool)}
+            yield {"service": Service(settings, model, registry, pool, metrics)}
         finally:
             # Reverse order: finish CPU work, then close SQLite cleanly.
+            if metrics is not None:
+                metrics.watch(None)
             pool.shutdown()
             registry.close()
             logger.info("normcal stopped")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
+from app.auth import ApiKeyMiddleware, bearer_scheme, public_paths
 from app.embedding import Embedder
 from app.errors import install_error_handlers
 from app.lifespan import make_lifespan
-from app.middleware import RequestIdMiddleware
-from app.routers import collections, documents, embed, health, search
+from app.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from app.observability import AccessLogMiddleware, Metrics, RouteTemplates
+from app.routers import collections, documents, embed, health, metrics, search
 from app.settings import Settings
 
 
@@ -23,16 +25,33 @@ def create_app(
 ) -> FastAPI:
     """Build the app; nothing heavy loads until the lifespan starts."""
     settings = settings or Settings()
+    app_metrics = Metrics()
     app = FastAPI(
         title="normcal",
         version=__version__,
         summary="Cosine retrieval that answers with calibrated P(relevant).",
-        lifespan=make_lifespan(settings, embedder),
+        lifespan=make_lifespan(settings, embedder, app_metrics),
         generate_unique_id_function=_operation_id,
     )
     install_error_handlers(app)
+    # Added innermost first. Outermost: request id, then access log + metrics (so
+    # they see every answer, 401/413 included), then auth, then the body cap.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(
+        ApiKeyMiddleware,
+        api_key=settings.api_key,
+        public=public_paths(
+            public_health=settings.public_health, public_docs=settings.public_docs
+        ),
+    )
+    app.add_middleware(
+        AccessLogMiddleware, metrics=app_metrics, templates=RouteTemplates(app)
+    )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     for module in (embed, collections, documents, search):
-        app.include_router(module.router, prefix="/v1")
+        app.include_router(
+            module.router, prefix="/v1", dependencies=[Depends(bearer_scheme)]
+        )
     return app

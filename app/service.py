@@ -15,6 +15,7 @@ from app import limits
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError
+from app.observability import Metrics
 from app.registry import Collection, CollectionRegistry, Hit
 from app.schemas.collections import CollectionInfo
 from app.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
@@ -35,6 +36,8 @@ class Service:
     embedder: Embedder
     registry: CollectionRegistry
     pool: CpuPool
+    # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
+    metrics: Metrics | None = None
 
     # -- embedding --------------------------------------------------------------------
     async def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:

@@ -70,5 +70,11 @@ class Settings(BaseSettings):
     )
     api_key: SecretStr | None = Field(None, description="bearer token; unset = no auth")
     public_health: bool = Field(True, description="health/metrics need no API key")
+    public_docs: bool = Field(
+        True, description="/docs, /redoc and /openapi.json need no API key"
+    )
     log_level: str = Field("INFO")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="serve logs: one JSON object per line, or plain text"
+    )
     limits: Limits = Field(default_factory=Limits)

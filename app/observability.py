@@ -1,0 +1,329 @@
+"""Observability: Prometheus metrics, the access log, and logging set-up.
+
+Every app owns one :class:`Metrics` with its own ``CollectorRegistry`` (never the
+process-global default registry, so several apps in one process do not collide).
+Requests are labelled by *route template* (``/v1/collections/{name}/search``), never
+by raw path, so hostile or numerous URLs cannot explode label cardinality.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.routing import Route, compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from app.embedding import Embedder, EmbeddingBatch, InputType
+    from app.registry import CollectionRegistry
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("normcal.access")
+
+UNMATCHED_ROUTE = "<unmatched>"
+# Seconds; requests span sub-millisecond reads to multi-second batch upserts.
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+FIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _CollectionCollector(Collector):
+    """Index sizes and the calibrator in use, read from the registry at scrape time."""
+
+    def __init__(self) -> None:
+        self.registry: CollectionRegistry | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        documents = GaugeMetricFamily(
+            "normcal_collection_documents",
+            "Documents stored in SQLite, per collection.",
+            labels=["collection"],
+        )
+        indexed = GaugeMetricFamily(
+            "normcal_collection_indexed_vectors",
+            "Vectors in the FAISS index, per collection.",
+            labels=["collection"],
+        )
+        calibrator = InfoMetricFamily(
+            "normcal_collection_calibrator",
+            "Calibrator in use per collection ('default' = shipped profile).",
+            labels=["collection"],
+        )
+        registry = self.registry
+        names = registry.names() if registry is not None else []
+        for name in names:
+            assert registry is not None
+            try:
+                collection = registry.get(name)
+                n_docs, n_vectors = collection.counts()
+            except Exception:  # dropped or closed between names() and get()
+                continue
+            documents.add_metric([name], n_docs)
+            indexed.add_metric([name], n_vectors)
+            calibrator.add_metric([name], _calibrator_labels(collection.meta))
+        yield documents
+        yield indexed
+        yield calibrator
+
+
+def _calibrator_labels(meta: dict[str, Any]) -> dict[str, str]:
+    active = meta.get("active_calibrator")
+    if not active:
+        return {"calibrator": "default", "method": ""}
+    if isinstance(active, dict):
+        return {
+            "calibrator": str(active.get("id", "")),
+            "method": str(active.get("method", "")),
+        }
+    return {"calibrator": str(active), "method": ""}
+
+
+class Metrics:
+    """The Prometheus metrics of one app.
+
+    The calibrator code reports fit durations through :meth:`observe_fit`; the
+    service reaches this object as ``Service.metrics`` (``None`` when not wired).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "normcal_http_requests",
+            "HTTP requests by method, route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "normcal_http_request_duration_seconds",
+            "HTTP request latency by method and route template.",
+            ["method", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.embedded_texts = Counter(
+            "normcal_embedded_texts",
+            "Texts embedded, by input type.",
+            ["input_type"],
+            registry=self.registry,
+        )
+        self.embedding_seconds = Counter(
+            "normcal_embedding_seconds",
+            "Seconds spent embedding, by input type (texts/seconds = throughput).",
+            ["input_type"],
+            registry=self.registry,
+        )
+        self.fit_seconds = Histogram(
+            "normcal_calibrator_fit_duration_seconds",
+            "Duration of calibrator fits, by chosen method.",
+            ["method"],
+            buckets=FIT_BUCKETS,
+            registry=self.registry,
+        )
+        self._collections = _CollectionCollector()
+        self.registry.register(self._collections)
+
+    def watch(self, registry: CollectionRegistry | None) -> None:
+        """Report index sizes and calibrators of ``registry`` (None: stop)."""
+        self._collections.registry = registry
+
+    def observe_request(
+        self, method: str, route: str, status: int, seconds: float
+    ) -> None:
+        """Count one request and record its latency."""
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
+
+    def observe_embedding(self, input_type: str, texts: int, seconds: float) -> None:
+        """Count embedded texts and the time they took."""
+        self.embedded_texts.labels(input_type).inc(texts)
+        self.embedding_seconds.labels(input_type).inc(seconds)
+
+    def observe_fit(self, seconds: float, method: str = "auto") -> None:
+        """Record one calibrator fit of ``seconds`` that chose ``method``."""
+        self.fit_seconds.labels(method).observe(seconds)
+
+    def instrument(self, embedder: Embedder) -> Embedder:
+        """Wrap ``embedder`` so every call is counted."""
+        return InstrumentedEmbedder(embedder, self)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class InstrumentedEmbedder:
+    """An :class:`~app.embedding.Embedder` that reports throughput to :class:`Metrics`."""
+
+    def __init__(self, inner: Embedder, metrics: Metrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.model_name = inner.model_name
+        self.dim = inner.dim
+        self.max_seq_length = inner.max_seq_length
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed via the wrapped model and count texts and seconds."""
+        started = time.perf_counter()
+        batch = self.inner.embed(texts, input_type)
+        self.metrics.observe_embedding(
+            input_type, len(texts), time.perf_counter() - started
+        )
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything beyond the protocol (e.g. token_counts) comes from the real model.
+        return getattr(self.inner, name)
+
+
+class RouteTemplates:
+    """Map a request path to its route's full template, e.g. ``/v1/embed``.
+
+    Built lazily from the app's OpenAPI paths and plain routes (``/docs``), so it
+    needs no router internals. A path no template matches is ``<unmatched>``; the
+    label set is bounded by the routes whatever clients send.
+    """
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._compiled: list[tuple[str, re.Pattern[str]]] | None = None
+
+    def _build(self) -> list[tuple[str, re.Pattern[str]]]:
+        templates = list(self._app.openapi().get("paths", {}))
+        templates += [r.path for r in self._app.routes if isinstance(r, Route)]
+        return [(t, compile_path(t)[0]) for t in dict.fromkeys(templates)]
+
+    def __call__(self, scope: Scope) -> str:
+        """The template of the route that served ``scope``."""
+        if self._compiled is None:
+            self._compiled = self._build()
+        path = scope.get("path", "")
+        for template, regex in self._compiled:
+            if regex.match(path):
+                return template
+        return UNMATCHED_ROUTE
+
+
+class AccessLogMiddleware:
+    """One structured access-log line and one metrics observation per request.
+
+    Sits inside :class:`~app.middleware.RequestIdMiddleware`, so the request id is
+    known; a request that ends in an unhandled exception is logged as status 500
+    before the exception travels on to the 500 handler.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, metrics: Metrics, templates: RouteTemplates
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.templates = templates
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one ASGI connection."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            seconds = time.perf_counter() - started
+            route = self.templates(scope)
+            method = str(scope.get("method", ""))
+            self.metrics.observe_request(method, route, status, seconds)
+            access_logger.info(
+                "request",
+                extra={
+                    "request_id": scope.get("state", {}).get("request_id"),
+                    "method": method,
+                    "route": route,
+                    "path": scope.get("path", ""),
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 2),
+                },
+            )
+
+
+# Attributes every LogRecord has; anything else came in through ``extra=``.
+_RECORD_FIELDS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as JSON."""
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", *, json_lines: bool = True) -> None:
+    """Send every log record to stderr, as JSON lines by default."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if json_lines
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # uvicorn's own access log would duplicate ours, without the request id.
+    logging.getLogger("uvicorn.access").disabled = True
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
