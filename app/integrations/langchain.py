@@ -29,13 +29,12 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
 from app.client import (
     DEFAULT_URL,
     AsyncNormcalClient,
     NormcalClient,
-    RetryPolicy,
     SearchResult,
 )
 
@@ -82,8 +81,9 @@ def documents_from_result(
 class NormcalRetriever(BaseRetriever):
     """Retrieve from a normcal collection, with calibrated probabilities.
 
-    Give either ``base_url`` (and ``api_key``) or ready ``client`` /
-    ``async_client`` objects (which the caller owns and closes). ``k``,
+    Give either ``base_url`` (and ``api_key``; each query then opens and closes its
+    own connection) or ready ``client`` / ``async_client`` objects, which reuse
+    connections and which the caller owns and closes. ``k``,
     ``min_probability``, ``target_precision`` and ``filter`` are sent with every
     query and applied by the service.
     """
@@ -113,20 +113,6 @@ class NormcalRetriever(BaseRetriever):
     async_client: AsyncNormcalClient | None = None
     """A ready async client (caller-owned)."""
 
-    _own_client: NormcalClient | None = PrivateAttr(None)
-
-    def _sync_client(self) -> NormcalClient:
-        if self.client is not None:
-            return self.client
-        if self._own_client is None:
-            self._own_client = NormcalClient(
-                self.base_url,
-                api_key=self.api_key,
-                timeout=self.timeout,
-                retry=RetryPolicy(),
-            )
-        return self._own_client
-
     def _search_kwargs(self) -> dict[str, Any]:
         return {
             "k": self.k,
@@ -142,9 +128,15 @@ class NormcalRetriever(BaseRetriever):
         *,
         run_manager: CallbackManagerForRetrieverRun,  # noqa: ARG002 - LangChain signature
     ) -> list[Document]:
-        result = self._sync_client().search(
-            self.collection, query, **self._search_kwargs()
-        )
+        if self.client is not None:
+            result = self.client.search(self.collection, query, **self._search_kwargs())
+        else:
+            # A short-lived client: nothing to close, nothing leaks when the retriever
+            # is dropped. Pass ``client=`` to reuse connections across queries.
+            with NormcalClient(
+                self.base_url, api_key=self.api_key, timeout=self.timeout
+            ) as client:
+                result = client.search(self.collection, query, **self._search_kwargs())
         return documents_from_result(result, honour_abstain=self.honour_abstain)
 
     async def _aget_relevant_documents(
@@ -166,9 +158,3 @@ class NormcalRetriever(BaseRetriever):
                     self.collection, query, **self._search_kwargs()
                 )
         return documents_from_result(result, honour_abstain=self.honour_abstain)
-
-    def close(self) -> None:
-        """Close the client this retriever created (not one it was given)."""
-        if self._own_client is not None:
-            self._own_client.close()
-            self._own_client = None

