@@ -88,8 +88,11 @@ def main() -> int:
                 print("A: I don't know (normcal abstains).")
             elif calibrated and (best.probability or 0.0) < MIN_PROBABILITY:
                 print(f"A: I don't know (best p={_p(best.probability)}).")
-            else:
+            elif calibrated:
                 print(f"A: {best.text}")
+            else:
+                # no calibrator applies yet: cosine alone cannot say "nothing found"
+                print(f"A (uncalibrated, best cosine): {best.text}")
     return 0
 
 

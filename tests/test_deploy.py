@@ -282,3 +282,42 @@ def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
             timeout=120,
         )
         assert proc.returncode == 1 and "401" in proc.stderr
+
+
+# ------------------------------------------------------------------ README examples
+
+
+def readme_section(title: str) -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_readme_python_examples_run(tmp_path, embedder):
+    """The "Use from Python / LangChain" snippets run, in order, against a server."""
+    from app.main import create_app
+    from app.settings import Settings
+    from tests.app.live import ThreadServer
+
+    blocks = re.findall(
+        r"```python\n(.*?)```", readme_section("Use from Python / LangChain"), re.S
+    )
+    assert len(blocks) == 3
+    compose_block = re.findall(
+        r"```yaml\n(.*?)```", readme_section("Run as a sidecar"), re.S
+    )
+    assert yaml.safe_load(compose_block[0])["services"]["rag-example"]
+
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        for n, block in enumerate(blocks):
+            code = block.replace("http://127.0.0.1:8000", server.url)
+            proc = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert proc.returncode == 0, f"README python block {n}: {proc.stderr}"
+            assert proc.stdout.strip()
