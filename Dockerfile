@@ -8,7 +8,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # ---------------------------------------------------------------- build stage
 FROM ${PYTHON_IMAGE} AS build
 
-# No .pyc caches or pip caches in layers; no version-check chatter during the build.
+# No pip download cache in the layers: a smaller image.
 ENV PIP_NO_CACHE_DIR=1
 # Same: pip must not try to phone home for a newer pip.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -515,3 +515,25 @@ async def test_async_client_against_the_app(app):
                 await nc.search("akb", "q", k=0)
             await nc.delete_collection("akb")
             assert await nc.list_collections() == []
+
+
+@pytest.mark.anyio
+async def test_real_payload_too_large_is_typed(tmp_path, embedder):
+    from asgi_lifespan import LifespanManager
+
+    from app.main import create_app
+    from app.settings import Limits, Settings
+
+    settings = Settings(data_dir=tmp_path / "d", limits=Limits(max_body_bytes=2048))
+    app = create_app(settings, embedder=embedder)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with AsyncNormcalClient("http://normcal", transport=transport) as nc:
+            await nc.create_collection("big")
+            with pytest.raises(PayloadTooLarge) as info:
+                await nc.upsert_documents("big", [{"id": "1", "text": "x" * 5000}])
+            assert info.value.status == 413
+            # split into small requests, the same documents fit
+            docs = [{"id": str(i), "text": "y" * 500} for i in range(6)]
+            ack = await nc.upsert_documents("big", docs, batch_size=2)
+            assert ack.upserted == 6 and (await nc.get_collection("big")).documents == 6
