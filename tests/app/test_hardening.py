@@ -1,0 +1,280 @@
+"""Hostile input over HTTP: body cap (413), limits at the bound and one past, names
+that try to escape the data directory, overload (503 + Retry-After), and a graceful
+shutdown that lets an in-flight request finish."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Limits, Settings
+from tests.app.server import ServerProcess
+
+BODY_CAP = 4096
+LIMITS = Limits(
+    max_texts_per_request=3,
+    max_text_chars=40,
+    max_documents_per_upsert=3,
+    max_queries_per_search=2,
+    max_k=5,
+    max_judgments_per_fit=4,
+    max_body_bytes=BODY_CAP,
+)
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def small(data_dir, embedder):
+    settings = Settings(data_dir=data_dir, limits=LIMITS)
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        assert c.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        yield c
+
+
+def _problem(r, status):
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    body = r.json()
+    assert body["status"] == status
+    assert body["instance"] == f"urn:request:{r.headers['x-request-id']}"
+    return body
+
+
+def _padded(payload: bytes, size: int) -> bytes:
+    """Valid JSON of exactly ``size`` bytes (trailing white space is legal JSON)."""
+    assert len(payload) <= size
+    return payload + b" " * (size - len(payload))
+
+
+# -- body cap -------------------------------------------------------------------------
+def test_body_at_the_cap_is_served_one_byte_more_is_413(small):
+    headers = {"content-type": "application/json"}
+    ok = small.post(
+        "/v1/embed", content=_padded(b'{"texts": ["a"]}', BODY_CAP), headers=headers
+    )
+    assert ok.status_code == 200, ok.text
+    too_big = small.post(
+        "/v1/embed", content=_padded(b'{"texts": ["a"]}', BODY_CAP + 1), headers=headers
+    )
+    body = _problem(too_big, 413)
+    assert (
+        body["type"] == "/problems/payload-too-large"
+        and str(BODY_CAP) in body["detail"]
+    )
+
+
+def test_chunked_body_without_length_is_counted(small):
+    def chunks(total: int, size: int = 1000):
+        payload = _padded(b'{"texts": ["a"]}', total)
+        for i in range(0, total, size):
+            yield payload[i : i + size]
+
+    headers = {"content-type": "application/json"}
+    r = small.post("/v1/embed", content=chunks(BODY_CAP), headers=headers)
+    assert "content-length" not in r.request.headers
+    assert r.status_code == 200, r.text
+    r = small.post("/v1/embed", content=chunks(BODY_CAP + 1), headers=headers)
+    assert "content-length" not in r.request.headers
+    _problem(r, 413)
+
+
+def test_oversized_upsert_writes_nothing(small):
+    docs = [
+        {"id": f"d{i}", "text": "x" * 30, "metadata": {"pad": "y" * 2000}}
+        for i in range(3)
+    ]
+    _problem(small.put("/v1/collections/kb/documents", json={"documents": docs}), 413)
+    assert small.get("/v1/collections/kb").json()["documents"] == 0
+
+
+# -- declared limits: the bound is served, one past it is a 422 problem ----------------
+def _embed(n=1, chars=1):
+    return "/v1/embed", {"texts": ["a" * chars] * n}
+
+
+def _upsert(n=1, chars=5):
+    docs = [{"id": f"d{i}", "text": "b" * chars} for i in range(n)]
+    return "/v1/collections/kb/documents", {"documents": docs}
+
+
+def _search(k=1, chars=5, queries=None):
+    body = {"k": k} | (
+        {"queries": ["q" * chars] * queries} if queries else {"query": "q" * chars}
+    )
+    return "/v1/collections/kb/search", body
+
+
+LIMIT_CASES = {
+    "texts per request": (_embed(n=3), _embed(n=4)),
+    "characters per text": (_embed(chars=40), _embed(chars=41)),
+    "characters per document": (_upsert(chars=40), _upsert(chars=41)),
+    "characters per query": (_search(chars=40), _search(chars=41)),
+    "documents per upsert": (_upsert(n=3), _upsert(n=4)),
+    "k": (_search(k=5), _search(k=6)),
+    "queries per search": (_search(queries=2), _search(queries=3)),
+}
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES, ids=list(LIMIT_CASES))
+def test_limit_at_bound_and_one_past(small, case):
+    (path, at), (_, past) = LIMIT_CASES[case]
+    method = small.put if path.endswith("/documents") else small.post
+    assert method(path, json=at).status_code == 200
+    body = _problem(method(path, json=past), 422)
+    assert body["type"] in ("/problems/limit-exceeded", "/problems/validation-error")
+
+
+def test_judgments_per_fit(small):
+    paths = small.get("/openapi.json").json()["paths"]
+    if "/v1/collections/{name}/calibrators" not in paths:
+        pytest.skip("POST /v1/collections/{name}/calibrators is not mounted yet")
+    judgments = [
+        {"query": f"q{i}", "document_id": "d0", "relevance": i % 2} for i in range(5)
+    ]
+    body = _problem(
+        small.post("/v1/collections/kb/calibrators", json={"judgments": judgments}), 422
+    )
+    assert "judgments" in body["detail"] and "4" in body["detail"]
+    # At the bound the limit itself passes (the fit may still refuse too few labels).
+    r = small.post("/v1/collections/kb/calibrators", json={"judgments": judgments[:4]})
+    assert r.status_code != 500 and "exceeds the limit" not in r.text
+
+
+# -- collection names map to files: no path tricks ---------------------------------------
+BAD_NAMES = [
+    "..",
+    ".",
+    "../escape",
+    "a/b",
+    "a\\b",
+    "a%2Fb",
+    "a\x00b",
+    "x" * 65,
+    "ünïcode",
+    "名前",
+    "a b",
+    "-leading",
+    "",
+    "kb.sqlite3",
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=range(len(BAD_NAMES)))
+def test_bad_collection_names_are_rejected_on_create(small, name):
+    _problem(small.post("/v1/collections", json={"name": name}), 422)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/collections/..%2F..%2Fescape",
+        "/v1/collections/%2E%2E",
+        "/v1/collections/a%00b",
+        "/v1/collections/" + "x" * 300,
+        "/v1/collections/%C3%BC",
+        "/v1/collections/..%5Cescape/documents",
+    ],
+)
+def test_bad_collection_names_in_paths_are_4xx(small, path):
+    for method in ("GET", "DELETE", "PUT"):
+        r = small.request(method, path, json={"documents": [{"id": "a", "text": "t"}]})
+        assert 400 <= r.status_code < 500, (method, path, r.status_code)
+        assert r.headers["content-type"] == "application/problem+json"
+
+
+def test_no_file_is_created_outside_the_data_dir(small, data_dir):
+    before = set(data_dir.parent.rglob("*"))
+    for name in BAD_NAMES:
+        small.post("/v1/collections", json={"name": name})
+        small.put(
+            f"/v1/collections/{quote(name, safe='')}/documents",
+            json={"documents": [{"id": "a", "text": "t"}]},
+        )
+    after = set(data_dir.parent.rglob("*"))
+    assert after == before
+    assert {p.name for p in data_dir.iterdir()} <= {
+        "kb.sqlite3",
+        "kb.sqlite3-wal",
+        "kb.sqlite3-shm",
+    }
+
+
+# -- overload: the pool refuses instead of queueing forever ----------------------------
+@pytest.mark.anyio
+async def test_overload_is_503_with_retry_after(data_dir, embedder):
+    settings = Settings(data_dir=data_dir, worker_threads=1, max_pending_jobs=1)
+    app = create_app(settings, embedder=embedder)
+    texts = [f"sentence number {i} about overload and retries" for i in range(128)]
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t"
+        ) as client:
+            responses = await asyncio.gather(
+                *(client.post("/v1/embed", json={"texts": texts}) for _ in range(6))
+            )
+            statuses = sorted(r.status_code for r in responses)
+            assert statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
+            assert set(statuses) == {200, 503}
+            for r in responses:
+                if r.status_code == 503:
+                    assert r.headers["retry-after"] == "1"
+                    assert r.headers["content-type"] == "application/problem+json"
+                    assert r.json()["type"] == "/problems/overloaded"
+            # Once the queue drains, the service answers again.
+            again = await client.post("/v1/embed", json={"texts": ["hello"]})
+            assert again.status_code == 200
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+# -- graceful shutdown: SIGTERM lets the in-flight request finish ------------------------
+def test_sigterm_finishes_in_flight_request_and_closes_sqlite(tmp_path):
+    data_dir = tmp_path / "data"
+    server = ServerProcess(data_dir).start()
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        assert c.post("/v1/collections", json={"name": "slow"}).status_code == 201
+    docs = [
+        {"id": f"d{i}", "text": f"document {i} " + "lorem ipsum dolor sit amet " * 12}
+        for i in range(256)
+    ]
+    result: dict[str, httpx.Response] = {}
+
+    def upsert() -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            result["r"] = c.put(
+                "/v1/collections/slow/documents", json={"documents": docs}
+            )
+
+    writer = threading.Thread(target=upsert)
+    writer.start()
+    time.sleep(0.8)  # embedding 256 texts of ~80 tokens takes seconds on 2 cores
+    assert writer.is_alive(), "the request finished before SIGTERM; make it slower"
+    started = time.monotonic()
+    returncode = server.stop()
+    writer.join(60)
+    assert result["r"].status_code == 200, result["r"].text
+    assert result["r"].json()["upserted"] == 256
+    assert returncode in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    assert time.monotonic() - started < 60
+    db = data_dir / "slow.sqlite3"
+    assert not Path(f"{db}-wal").exists(), "WAL left behind: SQLite was not closed"
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 256
