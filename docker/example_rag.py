@@ -64,7 +64,9 @@ def _p(value: float | None) -> str:
 
 def main() -> int:
     with NormcalClient.from_env() as nc:
-        ready = nc.wait_until_ready(timeout=float(os.environ.get("WAIT", "120")))
+        ready = nc.wait_until_ready(
+            timeout=float(os.environ.get("NORMCAL_EXAMPLE_WAIT", "120"))
+        )
         print(f"normcal ready: model={ready.model} dim={ready.dim}")
         nc.create_collection(COLLECTION, "normcal example", exist_ok=True)
         ack = nc.upsert_documents(COLLECTION, DOCUMENTS)
