@@ -1,0 +1,314 @@
+"""Mixed search/upsert load against a real ``normcal serve`` on loopback.
+
+Starts the server as a subprocess with a temporary data directory, ingests ``--docs``
+documents (the scifact corpus from ``../shared/data/scifact`` split into title+lead
+and remainder passages; generated text when it is absent), then runs a 90/10
+search/upsert mix at each concurrency level for a bounded time and number of
+requests, and prints per level: throughput, p50/p99 latency of searches and upserts,
+and the error count; finally the p99/p50 ratio of searches at the highest level.
+
+Loopback only, bounded, stops by itself::
+
+    python benchmarks/load.py                      # 10k docs, levels 1,4,16, 20 s each
+    python benchmarks/load.py --docs 2000 --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+MAX_CHARS = 600  # passages of ~100-150 tokens: realistic RAG chunks
+COLLECTION = "load"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
+
+
+def corpus(n: int) -> tuple[list[dict[str, str]], list[str]]:
+    """``n`` passages and a list of query texts."""
+    docs: list[dict[str, str]] = []
+    queries: list[str] = []
+    if (SCIFACT / "corpus.jsonl").exists():
+        with (SCIFACT / "corpus.jsonl").open(encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh]
+        for row in rows:  # title + first sentences
+            sents = _sentences(row.get("text") or "")
+            lead = f"{row.get('title', '')}\n{' '.join(sents[:3])}".strip()
+            docs.append({"id": f"{row['_id']}-a", "text": lead[:MAX_CHARS]})
+        for row in rows:  # the rest of the abstract, as a second passage
+            sents = _sentences(row.get("text") or "")
+            if len(sents) > 3:
+                rest = " ".join(sents[3:])
+                docs.append({"id": f"{row['_id']}-b", "text": rest[:MAX_CHARS]})
+        with (SCIFACT / "queries.jsonl").open(encoding="utf-8") as fh:
+            queries = [json.loads(line)["text"] for line in fh]
+    rng = random.Random(0)
+    words = " ".join(d["text"] for d in docs[:500]).split() or [
+        f"word{i}" for i in range(2000)
+    ]
+    while len(docs) < n:  # generated filler when the corpus is short or absent
+        docs.append(
+            {"id": f"gen-{len(docs)}", "text": " ".join(rng.choices(words, k=60))}
+        )
+    if not queries:
+        queries = [" ".join(rng.choices(words, k=8)) for _ in range(500)]
+    return docs[:n], queries
+
+
+class Server:
+    """``python -m app.cli serve`` on 127.0.0.1 with a temporary data directory."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--data-dir", str(data_dir)]
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+        full_env.setdefault("NORMCAL_LOG_LEVEL", "WARNING")
+        self.proc = subprocess.Popen(
+            cmd, env=full_env, cwd=REPO, stdout=subprocess.DEVNULL
+        )
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError("server did not become ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _batches(items: list[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+async def ingest(client: httpx.AsyncClient, docs: list[dict[str, str]]) -> float:
+    started = time.perf_counter()
+    r = await client.post("/v1/collections", json={"name": COLLECTION})
+    r.raise_for_status()
+    semaphore = asyncio.Semaphore(2)  # two batches in flight keep both workers busy
+
+    async def put(batch: list[dict[str, str]]) -> None:
+        async with semaphore:
+            r = await client.put(
+                f"/v1/collections/{COLLECTION}/documents", json={"documents": batch}
+            )
+            r.raise_for_status()
+
+    await asyncio.gather(*(put(b) for b in _batches(docs, 64)))
+    return time.perf_counter() - started
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    seconds: float
+    search_ms: list[float] = field(default_factory=list)
+    upsert_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> int:
+        return len(self.search_ms) + len(self.upsert_ms) + self.errors
+
+    @staticmethod
+    def pct(values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def run_level(
+    client: httpx.AsyncClient,
+    concurrency: int,
+    queries: list[str],
+    pool: list[dict[str, str]],
+    *,
+    duration: float,
+    max_requests: int,
+    upsert_fraction: float,
+    upsert_size: int,
+    k: int,
+    seed: int,
+) -> LevelResult:
+    result = LevelResult(concurrency, 0.0)
+    deadline = time.monotonic() + duration
+    issued = 0
+    counter = iter(range(10**9))
+
+    async def worker(w: int) -> None:
+        nonlocal issued
+        rng = random.Random(seed * 1000 + w)
+        while time.monotonic() < deadline and issued < max_requests:
+            issued += 1
+            upsert = rng.random() < upsert_fraction
+            started = time.perf_counter()
+            try:
+                if upsert:
+                    docs = [
+                        {"id": f"new-{seed}-{next(counter)}", "text": d["text"]}
+                        for d in rng.sample(pool, upsert_size)
+                    ]
+                    r = await client.put(
+                        f"/v1/collections/{COLLECTION}/documents",
+                        json={"documents": docs},
+                    )
+                else:
+                    r = await client.post(
+                        f"/v1/collections/{COLLECTION}/search",
+                        json={"query": rng.choice(queries), "k": k},
+                    )
+                ok = r.status_code == 200
+                kind = str(r.status_code)
+            except httpx.HTTPError as error:
+                ok, kind = False, type(error).__name__
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            if not ok:
+                result.errors += 1
+                result.error_kinds[kind] = result.error_kinds.get(kind, 0) + 1
+            elif upsert:
+                result.upsert_ms.append(elapsed_ms)
+            else:
+                result.search_ms.append(elapsed_ms)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    docs, queries = corpus(args.docs)
+    levels = [int(x) for x in args.levels.split(",")]
+    env = {
+        "NORMCAL_WORKER_THREADS": str(args.workers),
+        "NORMCAL_INDEX_TYPE": args.index,
+    }
+    with tempfile.TemporaryDirectory(prefix="normcal-load-") as tmp:
+        server = Server(Path(tmp) / "data", env)
+        try:
+            server.wait_ready()
+            limits = httpx.Limits(max_connections=max(levels) + 4)
+            async with httpx.AsyncClient(
+                base_url=server.url, timeout=120, limits=limits
+            ) as client:
+                seconds = await ingest(client, docs)
+                print(
+                    f"ingested {len(docs)} documents in {seconds:.1f}s "
+                    f"({len(docs) / seconds:.0f} docs/s); index={args.index}, "
+                    f"workers={args.workers}, cores={os.cpu_count()}"
+                )
+                await run_level(  # warm-up, not reported
+                    client,
+                    2,
+                    queries,
+                    docs,
+                    duration=2,
+                    max_requests=50,
+                    upsert_fraction=args.upsert_fraction,
+                    upsert_size=args.upsert_size,
+                    k=args.k,
+                    seed=99,
+                )
+                results = []
+                for i, level in enumerate(levels):
+                    results.append(
+                        await run_level(
+                            client,
+                            level,
+                            queries,
+                            docs,
+                            duration=args.duration,
+                            max_requests=args.max_requests,
+                            upsert_fraction=args.upsert_fraction,
+                            upsert_size=args.upsert_size,
+                            k=args.k,
+                            seed=i,
+                        )
+                    )
+                info = (await client.get(f"/v1/collections/{COLLECTION}")).json()
+        finally:
+            server.stop()
+    pct = LevelResult.pct
+    print(
+        f"\nmix: {1 - args.upsert_fraction:.0%} search (k={args.k}) / "
+        f"{args.upsert_fraction:.0%} upsert ({args.upsert_size} docs); "
+        f"{args.duration:.0f}s per level; final collection: {info['documents']} docs"
+    )
+    print(
+        "\n| concurrency | requests | req/s | search p50 ms | search p99 ms "
+        "| upsert p50 ms | upsert p99 ms | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r.concurrency} | {r.requests} | {r.requests / r.seconds:.1f} "
+            f"| {pct(r.search_ms, 50):.1f} | {pct(r.search_ms, 99):.1f} "
+            f"| {pct(r.upsert_ms, 50):.1f} | {pct(r.upsert_ms, 99):.1f} "
+            f"| {r.errors}{' ' + str(r.error_kinds) if r.errors else ''} |"
+        )
+    top = results[-1]
+    ratio = pct(top.search_ms, 99) / pct(top.search_ms, 50)
+    total_errors = sum(r.errors for r in results)
+    print(
+        f"\nsearch p99/p50 at concurrency {top.concurrency}: {ratio:.2f} "
+        f"(target < 10); errors: {total_errors} (target 0)"
+    )
+    return 0 if total_errors == 0 and ratio < 10 else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=int, default=10_000)
+    parser.add_argument("--levels", default="1,4,16")
+    parser.add_argument("--duration", type=float, default=20.0, help="s per level")
+    parser.add_argument("--max-requests", type=int, default=20_000, help="per level")
+    parser.add_argument("--upsert-fraction", type=float, default=0.1)
+    parser.add_argument("--upsert-size", type=int, default=4)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2, help="server CPU threads")
+    parser.add_argument("--index", choices=["flat", "hnsw"], default="flat")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
