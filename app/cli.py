@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -66,14 +65,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
     settings = Settings(**overrides)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from app.observability import configure_logging
+
+    configure_logging(settings.log_level, json_lines=settings.log_format == "json")
     uvicorn.run(
         create_app(settings),
         host=args.host,
         port=args.port,
+        log_config=None,  # keep configure_logging's handlers
+        access_log=False,  # AccessLogMiddleware logs each request with its id
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=30,
     )
