@@ -43,7 +43,9 @@ LIMITS = Limits(
 # Built at import: schemathesis needs the schema to generate the test cases. The
 # model loads when the lifespan starts (on the first call), not here.
 _DATA_DIR = Path(tempfile.mkdtemp(prefix="normcal-fuzz-"))
-APP = create_app(Settings(data_dir=_DATA_DIR, limits=LIMITS, worker_threads=2))
+APP = create_app(
+    Settings(data_dir=_DATA_DIR, limits=LIMITS, worker_threads=2, api_key=None)
+)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 
