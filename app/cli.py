@@ -116,6 +116,50 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
+    import json
+
+    from app.evaluation import EvalOptions, method_table, run_eval
+    from app.lifespan import load_embedder
+    from app.settings import Settings
+    from calibration import CalibrationError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    options = EvalOptions(
+        k=args.k,
+        n_splits=args.folds,
+        few_label_sizes=tuple(args.few_label),
+        few_label_draws=args.draws,
+        reorder=not args.no_reorder,
+        seed=args.seed,
+    )
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        elapsed = time.perf_counter() - started
+        print(f"[{elapsed:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    try:
+        result = run_eval(
+            load_embedder(Settings()),
+            Path(args.data_dir),
+            split=args.split,
+            fit_split=args.fit_split,
+            cache_dir=args.cache_dir,
+            options=options,
+            progress=progress,
+        )
+    except (OSError, CalibrationError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(method_table(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``normcal``."""
     parser = argparse.ArgumentParser(prog="normcal", description=__doc__)
@@ -138,6 +182,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=int, default=None, help="first N documents only"
     )
     ingest.set_defaults(func=cmd_ingest)
+
+    ev = sub.add_parser(
+        "eval", help="retrieval and calibration metrics on a BEIR folder with qrels"
+    )
+    ev.add_argument("data_dir", type=Path, help="BEIR folder (corpus, queries, qrels)")
+    ev.add_argument("--split", default="test", help="qrels split to evaluate on")
+    ev.add_argument(
+        "--fit-split",
+        default=None,
+        help="fit on this qrels split and evaluate on --split (default: nested CV)",
+    )
+    ev.add_argument("--k", type=int, default=20, help="top-k hits per query as pairs")
+    ev.add_argument("--folds", type=int, default=5, help="grouped CV folds")
+    ev.add_argument(
+        "--few-label", type=int, nargs="+", default=[10, 30, 100], metavar="N"
+    )
+    ev.add_argument("--draws", type=int, default=5, help="random draws per few-label N")
+    ev.add_argument(
+        "--no-reorder", action="store_true", help="skip the auto+reorder row"
+    )
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--cache-dir", type=Path, default=Path(".normcal-cache"))
+    ev.add_argument("--json", type=Path, default=None, help="write the report here")
+    ev.set_defaults(func=cmd_eval)
     return parser
 
 
