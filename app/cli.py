@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -12,27 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def read_beir_corpus(
-    data_dir: Path, limit: int | None = None
-) -> Iterator[dict[str, Any]]:
-    """Yield ``{"id", "text", "metadata"}`` from a BEIR ``corpus.jsonl``.
-
-    The title, when present, is the first line of the text (BEIR's convention of
-    embedding title and body together).
-    """
-    with (data_dir / "corpus.jsonl").open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh):
-            if limit is not None and n >= limit:
-                return
-            row = json.loads(line)
-            title = (row.get("title") or "").strip()
-            body = (row.get("text") or "").strip()
-            text = f"{title}\n{body}" if title and body else (title or body)
-            if text:
-                yield {"id": str(row["_id"]), "text": text, "metadata": {}}
 
 
 def _batches(
@@ -80,34 +61,54 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_ingest(args: argparse.Namespace) -> int:
-    """Upsert a BEIR corpus into a collection through the HTTP API."""
-    import httpx
+def ingest_documents(
+    client: httpx.Client,
+    collection: str,
+    docs: list[dict[str, Any]],
+    *,
+    batch_size: int = 128,
+    progress: bool = True,
+) -> float:
+    """Upsert ``docs`` in batches (two in flight) and return the elapsed seconds.
+
+    Creates the collection when it does not exist yet.
+    """
     from tqdm import tqdm
 
-    docs = list(read_beir_corpus(Path(args.data_dir), args.limit))
+    created = client.post("/v1/collections", json={"name": collection})
+    if created.status_code not in (201, 409):
+        created.raise_for_status()
+
+    def put(batch: list[dict[str, Any]]) -> int:
+        response = client.put(
+            f"/v1/collections/{collection}/documents", json={"documents": batch}
+        )
+        response.raise_for_status()
+        return len(batch)
+
+    started = time.perf_counter()
+    with (
+        tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=not progress) as bar,
+        ThreadPoolExecutor(2) as pool,  # two in flight keep the model busy
+    ):
+        for n in pool.map(put, _batches(iter(docs), batch_size)):
+            bar.update(n)
+    return time.perf_counter() - started
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    """Upsert a BEIR corpus into a collection through the HTTP API."""
+    from app.beir import read_corpus
+
+    docs = list(read_corpus(Path(args.data_dir), args.limit))
     with httpx.Client(base_url=args.url, headers=_headers(), timeout=600) as client:
-        created = client.post("/v1/collections", json={"name": args.collection})
-        if created.status_code not in (201, 409):
-            print(f"error: {created.text}", file=sys.stderr)
-            return 1
-
-        def put(batch: list[dict[str, Any]]) -> int:
-            response = client.put(
-                f"/v1/collections/{args.collection}/documents",
-                json={"documents": batch},
+        try:
+            elapsed = ingest_documents(
+                client, args.collection, docs, batch_size=args.batch_size
             )
-            response.raise_for_status()
-            return len(batch)
-
-        started = time.perf_counter()
-        with (
-            tqdm(total=len(docs), unit="doc", file=sys.stderr) as bar,
-            ThreadPoolExecutor(2) as pool,  # two in flight keep the model busy
-        ):
-            for n in pool.map(put, _batches(iter(docs), args.batch_size)):
-                bar.update(n)
-        elapsed = time.perf_counter() - started
+        except httpx.HTTPStatusError as error:
+            print(f"error: {error.response.text}", file=sys.stderr)
+            return 1
     rate = len(docs) / elapsed if elapsed > 0 else float("inf")
     print(
         f"ingested {len(docs)} documents into {args.collection!r} "
@@ -177,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("data_dir", type=Path, help="folder holding corpus.jsonl")
     ingest.add_argument("--collection", required=True)
     ingest.add_argument("--url", default=os.environ.get("NORMCAL_URL", DEFAULT_URL))
-    ingest.add_argument("--batch-size", type=int, default=64)
+    ingest.add_argument("--batch-size", type=int, default=128)
     ingest.add_argument(
         "--limit", type=int, default=None, help="first N documents only"
     )

@@ -9,6 +9,7 @@ from typing import TypedDict
 
 from fastapi import FastAPI
 
+from app.calibrators import load_default_profile
 from app.concurrency import CpuPool
 from app.embedding import Embedder, SentenceTransformerEmbedder
 from app.observability import Metrics
@@ -68,7 +69,14 @@ def make_lifespan(
             model = metrics.instrument(model)
             metrics.watch(registry)
         try:
-            yield {"service": Service(settings, model, registry, pool, metrics)}
+            yield {"service": Service(
+                settings,
+                model,
+                registry,
+                pool,
+                default_profile=load_default_profile(model.model_name),
+                metrics=metrics,
+            )}
         finally:
             # Reverse order: finish CPU work, then close SQLite cleanly.
             if metrics is not None:

@@ -12,7 +12,15 @@ from app.errors import install_error_handlers
 from app.lifespan import make_lifespan
 from app.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from app.observability import AccessLogMiddleware, Metrics, RouteTemplates
-from app.routers import collections, documents, embed, health, metrics, search
+from app.routers import (
+    calibrators,
+    collections,
+    documents,
+    embed,
+    health,
+    metrics,
+    search,
+)
 from app.settings import Settings
 
 
@@ -50,7 +58,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    for module in (embed, collections, documents, search):
+    for module in (embed, collections, documents, search, calibrators):
         app.include_router(
             module.router, prefix="/v1", dependencies=[Depends(bearer_scheme)]
         )

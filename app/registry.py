@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from app.calibrators import Profile
 from app.concurrency import RWLock
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from app.index import IndexType, VectorIndex
@@ -49,6 +50,10 @@ class Collection:
         self.index = index
         self.lock = RWLock()
         self.meta: dict[str, Any] = store.get_meta()
+        active = self.meta.get("active_calibrator")
+        # Replaced by one assignment on activation: a search reads it once, so it
+        # sees either the old calibrator or the new one, never a mix.
+        self.profile: Profile | None = self.calibrator(active) if active else None
 
     @classmethod
     def open(
@@ -109,6 +114,33 @@ class Collection:
         """``(documents in SQLite, vectors in FAISS)``, read consistently."""
         with self.lock.read():
             return self.store.count(), self.index.size
+
+    def calibrator(self, calibrator_id: str) -> Profile:
+        """Load a stored calibrator (``NotFoundError`` if absent)."""
+        data = self.store.load_calibrator(calibrator_id)
+        if data is None:
+            raise NotFoundError("calibrator", calibrator_id)
+        return Profile.from_json(data)
+
+    def calibrators(self) -> list[Profile]:
+        """Every stored calibrator, oldest first."""
+        return [Profile.from_json(d) for d in self.store.list_calibrators()]
+
+    def add_calibrator(self, profile: Profile, *, activate: bool) -> None:
+        """Store a fitted calibrator; activating it is part of the same commit."""
+        self.store.save_calibrator(
+            profile.id, profile.method, profile.to_json(), active=activate
+        )
+        if activate:
+            self.meta["active_calibrator"] = profile.id
+            self.profile = profile
+
+    def activate(self, calibrator_id: str) -> Profile:
+        """Make a stored calibrator the active one."""
+        profile = self.calibrator(calibrator_id)
+        self.set_meta(active_calibrator=calibrator_id)
+        self.profile = profile
+        return profile
 
     def set_meta(self, **values: Any) -> None:
         """Persist meta keys and refresh the cached copy."""

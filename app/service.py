@@ -7,17 +7,20 @@ in-process. Every CPU-bound step runs in the bounded pool.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from app import limits
+from app.calibrators import Profile, QueryEvidence, fit_profile
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError
 from app.observability import Metrics
 from app.registry import Collection, CollectionRegistry, Hit
-from app.schemas.collections import CollectionInfo
+from app.schemas.calibrators import CalibratorInfo, FitRequest, Judgment, MethodMetrics
+from app.schemas.collections import CalibratorRef, CollectionInfo
 from app.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
 from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.settings import Settings
@@ -36,6 +39,7 @@ class Service:
     embedder: Embedder
     registry: CollectionRegistry
     pool: CpuPool
+    default_profile: Profile | None = None
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
 
@@ -69,6 +73,7 @@ class Service:
             documents=documents,
             indexed=indexed,
             created_at=float(meta["created_at"]),
+            calibrator=self._calibrator_ref(self._profile_for(collection)),
         )
 
     def list_collections(self) -> list[CollectionInfo]:
@@ -137,7 +142,7 @@ class Service:
 
     # -- search -----------------------------------------------------------------------
     async def search(self, name: str, request: SearchRequest) -> list[SearchResult]:
-        """Embed the queries and return each one's top-k hits."""
+        """Embed the queries; return each one's top-k hits with probabilities."""
         lim = self.settings.limits
         texts = request.texts
         k = request.k if request.k is not None else min(DEFAULT_K, lim.max_k)
@@ -145,36 +150,239 @@ class Service:
         limits.check_count("queries", texts, lim.max_queries_per_search)
         limits.check_texts("queries" if request.queries else "query", texts, lim)
         collection = self.registry.get_compatible(name)
+        profile = self._profile_for(collection)  # one snapshot for the whole request
+        if profile is None and (
+            request.min_probability is not None or request.target_precision is not None
+        ):
+            raise InvalidRequestError(
+                "min_probability and target_precision need a calibrator; none is "
+                f"available for model {self.embedder.model_name!r}",
+                field="min_probability",
+            )
         batch = await self.pool.run(self.embedder.embed, texts, "query")
         hits = await self.pool.run(collection.search, batch.vectors, k, request.filter)
-        return [
-            _result(batch, i, row, request.include_text) for i, row in enumerate(hits)
-        ]
+        return await self.pool.run(_results, batch, hits, profile, request)
 
     def collection(self, name: str) -> Collection:
         """Return a collection (for in-process callers)."""
         return self.registry.get(name)
 
+    # -- calibrators ------------------------------------------------------------------
+    async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
+        """Fit a calibrator from judgments; nothing changes unless the fit succeeds."""
+        lim = self.settings.limits
+        limits.check_count("judgments", body.judgments, lim.max_judgments_per_fit)
+        limits.check_texts("judgments.query", [j.query for j in body.judgments], lim)
+        limits.check_value("k", body.k, lim.max_k)
+        collection = self.registry.get_compatible(name)
+        judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
+        if body.include_feedback:
+            judged += collection.store.judgments()
+        if not judged:
+            raise InvalidRequestError(
+                "no judgments: send some, or POST feedback first", field="judgments"
+            )
+        self._check_documents_exist(collection, [d for _, d, _ in judged])
+        qrels: dict[str, dict[str, int]] = {}
+        for query, doc_id, relevance in judged:
+            qrels.setdefault(query, {})[doc_id] = relevance
+        queries = sorted(qrels)
+        batch = await self.pool.run(self.embedder.embed, queries, "query")
+        hits = await self.pool.run(collection.search, batch.vectors, body.k, None)
+        evidence = [
+            QueryEvidence(
+                norm=float(batch.norms[i]),
+                n_tokens=int(batch.n_tokens[i]),
+                scores=np.array([h.score for h in row]),
+                doc_norms=np.array([h.document.norm for h in row]),
+                doc_tokens=np.array([h.document.n_tokens for h in row], dtype=np.int64),
+                labels=np.array(
+                    [float(qrels[q].get(h.document.id, 0) > 0) for h in row]
+                ),
+            )
+            for i, (q, row) in enumerate(zip(queries, hits, strict=True))
+        ]
+        doc_norms, doc_tokens = collection.store.norm_sample()
+        started = time.perf_counter()
+        profile = await self.pool.run(
+            fit_profile,
+            evidence,
+            doc_norms=doc_norms,
+            doc_tokens=doc_tokens,
+            model=self.embedder.model_name,
+            method=body.method,
+            allow_reorder=body.allow_reorder,
+            abstain_target=body.abstain_target,
+            abstain_delta=body.abstain_delta,
+            extra_report={"collection": name},
+        )
+        logger.info(
+            "fitted calibrator %s (%s) on %s in %.2fs",
+            profile.id,
+            profile.method,
+            name,
+            time.perf_counter() - started,
+        )
+        await self.pool.run(collection.add_calibrator, profile, activate=body.activate)
+        return self._info(collection, profile)
+
+    def list_calibrators(self, name: str) -> list[CalibratorInfo]:
+        """Every calibrator of a collection, oldest first."""
+        collection = self.registry.get(name)
+        return [self._info(collection, p) for p in collection.calibrators()]
+
+    def get_calibrator(self, name: str, calibrator_id: str) -> CalibratorInfo:
+        """One calibrator's report."""
+        collection = self.registry.get(name)
+        return self._info(collection, self.profile(name, calibrator_id))
+
+    def profile(self, name: str, calibrator_id: str) -> Profile:
+        """A collection's calibrator, or the default profile by its id."""
+        collection = self.registry.get(name)
+        default = self.default_profile
+        if default is not None and calibrator_id == default.id:
+            return default
+        return collection.calibrator(calibrator_id)
+
+    async def activate_calibrator(
+        self, name: str, calibrator_id: str
+    ) -> CalibratorInfo:
+        """Serve a stored calibrator from now on (an atomic switch)."""
+        collection = self.registry.get_compatible(name)
+        profile = await self.pool.run(collection.activate, calibrator_id)
+        return self._info(collection, profile)
+
+    def add_feedback(self, name: str, judgments: list[Judgment]) -> tuple[int, int]:
+        """Store judgments for the next fit; returns ``(stored, total)``."""
+        lim = self.settings.limits
+        limits.check_count("judgments", judgments, lim.max_judgments_per_fit)
+        limits.check_texts("judgments.query", [j.query for j in judgments], lim)
+        collection = self.registry.get(name)
+        self._check_documents_exist(collection, [j.document_id for j in judgments])
+        total = collection.store.add_judgments(
+            [(j.query, j.document_id, j.relevance) for j in judgments]
+        )
+        return len(judgments), total
+
+    def _check_documents_exist(self, collection: Collection, ids: list[str]) -> None:
+        wanted = sorted(set(ids))
+        known = collection.store.seqs_of(wanted)
+        unknown = [i for i in wanted if i not in known]
+        if unknown:
+            shown = ", ".join(repr(i) for i in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise InvalidRequestError(
+                f"judgments name documents that are not in collection "
+                f"{collection.name!r}: {shown}{more}",
+                field="judgments",
+            )
+
+    def _profile_for(self, collection: Collection) -> Profile | None:
+        if collection.profile is not None:
+            return collection.profile
+        default = self.default_profile
+        if default is not None and default.model == collection.meta.get("model"):
+            return default
+        return None
+
+    @staticmethod
+    def _calibrator_ref(profile: Profile | None) -> CalibratorRef | None:
+        if profile is None:
+            return None
+        return CalibratorRef(
+            id=profile.id,
+            method=profile.method,
+            default=profile.default,
+            reorders_hits=profile.reorders_hits,
+        )
+
+    def _info(self, collection: Collection, profile: Profile) -> CalibratorInfo:
+        active = self._profile_for(collection)
+        report = profile.report
+        return CalibratorInfo(
+            id=profile.id,
+            collection=None if profile.default else collection.name,
+            method=profile.method,
+            created_at=profile.created_at,
+            active=active is not None and active.id == profile.id,
+            default=profile.default,
+            reorders_hits=profile.reorders_hits,
+            cv={m: MethodMetrics(**v) for m, v in report.get("cv", {}).items()},
+            norm_lift=report.get("norm_lift", {}),
+            abstain=report.get("abstain"),
+            report=report,
+        )
+
+
+def _results(
+    batch: EmbeddingBatch,
+    hits: list[list[Hit]],
+    profile: Profile | None,
+    request: SearchRequest,
+) -> list[SearchResult]:
+    """Score each query's hits, then apply ``min_probability``/``target_precision``."""
+    return [_result(batch, i, row, profile, request) for i, row in enumerate(hits)]
+
 
 def _result(
-    batch: EmbeddingBatch, i: int, hits: list[Hit], include_text: bool
+    batch: EmbeddingBatch,
+    i: int,
+    hits: list[Hit],
+    profile: Profile | None,
+    request: SearchRequest,
 ) -> SearchResult:
+    norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
+    out = [
+        SearchHit(
+            id=h.document.id,
+            score=h.score,
+            probability=None,
+            norm=h.document.norm,
+            n_tokens=h.document.n_tokens,
+            metadata=h.document.metadata,
+            text=h.document.text if request.include_text else None,
+        )
+        for h in hits
+    ]
+    confidence = abstain = None
+    if profile is not None:
+        scored = profile.score(
+            norm,
+            n_tokens,
+            np.array([h.score for h in hits]),
+            np.array([h.document.norm for h in hits]),
+            np.array([h.document.n_tokens for h in hits], dtype=np.int64),
+        )
+        for hit, p in zip(out, scored.probabilities, strict=True):
+            hit.probability = float(p)
+        if profile.reorders_hits:
+            out.sort(key=lambda h: -(h.probability or 0.0))
+        confidence, abstain = scored.confidence, scored.abstain
+        out = _cut(out, request.min_probability, request.target_precision)
     return SearchResult(
         query=QueryInfo(
-            norm=float(batch.norms[i]),
-            n_tokens=int(batch.n_tokens[i]),
-            truncated=bool(np.bool_(batch.truncated[i])),
+            norm=norm, n_tokens=n_tokens, truncated=bool(batch.truncated[i])
         ),
-        hits=[
-            SearchHit(
-                id=h.document.id,
-                score=h.score,
-                probability=None,
-                norm=h.document.norm,
-                n_tokens=h.document.n_tokens,
-                metadata=h.document.metadata,
-                text=h.document.text if include_text else None,
-            )
-            for h in hits
-        ],
+        hits=out,
+        confidence=confidence,
+        abstain=abstain,
+        calibrator=Service._calibrator_ref(profile),
     )
+
+
+def _cut(
+    hits: list[SearchHit], min_probability: float | None, target_precision: float | None
+) -> list[SearchHit]:
+    """Drop hits below ``min_probability``, then cut to ``target_precision``.
+
+    The cut keeps the longest prefix whose mean probability (its expected
+    precision) is at least ``target_precision``.
+    """
+    if min_probability is not None:
+        hits = [h for h in hits if (h.probability or 0.0) >= min_probability]
+    if target_precision is not None:
+        probs = np.array([h.probability or 0.0 for h in hits])
+        mean = np.cumsum(probs) / np.arange(1, len(probs) + 1)
+        ok = np.flatnonzero(mean >= target_precision)
+        hits = hits[: int(ok[-1]) + 1] if len(ok) else []
+    return hits

@@ -34,6 +34,19 @@ CREATE TABLE IF NOT EXISTS documents (
     truncated INTEGER NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS calibrators (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    method TEXT NOT NULL,
+    profile TEXT NOT NULL                    -- app.calibrators.Profile.to_json()
+);
+CREATE TABLE IF NOT EXISTS judgments (      -- feedback kept for the next fit
+    n INTEGER PRIMARY KEY AUTOINCREMENT,
+    query TEXT NOT NULL,
+    document_id TEXT NOT NULL,
+    relevance INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
 """
 
 MetadataValue = str | int | float | bool | None
@@ -92,11 +105,14 @@ class CollectionStore:
     def set_meta(self, **values: Any) -> None:
         """Set meta keys atomically."""
         with self._mutex, self._transaction():
-            self._conn.executemany(
-                "INSERT INTO meta(key, value) VALUES(?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                [(k, json.dumps(v)) for k, v in values.items()],
-            )
+            self._set_meta_unlocked(**values)
+
+    def _set_meta_unlocked(self, **values: Any) -> None:
+        self._conn.executemany(
+            "INSERT INTO meta(key, value) VALUES(?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            [(k, json.dumps(v)) for k, v in values.items()],
+        )
 
     # -- documents ------------------------------------------------------------------
     def upsert(self, docs: Sequence[NewDocument]) -> tuple[list[int], list[int]]:
@@ -224,6 +240,56 @@ class CollectionStore:
             np.array([r[0] for r in rows], dtype=np.float64),
             np.array([r[1] for r in rows], dtype=np.int64),
         )
+
+    # -- calibrators and judgments ------------------------------------------------------
+    def save_calibrator(
+        self, calibrator_id: str, method: str, profile: dict[str, Any], *, active: bool
+    ) -> None:
+        """Store a fitted profile, and make it the active one in the same transaction."""
+        with self._mutex, self._transaction():
+            self._conn.execute(
+                "INSERT INTO calibrators(id, created_at, method, profile) VALUES (?, ?, ?, ?)",
+                (calibrator_id, time.time(), method, json.dumps(profile)),
+            )
+            if active:
+                self._set_meta_unlocked(active_calibrator=calibrator_id)
+
+    def load_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
+        """The stored profile JSON of a calibrator, or None."""
+        with self._mutex:
+            row = self._conn.execute(
+                "SELECT profile FROM calibrators WHERE id = ?", (calibrator_id,)
+            ).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def list_calibrators(self) -> list[dict[str, Any]]:
+        """Every stored profile JSON, oldest first."""
+        with self._mutex:
+            rows = self._conn.execute(
+                "SELECT profile FROM calibrators ORDER BY created_at, id"
+            ).fetchall()
+        return [dict(json.loads(r[0])) for r in rows]
+
+    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
+        """Append ``(query, document_id, relevance)`` rows; return the new total."""
+        now = time.time()
+        with self._mutex, self._transaction():
+            self._conn.executemany(
+                "INSERT INTO judgments(query, document_id, relevance, created_at)"
+                " VALUES (?, ?, ?, ?)",
+                [(q, d, int(r), now) for q, d, r in rows],
+            )
+            return int(
+                self._conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0]
+            )
+
+    def judgments(self) -> list[tuple[str, str, int]]:
+        """All stored feedback judgments, oldest first."""
+        with self._mutex:
+            rows = self._conn.execute(
+                "SELECT query, document_id, relevance FROM judgments ORDER BY n"
+            ).fetchall()
+        return [(str(q), str(d), int(r)) for q, d, r in rows]
 
     def close(self) -> None:
         """Close the connection (checkpointing the WAL)."""

@@ -24,7 +24,7 @@ async def upsert_documents(
     return await service.upsert(name, body.documents)
 
 
-@router.get("/{doc_id}")
+@router.get("/{doc_id:path}")
 def read_document(
     *, name: CollectionName, doc_id: DocumentIdParam, service: ServiceDep
 ) -> DocumentOut:
@@ -32,7 +32,7 @@ def read_document(
     return service.get_document(name, doc_id)
 
 
-@router.delete("/{doc_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("/{doc_id:path}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_document(
     *, name: CollectionName, doc_id: DocumentIdParam, service: ServiceDep
 ) -> Response:

@@ -23,6 +23,9 @@ class CalibratorRef(BaseModel):
     id: str
     method: str
     default: bool = Field(description="true when the shipped default profile is in use")
+    reorders_hits: bool = Field(
+        False, description="probabilities may order hits differently from cosine"
+    )
 
 
 class CollectionInfo(BaseModel):

@@ -1,0 +1,391 @@
+"""Calibration profiles: the bridge from retrieval evidence to ``calibration/`` maths.
+
+A :class:`Profile` is everything search needs to turn one query's hit list into
+probabilities: the norm references of both sides (same model), the pair calibrator,
+the query-level confidence model and the abstain policy, plus the fit report. It is
+stored as versioned JSON (``calibration.io``), never pickled.
+
+:func:`fit_profile` is the one fitting path, shared by ``POST .../calibrators``, the
+default-profile script and ``normcal eval``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from calibration import (
+    AbstainPolicy,
+    InsufficientDataError,
+    NormReference,
+    QueryConfidenceModel,
+    SelectionResult,
+    auroc,
+    cross_fit_query_confidence,
+    fit_abstain_policy,
+    from_dict,
+    pair_features,
+    query_features,
+    query_table,
+    reliability_by_tercile,
+    select_calibrator,
+    stack_pair_features,
+    to_dict,
+)
+from calibration.features import ELL_Q
+
+PROFILE_FORMAT = 1
+FALLBACK_ABSTAIN_THRESHOLD = 0.5  # used when no threshold could be certified
+
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class QueryEvidence:
+    """One query's retrieval result, with labels when it is judged.
+
+    Attributes
+    ----------
+    norm, n_tokens : float, int
+        Raw norm and token count of the query embedding.
+    scores : ndarray of shape (k,)
+        Cosines of the hits, best first.
+    doc_norms, doc_tokens : ndarray of shape (k,)
+        Raw norms and token counts of the hit documents.
+    labels : ndarray of shape (k,) or None
+        1.0 where the hit is judged relevant, else 0.0 (unjudged counts as not
+        relevant, the usual IR convention).
+    """
+
+    norm: float
+    n_tokens: int
+    scores: FloatArray
+    doc_norms: FloatArray
+    doc_tokens: NDArray[np.int64]
+    labels: FloatArray | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Probabilities of one hit list and the query-level verdict."""
+
+    probabilities: FloatArray
+    confidence: float
+    abstain: bool
+
+
+def build_features(
+    evidence: Sequence[QueryEvidence], query_ref: NormReference, doc_ref: NormReference
+) -> tuple[FloatArray, NDArray[np.int64]]:
+    """Stack the pair feature matrix (``calibration.FEATURES`` order) of many queries.
+
+    Queries without hits contribute no rows; group ids still index ``evidence``.
+    """
+    kept = [i for i, e in enumerate(evidence) if len(e.scores)]
+    if not kept:
+        raise InsufficientDataError("No query retrieved any document.", n_queries=0)
+    q_norms = np.array([evidence[i].norm for i in kept])
+    q_tokens = np.array([evidence[i].n_tokens for i in kept])
+    X, local = stack_pair_features(
+        [evidence[i].scores for i in kept],
+        query_ref.transform(q_norms, q_tokens),
+        [
+            doc_ref.transform(evidence[i].doc_norms, evidence[i].doc_tokens)
+            for i in kept
+        ],
+        query_ref.length_feature(q_tokens),
+        [doc_ref.length_feature(evidence[i].doc_tokens) for i in kept],
+    )
+    return X, np.asarray(kept, dtype=np.int64)[local]
+
+
+@dataclass
+class Profile:
+    """A fitted calibration profile (see the module docstring)."""
+
+    id: str
+    method: str
+    model: str
+    query_ref: NormReference
+    doc_ref: NormReference
+    estimator: Any
+    query_model: QueryConfidenceModel | None
+    abstain_policy: AbstainPolicy | None
+    report: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    default: bool = False
+
+    @property
+    def reorders_hits(self) -> bool:
+        """Whether probabilities may order a query's hits differently from cosine."""
+        return bool(self.estimator.reorders_hits)
+
+    def score(
+        self,
+        norm: float,
+        n_tokens: int,
+        scores: FloatArray,
+        doc_norms: FloatArray,
+        doc_tokens: NDArray[np.int64],
+    ) -> Scored:
+        """Probabilities of one query's hits, its confidence and abstain flag."""
+        if len(scores) == 0:
+            return Scored(np.zeros(0), 0.0, True)
+        ell_q = float(self.query_ref.transform([norm], [n_tokens])[0])
+        X = pair_features(
+            scores,
+            ell_q,
+            self.doc_ref.transform(doc_norms, doc_tokens),
+            float(self.query_ref.length_feature([n_tokens])[0]),
+            self.doc_ref.length_feature(doc_tokens),
+        )
+        p = self.estimator.predict_proba(X)
+        if self.query_model is not None:
+            Q = query_features(p, ell_q)[None, :]
+            confidence = float(self.query_model.predict_proba(Q)[0])
+        else:  # noisy-OR, for profiles fitted without query-level outcomes
+            confidence = float(-np.expm1(np.sum(np.log1p(-np.clip(p, 0, 1 - 1e-12)))))
+        return Scored(p, confidence, self.abstains(confidence))
+
+    def abstains(self, confidence: float) -> bool:
+        """Abstain below the certified threshold (or below 0.5 without one)."""
+        policy = self.abstain_policy
+        if policy is not None and policy.certified:
+            return confidence < policy.threshold
+        return confidence < FALLBACK_ABSTAIN_THRESHOLD
+
+    # -- persistence ------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (``calibration.io`` for the fitted objects)."""
+        return {
+            "format": PROFILE_FORMAT,
+            "id": self.id,
+            "method": self.method,
+            "model": self.model,
+            "created_at": self.created_at,
+            "default": self.default,
+            "query_ref": to_dict(self.query_ref),
+            "doc_ref": to_dict(self.doc_ref),
+            "estimator": to_dict(self.estimator),
+            "query_model": None
+            if self.query_model is None
+            else to_dict(self.query_model),
+            "abstain_policy": (
+                None if self.abstain_policy is None else to_dict(self.abstain_policy)
+            ),
+            "report": self.report,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        """Inverse of :meth:`to_json`."""
+        from calibration import UnsupportedFormatError
+
+        if data.get("format") != PROFILE_FORMAT:
+            raise UnsupportedFormatError(
+                f"calibration profile format {data.get('format')!r} is not supported"
+            )
+        return cls(
+            id=str(data["id"]),
+            method=str(data["method"]),
+            model=str(data["model"]),
+            query_ref=from_dict(data["query_ref"]),
+            doc_ref=from_dict(data["doc_ref"]),
+            estimator=from_dict(data["estimator"]),
+            query_model=None
+            if data["query_model"] is None
+            else from_dict(data["query_model"]),
+            abstain_policy=(
+                None
+                if data["abstain_policy"] is None
+                else from_dict(data["abstain_policy"])
+            ),
+            report=dict(data.get("report", {})),
+            created_at=float(data["created_at"]),
+            default=bool(data.get("default", False)),
+        )
+
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+def default_profile_path(model_name: str) -> Path:
+    """Where the shipped default profile of a model lives (``app/profiles/``)."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", model_name.rsplit("/", 1)[-1].lower())
+    return PROFILES_DIR / f"{slug}.json"
+
+
+def load_default_profile(model_name: str) -> Profile | None:
+    """The shipped default profile of ``model_name``, if there is one."""
+    path = default_profile_path(model_name)
+    if not path.exists():
+        return None
+    profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+    return profile if profile.model == model_name else None
+
+
+def fit_profile(
+    evidence: Sequence[QueryEvidence],
+    *,
+    doc_norms: FloatArray,
+    doc_tokens: NDArray[np.int64],
+    model: str,
+    method: str = "auto",
+    allow_reorder: bool = False,
+    abstain_target: float | None = 0.1,
+    abstain_delta: float = 0.1,
+    n_splits: int = 5,
+    profile_id: str | None = None,
+    extra_report: dict[str, Any] | None = None,
+) -> Profile:
+    """Fit a profile from judged retrieval results.
+
+    Parameters
+    ----------
+    evidence : sequence of QueryEvidence
+        One per judged query, with ``labels``.
+    doc_norms, doc_tokens : ndarray
+        Unlabelled sample of the collection's documents, for the document-side
+        :class:`~calibration.NormReference`. The query side is fitted on the judged
+        queries themselves.
+    model : str
+        Embedding model name (profiles are per model, theory.md §4.8).
+    method : {"auto", "platt", "isotonic", "nt", "nt-list"}
+        Calibrator family; ``auto`` keeps the best grouped-CV NLL.
+    allow_reorder : bool
+        Allow document-side terms, which can reorder a query's hits.
+    abstain_target : float or None
+        Tolerated fraction of answered queries without a relevant hit; ``None``
+        skips the certified threshold.
+    abstain_delta : float
+        Probability that the abstain guarantee fails.
+    n_splits : int
+        Grouped CV folds.
+
+    Raises
+    ------
+    calibration.CalibrationError
+        Too few queries, single-class labels, bad values (HTTP 422).
+    """
+    query_ref = NormReference().fit(
+        np.array([e.norm for e in evidence]), np.array([e.n_tokens for e in evidence])
+    )
+    doc_ref = NormReference().fit(doc_norms, doc_tokens)
+    X, groups = build_features(evidence, query_ref, doc_ref)
+    y = np.concatenate([_labels(e) for e in evidence if len(e.scores)])
+    started = time.perf_counter()
+    selection = select_calibrator(
+        X,
+        y,
+        groups,
+        method=method,
+        n_splits=n_splits,
+        query_side_only=not allow_reorder,
+    )
+    query_model, policy, query_report = _fit_query_level(
+        selection, X, y, groups, abstain_target, abstain_delta, n_splits
+    )
+    report = {
+        "requested_method": method,
+        "allow_reorder": allow_reorder,
+        "n_queries": selection.n_queries,
+        "n_pairs": selection.n_pairs,
+        "n_positive": int(y.sum()),
+        "n_splits": n_splits,
+        "k": int(max(len(e.scores) for e in evidence)),
+        "uses_norms": selection.uses_norms,
+        "cv": {m: _jsonable(s) for m, s in selection.cv.items()},
+        "norm_lift": _jsonable(selection.norm_lift),
+        "reliability": _jsonable(selection.reliability),
+        "reliability_by_norm_tercile": _jsonable(
+            reliability_by_tercile(y, selection.oof_proba, X[:, ELL_Q])
+        ),
+        "query_level": query_report,
+        "abstain": None if policy is None else _jsonable(policy),
+        "query_ref": {"unit_norm": bool(query_ref.unit_norm_)},
+        "doc_ref": {"unit_norm": bool(doc_ref.unit_norm_)},
+        "notes": list(selection.notes),
+        "fit_seconds": time.perf_counter() - started,
+        **(extra_report or {}),
+    }
+    return Profile(
+        id=profile_id or uuid.uuid4().hex[:12],
+        method=selection.method,
+        model=model,
+        query_ref=query_ref,
+        doc_ref=doc_ref,
+        estimator=selection.estimator,
+        query_model=query_model,
+        abstain_policy=policy,
+        report=report,
+    )
+
+
+def _labels(evidence: QueryEvidence) -> FloatArray:
+    if evidence.labels is None:
+        raise ValueError("fitting needs labelled evidence")
+    return evidence.labels
+
+
+def _fit_query_level(
+    selection: SelectionResult,
+    X: FloatArray,
+    y: FloatArray,
+    groups: NDArray[np.int64],
+    abstain_target: float | None,
+    abstain_delta: float,
+    n_splits: int,
+) -> tuple[QueryConfidenceModel | None, AbstainPolicy | None, dict[str, Any]]:
+    """Query confidence from out-of-fold pair probabilities, and the abstain policy."""
+    Q, hit, _ = query_table(selection.oof_proba, groups, X[:, ELL_Q], y)
+    assert hit is not None
+    n_hit = int(hit.sum())
+    report: dict[str, Any] = {
+        "n_queries": len(hit),
+        "with_relevant_in_top_k": n_hit,
+    }
+    if min(n_hit, len(hit) - n_hit) < n_splits:
+        report["note"] = (
+            "too few queries with (or without) a relevant hit for a query-level "
+            "model; confidence is the noisy-OR of the hit probabilities"
+        )
+        return None, None, report
+    held_out = cross_fit_query_confidence(Q, hit, n_splits=n_splits)
+    report["auroc"] = auroc(hit, held_out)
+    model = QueryConfidenceModel().fit(Q, hit)
+    policy = None
+    if abstain_target is not None:
+        policy = fit_abstain_policy(
+            held_out, hit, target_risk=abstain_target, delta=abstain_delta
+        )
+    return model, policy, report
+
+
+def _jsonable(value: Any) -> Any:
+    """Dataclasses, arrays and numpy scalars to JSON values (NaN/inf to None)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+        }
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

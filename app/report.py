@@ -1,0 +1,120 @@
+"""Calibration reports: the reliability diagram (PNG) and the HTML report page."""
+
+from __future__ import annotations
+
+import html
+import io
+from typing import Any
+
+from app.calibrators import Profile
+
+
+def reliability_png(profile: Profile) -> bytes:
+    """Reliability diagram of the out-of-fold probabilities, plus their histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless; set before pyplot is imported
+    from matplotlib.figure import Figure
+
+    curve = profile.report.get("reliability") or {}
+    predicted = curve.get("mean_predicted") or []
+    observed = curve.get("observed_frequency") or []
+    counts = curve.get("counts") or []
+    fig = Figure(figsize=(5.5, 6.0), dpi=100)
+    top, bottom = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
+    top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+    sizes = [20 + 180 * c / max(counts) for c in counts] if counts else []
+    top.scatter(predicted, observed, s=sizes, color="tab:blue", zorder=3)
+    top.plot(
+        predicted, observed, color="tab:blue", label=f"{profile.method} (held-out)"
+    )
+    top.set_ylabel("observed frequency of relevant")
+    top.set_ylim(0, 1)
+    top.set_title(f"Reliability — calibrator {profile.id} ({profile.method})")
+    top.legend(loc="upper left")
+    bottom.bar(predicted, counts, width=0.02, color="tab:blue")
+    bottom.set_xlabel("predicted P(relevant), 15 equal-mass bins")
+    bottom.set_ylabel("pairs")
+    bottom.set_xlim(0, 1)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return html.escape(str(value))
+
+
+def report_html(profile: Profile, png_url: str, collection: str | None) -> str:
+    """A self-contained HTML page of a calibrator's report."""
+    r = profile.report
+    rows = "\n".join(
+        f'<tr class="method{" chosen" if name == profile.method else ""}">'
+        f"<td>{html.escape(name)}</td><td>{_fmt(m.get('nll'))}</td>"
+        f"<td>{_fmt(m.get('brier'))}</td><td>{_fmt(m.get('ece'))}</td>"
+        f"<td>{_fmt(m.get('auroc'), 3)}</td></tr>"
+        for name, m in (r.get("cv") or {}).items()
+    )
+    lift = r.get("norm_lift") or {}
+    terms = "".join(
+        f"<li>{html.escape(k)} = {_fmt(v[0], 3)} ± {_fmt(v[1], 3)}</li>"
+        for k, v in (lift.get("terms") or {}).items()
+    )
+    abstain = r.get("abstain")
+    if abstain:
+        guarantee = (
+            f"Answer when confidence ≥ {_fmt(abstain['threshold'], 3)}: with probability "
+            f"≥ {_fmt(1 - abstain['delta'], 2)}, at most {_fmt(abstain['target_risk'], 2)} "
+            f"of answered queries have no relevant hit in the top {r.get('k')} "
+            f"({abstain['method']}, {abstain['n_calibration']} held-out queries, "
+            f"coverage {_fmt(abstain['coverage'], 3)}, empirical risk "
+            f"{_fmt(abstain['empirical_risk'], 3)})."
+            if abstain.get("certified")
+            else "No threshold could be certified at this target with these judgments; "
+            "search abstains when confidence < 0.5."
+        )
+    else:
+        guarantee = (
+            "No abstain target was requested; search abstains when confidence < 0.5."
+        )
+    where = (
+        f"collection <b>{html.escape(collection)}</b>"
+        if collection
+        else "default profile"
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>normcal calibrator {html.escape(profile.id)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem; max-width: 60rem; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .3rem .6rem; }}
+tr.chosen {{ font-weight: bold; background: #eef; }}
+</style></head>
+<body>
+<h1>Calibrator {html.escape(profile.id)}</h1>
+<p>{where}; model <code>{html.escape(profile.model)}</code>; chosen method
+<b id="chosen">{html.escape(profile.method)}</b>; {r.get("n_queries")} judged queries,
+{r.get("n_pairs")} pairs (top {r.get("k")}), {r.get("n_positive")} relevant.
+{"Probabilities may reorder hits." if profile.reorders_hits else "Probabilities never reorder hits."}</p>
+<h2>Reliability (held-out, grouped by query)</h2>
+<img id="reliability" src="{html.escape(png_url)}" alt="reliability diagram" width="550">
+<h2>Methods (5-fold grouped cross-validation)</h2>
+<table id="methods"><thead><tr><th>method</th><th>NLL</th><th>Brier</th><th>ECE</th>
+<th>AUROC</th></tr></thead><tbody>
+{rows}
+</tbody></table>
+<h2>Norm lift</h2>
+<p id="norm-lift">{html.escape(str(lift.get("reason", "")))}
+NLL {_fmt(lift.get("nll_without"))} → {_fmt(lift.get("nll_with"))},
+Brier {_fmt(lift.get("brier_without"))} → {_fmt(lift.get("brier_with"))}
+(base family {html.escape(str(lift.get("base_method", "")))}).</p>
+<ul>{terms}</ul>
+<h2>Abstain guarantee</h2>
+<p id="abstain">{guarantee}</p>
+</body></html>
+"""

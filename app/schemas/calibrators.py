@@ -1,0 +1,87 @@
+"""Schemas of calibrators and feedback."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
+
+Method = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
+
+
+class Judgment(RequestModel):
+    """A human relevance label of one (query, document) pair."""
+
+    query: Text
+    document_id: DocumentId
+    relevance: int = Field(ge=0, description="graded; > 0 means relevant")
+
+
+class FitRequest(RequestModel):
+    """Fit a calibrator from judgments (and stored feedback)."""
+
+    judgments: list[Judgment] = Field(
+        default_factory=list, description="at most limits.max_judgments_per_fit"
+    )
+    method: Method = Field("auto", description="auto keeps the best grouped-CV NLL")
+    k: int = Field(20, ge=2, description="retrieval depth used to build pairs")
+    abstain_target: float | None = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="tolerated share of answered queries with no relevant hit",
+    )
+    abstain_delta: float = Field(
+        0.1, gt=0.0, lt=1.0, description="guarantee fails w.p. δ"
+    )
+    activate: bool = Field(True, description="serve it right away")
+    include_feedback: bool = Field(True, description="also use POSTed feedback")
+    allow_reorder: bool = Field(
+        False, description="allow document-side terms that can reorder a query's hits"
+    )
+
+
+class MethodMetrics(BaseModel):
+    """Grouped cross-validated metrics of one method."""
+
+    nll: float | None
+    brier: float | None
+    ece: float | None
+    auroc: float | None
+
+
+class CalibratorInfo(BaseModel):
+    """A fitted calibrator and its report."""
+
+    id: str
+    collection: str | None
+    method: str
+    created_at: float
+    active: bool
+    default: bool
+    reorders_hits: bool
+    cv: dict[str, MethodMetrics]
+    norm_lift: dict[str, Any]
+    abstain: dict[str, Any] | None
+    report: dict[str, Any] = Field(description="the whole fit report")
+
+
+class CalibratorList(ListEnvelope):
+    """Calibrators of a collection."""
+
+    data: list[CalibratorInfo]
+
+
+class FeedbackRequest(RequestModel):
+    """Judgments to keep for the next fit."""
+
+    judgments: list[Judgment] = Field(min_length=1)
+
+
+class FeedbackResponse(BaseModel):
+    """How many judgments were stored, and how many there are now."""
+
+    stored: int
+    total: int

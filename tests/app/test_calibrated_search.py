@@ -1,0 +1,275 @@
+"""Calibrated search end to end over HTTP on a real scifact slice (real model)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.beir import read_corpus, read_qrels, read_queries
+from app.main import create_app
+from app.settings import Settings
+from tests.conftest import shared_dataset
+
+N_QUERIES = 40
+N_DISTRACTORS = 160
+
+
+@pytest.fixture(scope="module")
+def scifact():
+    """Judgments of 40 train queries and a corpus slice holding their relevant docs."""
+    path = shared_dataset("scifact")
+    qrels = read_qrels(path, "train")
+    queries = read_queries(path)
+    qids = sorted(qrels)[:N_QUERIES]
+    relevant = {d for q in qids for d in qrels[q]}
+    docs, distractors = [], 0
+    for doc in read_corpus(path):
+        if doc["id"] in relevant:
+            docs.append(doc)
+        elif distractors < N_DISTRACTORS:
+            docs.append(doc)
+            distractors += 1
+    judgments = [
+        {"query": queries[q], "document_id": d, "relevance": r}
+        for q in qids
+        for d, r in qrels[q].items()
+    ]
+    return docs, judgments
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, embedder, scifact):
+    docs, _ = scifact
+    settings = Settings(data_dir=tmp_path_factory.mktemp("calibrated"))
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        assert c.post("/v1/collections", json={"name": "sci"}).status_code == 201
+        for start in range(0, len(docs), 128):
+            r = c.put(
+                "/v1/collections/sci/documents",
+                json={"documents": docs[start : start + 128]},
+            )
+            assert r.status_code == 200, r.text
+        yield c
+
+
+@pytest.fixture(scope="module")
+def fitted(client, scifact):
+    _, judgments = scifact
+    r = client.post(
+        "/v1/collections/sci/calibrators", json={"judgments": judgments, "k": 10}
+    )
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _problem(r, status=422):
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    return r.json()
+
+
+def _active(client):
+    return client.get("/v1/collections/sci").json()["calibrator"]
+
+
+def test_default_profile_serves_a_fresh_collection(client):
+    r = client.post("/v1/collections/sci/search", json={"query": "vitamin D and bone"})
+    body = r.json()
+    assert body["calibrator"]["default"] is True
+    assert all(0 <= h["probability"] <= 1 for h in body["hits"])
+    assert 0 <= body["confidence"] <= 1 and isinstance(body["abstain"], bool)
+
+
+def test_fit_reports_every_method_and_norm_lift(fitted):
+    assert fitted["method"] in {"platt", "isotonic", "nt", "nt-list"}
+    assert set(fitted["cv"]) == {"platt", "isotonic", "nt", "nt-list"}
+    for m in fitted["cv"].values():
+        assert 0 <= m["brier"] <= 1 and m["nll"] > 0 and 0 <= m["auroc"] <= 1
+    assert {"nll_with", "nll_without", "terms", "reason"} <= set(fitted["norm_lift"])
+    assert fitted["report"]["n_queries"] == N_QUERIES
+    assert fitted["active"] is True and fitted["default"] is False
+    assert fitted["reorders_hits"] is False
+
+
+def test_search_is_calibrated_by_the_fitted_calibrator(client, fitted, scifact):
+    _, judgments = scifact
+    r = client.post(
+        "/v1/collections/sci/search",
+        json={
+            "queries": [judgments[0]["query"], "unrelated: recipe for apple pie"],
+            "k": 10,
+        },
+    )
+    assert r.status_code == 200, r.text
+    for result in r.json()["results"]:
+        assert result["calibrator"] == {
+            "id": fitted["id"],
+            "method": fitted["method"],
+            "default": False,
+            "reorders_hits": False,
+        }
+        hits = result["hits"]
+        assert all(0 <= h["probability"] <= 1 for h in hits)
+        assert [h["score"] for h in hits] == sorted(
+            (h["score"] for h in hits), reverse=True
+        )
+        assert 0 <= result["confidence"] <= 1 and isinstance(result["abstain"], bool)
+    on_topic, off_topic = r.json()["results"]
+    assert on_topic["confidence"] > off_topic["confidence"]
+    assert on_topic["hits"][0]["probability"] > off_topic["hits"][0]["probability"]
+
+
+def test_min_probability_and_target_precision(client, fitted, scifact):
+    _, judgments = scifact
+    query = judgments[0]["query"]
+    full = client.post(
+        "/v1/collections/sci/search", json={"query": query, "k": 10}
+    ).json()
+    threshold = full["hits"][2]["probability"]
+    cut = client.post(
+        "/v1/collections/sci/search",
+        json={"query": query, "k": 10, "min_probability": threshold},
+    ).json()
+    assert len(cut["hits"]) >= 3
+    assert all(h["probability"] >= threshold for h in cut["hits"])
+    target = 0.5 * (full["hits"][0]["probability"] + full["hits"][1]["probability"])
+    prefix = client.post(
+        "/v1/collections/sci/search",
+        json={"query": query, "k": 10, "target_precision": target},
+    ).json()["hits"]
+    probs = [h["probability"] for h in prefix]
+    assert probs and sum(probs) / len(probs) >= target
+    assert [h["id"] for h in prefix] == [h["id"] for h in full["hits"][: len(prefix)]]
+
+
+def test_report_png_and_list(client, fitted):
+    listed = client.get("/v1/collections/sci/calibrators").json()
+    assert fitted["id"] in [c["id"] for c in listed["data"]]
+    assert (
+        client.get(f"/v1/collections/sci/calibrators/{fitted['id']}").json()["id"]
+        == fitted["id"]
+    )
+    png = client.get(f"/v1/collections/sci/calibrators/{fitted['id']}/reliability.png")
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    assert png.content[:8] == b"\x89PNG\r\n\x1a\n" and len(png.content) > 5000
+    page = client.get(f"/v1/collections/sci/calibrators/{fitted['id']}/report")
+    assert page.status_code == 200 and page.headers["content-type"].startswith(
+        "text/html"
+    )
+    assert page.text.count('<tr class="method') == 4 and "reliability.png" in page.text
+    _problem(client.get("/v1/collections/sci/calibrators/nope"), 404)
+    _problem(client.get("/v1/collections/sci/calibrators/nope/reliability.png"), 404)
+
+
+def test_switching_calibrators(client, fitted, scifact):
+    _, judgments = scifact
+    r = client.post(
+        "/v1/collections/sci/calibrators",
+        json={"judgments": judgments, "k": 10, "method": "platt", "activate": False},
+    )
+    assert r.status_code == 201 and r.json()["method"] == "platt"
+    platt = r.json()["id"]
+    assert _active(client)["id"] == fitted["id"]
+    assert (
+        client.post(f"/v1/collections/sci/calibrators/{platt}/activate").status_code
+        == 200
+    )
+    query = {"query": judgments[0]["query"]}
+    assert (
+        client.post("/v1/collections/sci/search", json=query).json()["calibrator"]["id"]
+        == platt
+    )
+    client.post(f"/v1/collections/sci/calibrators/{fitted['id']}/activate")
+    assert _active(client)["id"] == fitted["id"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["unknown-document", "all-negative", "all-positive", "too-few-queries", "none"],
+)
+def test_bad_judgments_are_4xx_and_change_nothing(client, fitted, scifact, case):
+    _, judgments = scifact
+    before = _active(client)
+    count = client.get("/v1/collections/sci/calibrators").json()["count"]
+    if case == "unknown-document":
+        body = {
+            "judgments": [
+                *judgments,
+                {"query": "q", "document_id": "no-such-doc", "relevance": 1},
+            ]
+        }
+    elif case == "all-negative":
+        body = {"judgments": [{**j, "relevance": 0} for j in judgments]}
+    elif case == "all-positive":
+        # Judge every retrieved hit of each query relevant: no negative pair is left.
+        queries = sorted({j["query"] for j in judgments})[:10]
+        found = client.post(
+            "/v1/collections/sci/search", json={"queries": queries, "k": 2}
+        ).json()["results"]
+        body = {
+            "k": 2,
+            "include_feedback": False,
+            "judgments": [
+                {"query": q, "document_id": h["id"], "relevance": 1}
+                for q, res in zip(queries, found, strict=True)
+                for h in res["hits"]
+            ],
+        }
+    elif case == "too-few-queries":
+        three = sorted({j["query"] for j in judgments})[:3]
+        body = {"judgments": [j for j in judgments if j["query"] in three]}
+    else:
+        body = {"judgments": [], "include_feedback": False}
+    problem = _problem(client.post("/v1/collections/sci/calibrators", json=body))
+    assert problem["detail"]
+    if case == "unknown-document":
+        assert "no-such-doc" in problem["detail"]
+    assert _active(client) == before
+    assert client.get("/v1/collections/sci/calibrators").json()["count"] == count
+
+
+def test_feedback_feeds_the_next_fit(client, scifact):
+    _, judgments = scifact
+    bad = client.post(
+        "/v1/collections/sci/feedback",
+        json={"judgments": [{"query": "q", "document_id": "nope", "relevance": 1}]},
+    )
+    _problem(bad)
+    r = client.post("/v1/collections/sci/feedback", json={"judgments": judgments})
+    assert r.status_code == 201 and r.json() == {
+        "stored": len(judgments),
+        "total": len(judgments),
+    }
+    fit = client.post(
+        "/v1/collections/sci/calibrators",
+        json={"judgments": [], "k": 10, "method": "platt", "activate": False},
+    )
+    assert fit.status_code == 201, fit.text
+    assert fit.json()["report"]["n_queries"] == N_QUERIES
+
+
+def test_calibrators_survive_restart(tmp_path, embedder, scifact):
+    docs, judgments = scifact
+    settings = Settings(data_dir=tmp_path)
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        c.post("/v1/collections", json={"name": "sci"})
+        for start in range(0, len(docs), 128):
+            c.put(
+                "/v1/collections/sci/documents",
+                json={"documents": docs[start : start + 128]},
+            )
+        fitted = c.post(
+            "/v1/collections/sci/calibrators",
+            json={"judgments": judgments, "k": 5, "method": "nt"},
+        ).json()
+        before = c.post(
+            "/v1/collections/sci/search", json={"query": judgments[1]["query"]}
+        ).json()
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        after = c.post(
+            "/v1/collections/sci/search", json={"query": judgments[1]["query"]}
+        ).json()
+        assert after["calibrator"]["id"] == fitted["id"]
+        assert [h["probability"] for h in after["hits"]] == [
+            h["probability"] for h in before["hits"]
+        ]
