@@ -117,6 +117,57 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    """Fit a calibrator on the server from a BEIR split's qrels."""
+    from tqdm import tqdm
+
+    from app.beir import read_qrels, read_queries
+
+    data_dir = Path(args.data_dir)
+    queries = read_queries(data_dir)
+    qrels = read_qrels(data_dir, args.split)
+    judgments = [
+        {"query": queries[q], "document_id": d, "relevance": r}
+        for q, docs in sorted(qrels.items())
+        if q in queries
+        for d, r in docs.items()
+    ]
+    body: dict[str, Any] = {
+        "judgments": judgments,
+        "method": args.method,
+        "k": args.k,
+        "abstain_target": args.abstain_target,
+        "allow_reorder": args.allow_reorder,
+    }
+    with (
+        httpx.Client(base_url=args.url, headers=_headers(), timeout=3600) as client,
+        ThreadPoolExecutor(1) as pool,
+        tqdm(desc=f"fitting on {len(qrels)} queries", unit="s", file=sys.stderr) as bar,
+    ):
+        future = pool.submit(
+            client.post, f"/v1/collections/{args.collection}/calibrators", json=body
+        )
+        while not future.done():  # the fit is one request: show that it is alive
+            time.sleep(1.0)
+            bar.update(1)
+        response = future.result()
+    if response.status_code != 201:
+        print(f"error {response.status_code}: {response.text}", file=sys.stderr)
+        return 1
+    info = response.json()
+    print(
+        f"calibrator {info['id']} ({info['method']}, active={info['active']}) "
+        f"on {info['report']['n_queries']} queries"
+    )
+    print("| method | NLL | Brier | ECE | AUROC |\n|---|---|---|---|---|")
+    for name, m in info["cv"].items():
+        print(
+            f"| {name} | {m['nll']:.4f} | {m['brier']:.4f} | {m['ece']:.4f} | {m['auroc']:.3f} |"
+        )
+    print(f"norm lift: {info['norm_lift'].get('reason', '')}")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
@@ -183,6 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=int, default=None, help="first N documents only"
     )
     ingest.set_defaults(func=cmd_ingest)
+
+    fit = sub.add_parser("fit", help="fit a calibrator from BEIR qrels via the API")
+    fit.add_argument("data_dir", type=Path, help="BEIR folder with queries and qrels")
+    fit.add_argument("--collection", required=True)
+    fit.add_argument("--split", default="train")
+    fit.add_argument(
+        "--method",
+        default="auto",
+        choices=["auto", "platt", "isotonic", "nt", "nt-list"],
+    )
+    fit.add_argument("--k", type=int, default=20, help="retrieval depth of the pairs")
+    fit.add_argument("--abstain-target", type=float, default=0.1)
+    fit.add_argument("--allow-reorder", action="store_true")
+    fit.add_argument("--url", default=os.environ.get("NORMCAL_URL", DEFAULT_URL))
+    fit.set_defaults(func=cmd_fit)
 
     ev = sub.add_parser(
         "eval", help="retrieval and calibration metrics on a BEIR folder with qrels"

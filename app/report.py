@@ -102,7 +102,8 @@ tr.chosen {{ font-weight: bold; background: #eef; }}
 {r.get("n_pairs")} pairs (top {r.get("k")}), {r.get("n_positive")} relevant.
 {"Probabilities may reorder hits." if profile.reorders_hits else "Probabilities never reorder hits."}</p>
 <h2>Reliability (held-out, grouped by query)</h2>
-<img id="reliability" src="{html.escape(png_url)}" alt="reliability diagram" width="550">
+<img id="reliability" src="{html.escape(png_url)}" alt="reliability diagram" width="550"
+ onload="this.dataset.naturalWidth = this.naturalWidth">
 <h2>Methods (5-fold grouped cross-validation)</h2>
 <table id="methods"><thead><tr><th>method</th><th>NLL</th><th>Brier</th><th>ECE</th>
 <th>AUROC</th></tr></thead><tbody>

@@ -299,6 +299,7 @@ def fit_abstain_policy(
     target_risk: float = 0.1,
     delta: float = 0.1,
     max_candidates: int = 200,
+    min_coverage: float = 0.1,
 ) -> AbstainPolicy:
     r"""Choose the lowest confidence threshold whose risk is certified <= target.
 
@@ -318,6 +319,12 @@ def fit_abstain_policy(
         :math:`\delta` in (0, 1).
     max_candidates : int, default=200
         Cap on the number of thresholds tested.
+    min_coverage : float, default=0.1
+        The sequence starts at the first threshold that answers at least this
+        fraction of the queries. Fixed-sequence testing stops at its first failure,
+        so starting where a couple of misses among a handful of answered queries
+        decide the test would waste the whole budget; the start depends on the
+        confidences only, never on labels, so validity is kept.
 
     Returns
     -------
@@ -336,7 +343,10 @@ def fit_abstain_policy(
     # With fewer answered queries than this even zero misses cannot reject at delta;
     # skipping them depends on the confidences only, never on labels, so the
     # fixed-sequence test stays valid conditionally on the confidences.
-    n_min = math.ceil(math.log(delta) / math.log1p(-target_risk))
+    n_min = max(
+        math.ceil(math.log(delta) / math.log1p(-target_risk)),
+        math.ceil(min_coverage * n),
+    )
     best: tuple[float, float, float, float] | None = None
     first_p = 1.0
     i = 0

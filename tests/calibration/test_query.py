@@ -87,3 +87,22 @@ def test_uncertifiable_target_abstains_always():
 def test_abstain_rejects_bad_parameters():
     with pytest.raises(InvalidInputError):
         fit_abstain_policy([0.5, 0.6], [1, 0], target_risk=1.5)
+
+
+def test_sequence_starts_at_min_coverage():
+    """A few misses among the most confident queries must not spend the whole test."""
+    from calibration import fit_abstain_policy
+
+    n = 1000
+    confidence = np.linspace(1.0, 0.0, n)
+    hit = np.ones(n)
+    hit[[0, 5, 10]] = 0.0  # 3 misses among the 22 most confident
+    hit[np.arange(30, n, 100)] = 0.0  # then 1% misses
+    hit[600:] = np.where(np.arange(400) % 2 == 0, 0.0, 1.0)  # the low tail is bad
+    strict = fit_abstain_policy(
+        confidence, hit, target_risk=0.1, delta=0.1, min_coverage=0.0
+    )
+    assert not strict.certified
+    policy = fit_abstain_policy(confidence, hit, target_risk=0.1, delta=0.1)
+    assert policy.certified and policy.coverage >= 0.1
+    assert policy.empirical_risk <= 0.1
