@@ -7,6 +7,10 @@ TORCH_VERSION := 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 DATA_DIR ?= ./data
+# Extra pip arguments for torch. Elsewhere than on these machines (whose pip finds a
+# local CPU wheel), `make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"`
+# avoids the multi-GB CUDA build.
+TORCH_PIP_ARGS ?=
 
 .PHONY: install run test lint fmt bench clean
 
@@ -16,7 +20,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -e ".[dev]"
 	touch $@
 
