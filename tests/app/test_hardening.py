@@ -145,12 +145,13 @@ def test_judgments_per_fit(small):
     judgments = [
         {"query": f"q{i}", "document_id": "d0", "relevance": i % 2} for i in range(5)
     ]
-    body = _problem(
-        small.post("/v1/collections/kb/calibrators", json={"judgments": judgments}), 422
-    )
+    # k explicit: the fit's default k (20) is above this app's max_k of 5.
+    fit = {"judgments": judgments, "k": 5}
+    body = _problem(small.post("/v1/collections/kb/calibrators", json=fit), 422)
     assert "judgments" in body["detail"] and "4" in body["detail"]
     # At the bound the limit itself passes (the fit may still refuse too few labels).
-    r = small.post("/v1/collections/kb/calibrators", json={"judgments": judgments[:4]})
+    fit["judgments"] = judgments[:4]
+    r = small.post("/v1/collections/kb/calibrators", json=fit)
     assert r.status_code != 500 and "exceeds the limit" not in r.text
 
 
