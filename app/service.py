@@ -28,7 +28,8 @@ from app.store import NewDocument
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_K = 10
+DEFAULT_K = 10  # hits per search
+DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
 
 
 @dataclass
@@ -173,7 +174,8 @@ class Service:
         lim = self.settings.limits
         limits.check_count("judgments", body.judgments, lim.max_judgments_per_fit)
         limits.check_texts("judgments.query", [j.query for j in body.judgments], lim)
-        limits.check_value("k", body.k, lim.max_k)
+        k = body.k if body.k is not None else min(DEFAULT_FIT_K, lim.max_k)
+        limits.check_value("k", k, lim.max_k)
         collection = self.registry.get_compatible(name)
         judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
         if body.include_feedback:
@@ -188,7 +190,7 @@ class Service:
             qrels.setdefault(query, {})[doc_id] = relevance
         queries = sorted(qrels)
         batch = await self.pool.run(self.embedder.embed, queries, "query")
-        hits = await self.pool.run(collection.search, batch.vectors, body.k, None)
+        hits = await self.pool.run(collection.search, batch.vectors, k, None)
         evidence = [
             QueryEvidence(
                 norm=float(batch.norms[i]),

@@ -26,7 +26,9 @@ class FitRequest(RequestModel):
         default_factory=list, description="at most limits.max_judgments_per_fit"
     )
     method: Method = Field("auto", description="auto keeps the best grouped-CV NLL")
-    k: int = Field(20, ge=2, description="retrieval depth used to build pairs")
+    k: int | None = Field(
+        None, ge=2, description="retrieval depth of the pairs; default 20, <= max_k"
+    )
     abstain_target: float | None = Field(
         0.1,
         gt=0.0,
