@@ -161,6 +161,29 @@ def _metrics(y: FloatArray, p: FloatArray) -> dict[str, float]:
     }
 
 
+def ece_noise_floor(p: FloatArray, n_sims: int = 100, seed: int = 0) -> float:
+    """Mean ECE of a *perfectly calibrated* predictor with these probabilities.
+
+    Labels are drawn from ``p`` itself, so any ECE above zero is sampling noise of
+    the 15-bin estimate at this number of pairs: a measured ECE near this floor is
+    as good as the data can show.
+    """
+    rng = np.random.default_rng(seed)
+    return float(
+        np.mean(
+            [
+                expected_calibration_error(
+                    (rng.uniform(size=p.shape) < p).astype(float),
+                    p,
+                    n_bins=15,
+                    strategy="quantile",
+                )
+                for _ in range(n_sims)
+            ]
+        )
+    )
+
+
 def _query_ref(evidence: Sequence[QueryEvidence]) -> NormReference:
     return NormReference().fit(
         np.array([e.norm for e in evidence]), np.array([e.n_tokens for e in evidence])
@@ -597,6 +620,7 @@ def _evaluate_calibration(
         "chosen_per_fold": chosen_folds,
         "chosen_reorder": None if not opts.reorder else sel_r.method,
         "chosen_reorder_per_fold": chosen_reorder_folds,
+        "ece_noise_floor": {m: ece_noise_floor(proba[m]) for m in ("platt", AUTO)},
         "auto_vs_platt": {
             "brier_change_pct": 100.0 * (methods[AUTO]["brier"] / platt_brier - 1.0),
             "nll_change_pct": 100.0
@@ -708,7 +732,13 @@ def method_table(result: Mapping[str, Any]) -> str:
             f"| {name} | {_f(m['ece'])} | {_f(m['brier'])} | {_f(m['nll'])} | "
             f"{_f(m['auroc'], 3)} |"
         )
-    lines += ["", f"Norm lift: {norm_lift_summary(result['norm_lift'])}"]
+    floor = result.get("ece_noise_floor", {})
+    lines += [
+        "",
+        f"ECE of a perfectly calibrated model at this size (noise floor): Platt "
+        f"{_f(floor.get('platt'))}, auto {_f(floor.get(AUTO))}",
+        f"Norm lift: {norm_lift_summary(result['norm_lift'])}",
+    ]
     ql = result["query_level"]
     lines.append(
         f"Query-level confidence AUROC: {_f(ql.get('auroc'), 3)} "
@@ -730,8 +760,8 @@ def summary_table(results: Sequence[Mapping[str, Any]]) -> str:
     lines = [
         "| dataset | queries | nDCG@10 | R@100 | Platt Brier / NLL / ECE / AUROC "
         "| auto Brier / NLL / ECE / AUROC | auto vs Platt Brier | chosen "
-        "| norm lift (gamma +- sd) | query AUROC |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| norm lift (gamma +- sd) | query AUROC | ECE noise floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         p, a = r["methods"]["platt"], r["methods"][AUTO]
@@ -745,6 +775,7 @@ def summary_table(results: Sequence[Mapping[str, Any]]) -> str:
             f"| {r['auto_vs_platt']['brier_change_pct']:+.1f}% "
             f"| {r['chosen']} "
             f"| {norm_lift_summary(r['norm_lift'])} "
-            f"| {_f(r['query_level'].get('auroc'), 3)} |"
+            f"| {_f(r['query_level'].get('auroc'), 3)} "
+            f"| {_f(r.get('ece_noise_floor', {}).get(AUTO), 3)} |"
         )
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from app.evaluation import (
     AUTO,
     EvalOptions,
     _query_folds,
+    ece_noise_floor,
     evaluate_calibration,
     method_table,
     ndcg_at_k,
@@ -86,6 +87,13 @@ def corpus_sample(seed: int = 1):
     return rng.lognormal(1.0, 0.1, 500), rng.integers(20, 300, 500)
 
 
+def test_ece_noise_floor_shrinks_with_more_pairs() -> None:
+    rng = np.random.default_rng(0)
+    small, large = rng.uniform(0, 0.4, 500), rng.uniform(0, 0.4, 20000)
+    assert 0 < ece_noise_floor(large, n_sims=20) < ece_noise_floor(small, n_sims=20)
+    assert ece_noise_floor(small, n_sims=20) < 0.1
+
+
 def test_nested_cv_predicts_every_pair_without_seeing_its_labels() -> None:
     evidence = synthetic_evidence()
     doc_ref = NormReference().fit(*corpus_sample())
@@ -127,6 +135,7 @@ def test_evaluate_calibration_report_is_complete_and_in_range() -> None:
         assert 0 <= m["auroc"] <= 1
     assert out["methods"]["platt"]["auroc"] > 0.7  # labels follow the score
     assert out["n_pairs"] == 400
+    assert 0 < out["ece_noise_floor"][AUTO] < 0.2
     assert out["chosen"] in {"platt", "isotonic", "nt", "nt-list"}
     assert "terms" in out["norm_lift"]
     few = out["few_label"]["sizes"]["10"]
