@@ -2,7 +2,9 @@ r"""Model selection by grouped cross-validation, and the norm-lift report.
 
 Pairs of one query are correlated, so every split is by query (``GroupKFold``) and
 every metric is computed on pooled out-of-fold (OOF) predictions. ``method="auto"``
-keeps the method with the lowest OOF NLL (theory.md §4.7).
+keeps the method with the lowest OOF NLL (theory.md §4.7), but serves Platt unless that
+method's gain over Platt exceeds one standard error of the paired per-query NLL
+difference (the one-standard-error rule: selection noise must not cost calibration).
 
 Norm-aware models must earn their place: ``nt`` is kept only if its OOF NLL beats
 Platt, and ``nt-list`` only if it beats the same list model without residual-norm
@@ -425,6 +427,14 @@ def select_calibrator(
             notes.append(f"Norm fallback: {reason}")
     if method == "auto":
         method = min(METHODS, key=lambda m: scores[served[m]].nll)
+        if method != "platt" and not _clear_gain(
+            oof[served[method]], oof["platt"], yv, codes
+        ):
+            notes.append(
+                f"auto: {method} beat platt in grouped CV by less than one standard "
+                "error of the per-query NLL difference; serving platt."
+            )
+            method = "platt"
         key = served[method]
     else:
         key = chosen_variant[method]
@@ -470,6 +480,27 @@ def select_calibrator(
         oof_proba=oof[key],
         notes=tuple(notes),
     )
+
+
+def _clear_gain(
+    p_new: FloatArray, p_base: FloatArray, y: FloatArray, codes: IntArray
+) -> bool:
+    """Whether ``p_new`` beats ``p_base`` in OOF NLL by more than one standard error.
+
+    The one-standard-error rule of cross-validation (Breiman et al., 1984), applied to
+    the paired per-query difference of summed log loss (pairs of one query are
+    correlated, queries are the independent units).
+    """
+
+    def loss(p: FloatArray) -> FloatArray:
+        p = np.clip(p, 1e-15, 1.0 - 1e-15)
+        return -(y * np.log(p) + (1.0 - y) * np.log1p(-p))
+
+    per_query = np.bincount(codes, weights=loss(p_base) - loss(p_new))
+    n_q = per_query.shape[0]
+    gain = float(per_query.sum())
+    se = float(np.sqrt(n_q) * per_query.std(ddof=1)) if n_q > 1 else float("inf")
+    return gain > se
 
 
 def _rename(s: MethodScores, method: str) -> MethodScores:

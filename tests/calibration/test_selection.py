@@ -117,3 +117,27 @@ def test_cross_val_predict_grouped_is_out_of_fold(list_world):
     p = cross_val_predict_grouped(make_calibrator("platt"), d.X, d.y, d.groups)
     assert p.shape == d.y.shape
     assert np.all((p > 0) & (p < 1))
+
+
+def test_auto_serves_platt_when_the_gain_is_within_one_standard_error():
+    # A Platt world (no norm, no list effect) with few queries: seed 2 makes nt win
+    # CV NLL by noise; the one-standard-error rule must serve Platt and say so.
+    d = simulate_judgments(40, rng=2, gamma_q=0.0, gamma_d=0.0, beta_q=0.0)
+    res = select_calibrator(d.X, d.y, d.groups)
+    assert res.cv["nt"].nll < res.cv["platt"].nll
+    assert res.method == "platt"
+    assert any("one standard error" in note for note in res.notes)
+
+
+def test_clear_gain_is_a_paired_per_query_test():
+    from calibration.selection import _clear_gain
+
+    rng = np.random.default_rng(0)
+    codes = np.repeat(np.arange(50), 10)
+    y = (rng.uniform(size=500) < 0.3).astype(float)
+    base = np.full(500, 0.3)
+    assert not _clear_gain(base, base, y, codes)  # no gain at all
+    better = np.where(y == 1, 0.6, 0.15)  # consistently better on every query
+    assert _clear_gain(better, base, y, codes)
+    noisy = np.clip(base + rng.normal(0, 0.05, 500), 0.01, 0.99)
+    assert not _clear_gain(noisy, base, y, codes)
