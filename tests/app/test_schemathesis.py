@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ LIMITS = Limits(
 
 # Built at import: schemathesis needs the schema to generate the test cases. The
 # model loads when the lifespan starts (on the first call), not here.
-_DATA_DIR = Path(tempfile.mkdtemp(prefix="normcal-fuzz-"))
+# Only a path: the lifespan creates it, so collecting the tests leaves nothing behind.
+_DATA_DIR = Path(tempfile.gettempdir()) / f"normcal-fuzz-{uuid.uuid4().hex}"
 APP = create_app(
     Settings(data_dir=_DATA_DIR, limits=LIMITS, worker_threads=2, api_key=None)
 )
