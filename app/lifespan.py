@@ -69,14 +69,16 @@ def make_lifespan(
             model = metrics.instrument(model)
             metrics.watch(registry)
         try:
-            yield {"service": Service(
-                settings,
-                model,
-                registry,
-                pool,
-                default_profile=load_default_profile(model.model_name),
-                metrics=metrics,
-            )}
+            yield {
+                "service": Service(
+                    settings,
+                    model,
+                    registry,
+                    pool,
+                    default_profile=load_default_profile(model.model_name),
+                    metrics=metrics,
+                )
+            }
         finally:
             # Reverse order: finish CPU work, then close SQLite cleanly.
             if metrics is not None:

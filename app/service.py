@@ -218,13 +218,16 @@ class Service:
             abstain_delta=body.abstain_delta,
             extra_report={"collection": name},
         )
+        seconds = time.perf_counter() - started
         logger.info(
             "fitted calibrator %s (%s) on %s in %.2fs",
             profile.id,
             profile.method,
             name,
-            time.perf_counter() - started,
+            seconds,
         )
+        if self.metrics is not None:
+            self.metrics.observe_fit(seconds, method=profile.method)
         await self.pool.run(collection.add_calibrator, profile, activate=body.activate)
         return self._info(collection, profile)
 

@@ -28,7 +28,9 @@ class Limits(BaseSettings):
     max_texts_per_request: int = Field(
         256, ge=1, description="texts per /v1/embed call"
     )
-    max_text_chars: int = Field(32_768, ge=1, description="characters per text or query")
+    max_text_chars: int = Field(
+        32_768, ge=1, description="characters per text or query"
+    )
     max_documents_per_upsert: int = Field(256, ge=1, description="documents per PUT")
     max_queries_per_search: int = Field(32, ge=1, description="queries per search call")
     max_k: int = Field(100, ge=1, description="largest k of a search")

@@ -57,7 +57,9 @@ def bench_ingest(server: ServerProcess, model, docs: list[dict]) -> dict[str, fl
     }
 
 
-def bench_search(server: ServerProcess, model, docs: list[dict], queries: list[str]) -> dict:
+def bench_search(
+    server: ServerProcess, model, docs: list[dict], queries: list[str]
+) -> dict:
     import faiss
 
     with httpx.Client(base_url=server.url, timeout=600) as client:
@@ -65,10 +67,14 @@ def bench_search(server: ServerProcess, model, docs: list[dict], queries: list[s
         http: list[float] = []
         for q in queries:
             started = time.perf_counter()
-            r = client.post("/v1/collections/search10k/search", json={"query": q, "k": 10})
+            r = client.post(
+                "/v1/collections/search10k/search", json={"query": q, "k": 10}
+            )
             http.append(time.perf_counter() - started)
             r.raise_for_status()
-    vectors = model.encode([d["text"] for d in docs], batch_size=64, normalize_embeddings=True)
+    vectors = model.encode(
+        [d["text"] for d in docs], batch_size=64, normalize_embeddings=True
+    )
     index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
     index.add_with_ids(vectors.astype(np.float32), np.arange(len(docs), dtype=np.int64))
     local: list[float] = []
@@ -90,7 +96,9 @@ def main() -> int:
     parser.add_argument("--docs", type=int, default=2000, help="scifact docs to ingest")
     parser.add_argument("--search-docs", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write results here"
+    )
     args = parser.parse_args()
     if not (DATA / "scifact" / "corpus.jsonl").exists():
         print(f"needs {DATA}/scifact and {DATA}/npl", file=sys.stderr)
@@ -113,16 +121,28 @@ def main() -> int:
         finally:
             server.stop()
 
-    print(f"cpu threads: torch={__import__('torch').get_num_threads()}, cores={os.cpu_count()}")
+    print(
+        f"cpu threads: torch={__import__('torch').get_num_threads()}, cores={os.cpu_count()}"
+    )
     print("\n| ingest (scifact abstracts) | docs/s |")
     print("|---|---|")
-    print(f"| raw SentenceTransformer.encode, {ingest['docs']} docs | {ingest['raw_docs_per_s']:.1f} |")
-    print(f"| normcal HTTP PUT /documents (embed + SQLite + FAISS) | {ingest['http_docs_per_s']:.1f} |")
+    print(
+        f"| raw SentenceTransformer.encode, {ingest['docs']} docs | {ingest['raw_docs_per_s']:.1f} |"
+    )
+    print(
+        f"| normcal HTTP PUT /documents (embed + SQLite + FAISS) | {ingest['http_docs_per_s']:.1f} |"
+    )
     print(f"| **ratio HTTP / raw** | **{ingest['ratio']:.2f}** |")
-    print(f"\n| search, {search['documents']} npl docs, k=10, {search['queries']} queries | p50 ms | p99 ms |")
+    print(
+        f"\n| search, {search['documents']} npl docs, k=10, {search['queries']} queries | p50 ms | p99 ms |"
+    )
     print("|---|---|---|")
-    print(f"| normcal HTTP POST /search | {search['http_p50_ms']:.1f} | {search['http_p99_ms']:.1f} |")
-    print(f"| in-process embed + FAISS | {search['in_process_p50_ms']:.1f} | {search['in_process_p99_ms']:.1f} |")
+    print(
+        f"| normcal HTTP POST /search | {search['http_p50_ms']:.1f} | {search['http_p99_ms']:.1f} |"
+    )
+    print(
+        f"| in-process embed + FAISS | {search['in_process_p50_ms']:.1f} | {search['in_process_p99_ms']:.1f} |"
+    )
     print(f"| **p50 ratio HTTP / in-process** | **{search['p50_ratio']:.2f}** | |")
     if args.json:
         args.json.write_text(json.dumps({"ingest": ingest, "search": search}, indent=2))

@@ -97,8 +97,13 @@ def test_retriever_matches_the_service_answer(live):
 
 
 def test_retriever_filter_passes_through(live):
+    # An off-topic query under a filter: the service abstains, so look past that.
     retriever = NormcalRetriever(
-        collection="kb", base_url=live.url, k=5, filter={"topic": "faiss"}
+        collection="kb",
+        base_url=live.url,
+        k=5,
+        filter={"topic": "faiss"},
+        honour_abstain=False,
     )
     docs = retriever.invoke("capital of France")
     assert [d.id for d in docs] == ["faiss"]

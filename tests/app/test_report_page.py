@@ -61,7 +61,9 @@ def _run(chromium: str, tmp_path: Path, *args: str) -> str:
 def test_report_page_renders_in_chromium(chromium, tmp_path, embedder):
     settings = Settings(data_dir=tmp_path / "data")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:
-        httpx.post(f"{server.url}/v1/collections", json={"name": "kb"}).raise_for_status()
+        httpx.post(
+            f"{server.url}/v1/collections", json={"name": "kb"}
+        ).raise_for_status()
         info = httpx.get(f"{server.url}/v1/collections/kb").json()
         calibrator = info["calibrator"]["id"]  # the shipped default profile
         url = f"{server.url}/v1/collections/kb/calibrators/{calibrator}/report"
