@@ -21,9 +21,6 @@ import json
 import os
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,15 +32,13 @@ import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.app.server import ServerProcess  # noqa: E402
+
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 MAX_CHARS = 600  # passages of ~100-150 tokens: realistic RAG chunks
 COLLECTION = "load"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sentences(text: str) -> list[str]:
@@ -79,42 +74,6 @@ def corpus(n: int) -> tuple[list[dict[str, str]], list[str]]:
     if not queries:
         queries = [" ".join(rng.choices(words, k=8)) for _ in range(500)]
     return docs[:n], queries
-
-
-class Server:
-    """``python -m app.cli serve`` on 127.0.0.1 with a temporary data directory."""
-
-    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--data-dir", str(data_dir)]
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
-        full_env.setdefault("NORMCAL_LOG_LEVEL", "WARNING")
-        self.proc = subprocess.Popen(
-            cmd, env=full_env, cwd=REPO, stdout=subprocess.DEVNULL
-        )
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("server did not become ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def _batches(items: list[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
@@ -224,9 +183,8 @@ async def main_async(args: argparse.Namespace) -> int:
         "NORMCAL_INDEX_TYPE": args.index,
     }
     with tempfile.TemporaryDirectory(prefix="normcal-load-") as tmp:
-        server = Server(Path(tmp) / "data", env)
+        server = ServerProcess(Path(tmp) / "data", env=env).start(timeout=180)
         try:
-            server.wait_ready()
             limits = httpx.Limits(max_connections=max(levels) + 4)
             async with httpx.AsyncClient(
                 base_url=server.url, timeout=120, limits=limits

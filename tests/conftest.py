@@ -62,3 +62,16 @@ def shared_dataset(name: str) -> Path:
     if not (path / "corpus.jsonl").exists():
         pytest.skip(f"{path} not available (tests read ../shared/data when present)")
     return path
+
+
+def assert_problem(response, status: int = 422) -> dict:
+    """Check an RFC 9457 problem+json response with ``status``; return its body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status and body["title"] and body["detail"]
+    assert body["type"].startswith("/problems/")
+    # A 500 is answered by Starlette's outermost middleware, past the request-id one.
+    request_id = response.headers.get("x-request-id", body["instance"].split(":")[-1])
+    assert body["instance"] == f"urn:request:{request_id}"
+    return body

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from app.beir import read_corpus, read_qrels, read_queries
 from app.main import create_app
 from app.settings import Settings
-from tests.conftest import shared_dataset
+from tests.conftest import assert_problem, shared_dataset
 
 N_QUERIES = 40
 N_DISTRACTORS = 160
@@ -59,12 +59,6 @@ def fitted(client, scifact):
         "/v1/collections/sci/calibrators", json={"judgments": judgments, "k": 10}
     )
     assert r.status_code == 201, r.text
-    return r.json()
-
-
-def _problem(r, status=422):
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/problem+json"
     return r.json()
 
 
@@ -157,8 +151,10 @@ def test_report_png_and_list(client, fitted):
         "text/html"
     )
     assert page.text.count('<tr class="method') == 4 and "reliability.png" in page.text
-    _problem(client.get("/v1/collections/sci/calibrators/nope"), 404)
-    _problem(client.get("/v1/collections/sci/calibrators/nope/reliability.png"), 404)
+    assert_problem(client.get("/v1/collections/sci/calibrators/nope"), 404)
+    assert_problem(
+        client.get("/v1/collections/sci/calibrators/nope/reliability.png"), 404
+    )
 
 
 def test_switching_calibrators(client, fitted, scifact):
@@ -220,7 +216,7 @@ def test_bad_judgments_are_4xx_and_change_nothing(client, fitted, scifact, case)
         body = {"judgments": [j for j in judgments if j["query"] in three]}
     else:
         body = {"judgments": [], "include_feedback": False}
-    problem = _problem(client.post("/v1/collections/sci/calibrators", json=body))
+    problem = assert_problem(client.post("/v1/collections/sci/calibrators", json=body))
     assert problem["detail"]
     if case == "unknown-document":
         assert "no-such-doc" in problem["detail"]
@@ -234,7 +230,7 @@ def test_feedback_feeds_the_next_fit(client, scifact):
         "/v1/collections/sci/feedback",
         json={"judgments": [{"query": "q", "document_id": "nope", "relevance": 1}]},
     )
-    _problem(bad)
+    assert_problem(bad)
     r = client.post("/v1/collections/sci/feedback", json={"judgments": judgments})
     assert r.status_code == 201 and r.json() == {
         "stored": len(judgments),

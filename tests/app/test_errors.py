@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Limits, Settings
+from tests.conftest import assert_problem
 
 LIMITS = Limits(
     max_texts_per_request=3,
@@ -29,16 +30,6 @@ def small(tmp_path, embedder):
         yield c
 
 
-def _problem(r, status):
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/problem+json"
-    body = r.json()
-    assert body["status"] == status
-    assert body["title"] and body["detail"] and body["type"].startswith("/problems/")
-    assert body["instance"].startswith("urn:request:")
-    return body
-
-
 def _count(c):
     info = c.get("/v1/collections/kb").json()
     assert info["documents"] == info["indexed"]
@@ -52,24 +43,24 @@ def _docs(n, text="some text", **extra):
 # -- limits: accepted at the bound, 422 one past it, nothing written ---------------------
 def test_texts_per_embed_request(small):
     assert small.post("/v1/embed", json={"texts": ["a"] * 3}).status_code == 200
-    body = _problem(small.post("/v1/embed", json={"texts": ["a"] * 4}), 422)
+    body = assert_problem(small.post("/v1/embed", json={"texts": ["a"] * 4}), 422)
     assert "texts" in body["detail"] and "3" in body["detail"]
 
 
 def test_chars_per_text(small):
     assert small.post("/v1/embed", json={"texts": ["x" * 40]}).status_code == 200
-    _problem(small.post("/v1/embed", json={"texts": ["x" * 41]}), 422)
+    assert_problem(small.post("/v1/embed", json={"texts": ["x" * 41]}), 422)
     put = small.put(
         "/v1/collections/kb/documents", json={"documents": _docs(1, "y" * 41)}
     )
-    _problem(put, 422)
+    assert_problem(put, 422)
     q = small.post("/v1/collections/kb/search", json={"query": "q" * 41})
-    _problem(q, 422)
+    assert_problem(q, 422)
     assert _count(small) == 0
 
 
 def test_documents_per_upsert(small):
-    body = _problem(
+    body = assert_problem(
         small.put("/v1/collections/kb/documents", json={"documents": _docs(4)}), 422
     )
     assert body["errors"][0]["loc"] == ["documents"]
@@ -87,10 +78,10 @@ def test_k_bounds(small):
     small.put("/v1/collections/kb/documents", json={"documents": _docs(3)})
     ok = small.post("/v1/collections/kb/search", json={"query": "text", "k": 5})
     assert ok.status_code == 200 and len(ok.json()["hits"]) == 3
-    _problem(
+    assert_problem(
         small.post("/v1/collections/kb/search", json={"query": "text", "k": 6}), 422
     )
-    _problem(
+    assert_problem(
         small.post("/v1/collections/kb/search", json={"query": "text", "k": 0}), 422
     )
 
@@ -98,7 +89,7 @@ def test_k_bounds(small):
 def test_queries_per_search(small):
     ok = small.post("/v1/collections/kb/search", json={"queries": ["a", "b"]})
     assert ok.status_code == 200 and len(ok.json()["results"]) == 2
-    _problem(
+    assert_problem(
         small.post("/v1/collections/kb/search", json={"queries": ["a", "b", "c"]}), 422
     )
 
@@ -116,13 +107,13 @@ def test_metadata_size_and_id_length(small):
         "/v1/collections/kb/documents",
         json={"documents": [{"id": "b", "text": "t", "metadata": too_big}]},
     )
-    _problem(r, 422)
+    assert_problem(r, 422)
     ok_id = small.put(
         "/v1/collections/kb/documents",
         json={"documents": [{"id": "x" * 8, "text": "t"}]},
     )
     assert ok_id.status_code == 200
-    _problem(
+    assert_problem(
         small.put(
             "/v1/collections/kb/documents",
             json={"documents": [{"id": "x" * 9, "text": "t"}]},
@@ -155,7 +146,7 @@ def test_metadata_size_and_id_length(small):
     ],
 )
 def test_invalid_bodies_are_422(small, path, body):
-    _problem(small.post(path, json=body), 422)
+    assert_problem(small.post(path, json=body), 422)
     assert small.get("/v1/collections").json()["count"] == 1
 
 
@@ -169,7 +160,7 @@ def test_invalid_documents_write_nothing(small):
         {"documents": [{"id": "a", "text": "t"}, {"id": "b"}]},
     ]
     for body in bad:
-        _problem(small.put("/v1/collections/kb/documents", json=body), 422)
+        assert_problem(small.put("/v1/collections/kb/documents", json=body), 422)
     assert _count(small) == 0
 
 
@@ -179,32 +170,32 @@ def test_malformed_json_is_400(small):
         content=b'{"texts": ["a"',
         headers={"content-type": "application/json"},
     )
-    assert _problem(r, 400)["title"] == "Malformed JSON body"
+    assert assert_problem(r, 400)["title"] == "Malformed JSON body"
 
 
 # -- missing and conflicting resources ---------------------------------------------------------
 def test_unknown_collection_and_document_are_404(small):
-    _problem(small.get("/v1/collections/nope"), 404)
-    _problem(small.delete("/v1/collections/nope"), 404)
-    _problem(small.post("/v1/collections/nope/search", json={"query": "a"}), 404)
-    _problem(
+    assert_problem(small.get("/v1/collections/nope"), 404)
+    assert_problem(small.delete("/v1/collections/nope"), 404)
+    assert_problem(small.post("/v1/collections/nope/search", json={"query": "a"}), 404)
+    assert_problem(
         small.put("/v1/collections/nope/documents", json={"documents": _docs(1)}), 404
     )
-    body = _problem(small.get("/v1/collections/kb/documents/nope"), 404)
+    body = assert_problem(small.get("/v1/collections/kb/documents/nope"), 404)
     assert "nope" in body["detail"]
-    _problem(small.get("/v1/nothing-here"), 404)
+    assert_problem(small.get("/v1/nothing-here"), 404)
 
 
 def test_bad_collection_name_in_path_is_422(small):
-    _problem(small.get("/v1/collections/a%00b"), 422)
-    _problem(small.get("/v1/collections/" + "a" * 65), 422)
-    _problem(small.get("/v1/collections/a..b"), 422)
+    assert_problem(small.get("/v1/collections/a%00b"), 422)
+    assert_problem(small.get("/v1/collections/" + "a" * 65), 422)
+    assert_problem(small.get("/v1/collections/a..b"), 422)
     # An encoded slash never reaches a handler: no route has a slash in the name.
-    _problem(small.get("/v1/collections/..%2Fetc"), 404)
+    assert_problem(small.get("/v1/collections/..%2Fetc"), 404)
 
 
 def test_duplicate_collection_is_409(small):
-    _problem(small.post("/v1/collections", json={"name": "kb"}), 409)
+    assert_problem(small.post("/v1/collections", json={"name": "kb"}), 409)
     assert small.get("/v1/collections").json()["count"] == 1
 
 
@@ -223,5 +214,5 @@ def test_internal_errors_do_not_leak(small, monkeypatch):
     monkeypatch.setattr(CollectionRegistry, "get", boom)
     small_raise = TestClient(small.app, raise_server_exceptions=False)
     r = small_raise.get("/v1/collections/kb")
-    body = _problem(r, 500)
+    body = assert_problem(r, 500)
     assert "secret" not in r.text and "passwd" not in body["detail"]

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Limits, Settings
 from tests.app.server import ServerProcess
+from tests.conftest import assert_problem
 
 BODY_CAP = 4096
 LIMITS = Limits(
@@ -45,15 +46,6 @@ def small(data_dir, embedder):
         yield c
 
 
-def _problem(r, status):
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/problem+json"
-    body = r.json()
-    assert body["status"] == status
-    assert body["instance"] == f"urn:request:{r.headers['x-request-id']}"
-    return body
-
-
 def _padded(payload: bytes, size: int) -> bytes:
     """Valid JSON of exactly ``size`` bytes (trailing white space is legal JSON)."""
     assert len(payload) <= size
@@ -70,7 +62,7 @@ def test_body_at_the_cap_is_served_one_byte_more_is_413(small):
     too_big = small.post(
         "/v1/embed", content=_padded(b'{"texts": ["a"]}', BODY_CAP + 1), headers=headers
     )
-    body = _problem(too_big, 413)
+    body = assert_problem(too_big, 413)
     assert (
         body["type"] == "/problems/payload-too-large"
         and str(BODY_CAP) in body["detail"]
@@ -89,7 +81,7 @@ def test_chunked_body_without_length_is_counted(small):
     assert r.status_code == 200, r.text
     r = small.post("/v1/embed", content=chunks(BODY_CAP + 1), headers=headers)
     assert "content-length" not in r.request.headers
-    _problem(r, 413)
+    assert_problem(r, 413)
 
 
 def test_oversized_upsert_writes_nothing(small):
@@ -97,7 +89,9 @@ def test_oversized_upsert_writes_nothing(small):
         {"id": f"d{i}", "text": "x" * 30, "metadata": {"pad": "y" * 2000}}
         for i in range(3)
     ]
-    _problem(small.put("/v1/collections/kb/documents", json={"documents": docs}), 413)
+    assert_problem(
+        small.put("/v1/collections/kb/documents", json={"documents": docs}), 413
+    )
     assert small.get("/v1/collections/kb").json()["documents"] == 0
 
 
@@ -134,7 +128,7 @@ def test_limit_at_bound_and_one_past(small, case):
     (path, at), (_, past) = LIMIT_CASES[case]
     method = small.put if path.endswith("/documents") else small.post
     assert method(path, json=at).status_code == 200
-    body = _problem(method(path, json=past), 422)
+    body = assert_problem(method(path, json=past), 422)
     assert body["type"] in ("/problems/limit-exceeded", "/problems/validation-error")
 
 
@@ -147,7 +141,7 @@ def test_judgments_per_fit(small):
     ]
     # k explicit: the fit's default k (20) is above this app's max_k of 5.
     fit = {"judgments": judgments, "k": 5}
-    body = _problem(small.post("/v1/collections/kb/calibrators", json=fit), 422)
+    body = assert_problem(small.post("/v1/collections/kb/calibrators", json=fit), 422)
     assert "judgments" in body["detail"] and "4" in body["detail"]
     # At the bound the limit itself passes (the fit may still refuse too few labels).
     fit["judgments"] = judgments[:4]
@@ -176,7 +170,7 @@ BAD_NAMES = [
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=range(len(BAD_NAMES)))
 def test_bad_collection_names_are_rejected_on_create(small, name):
-    _problem(small.post("/v1/collections", json={"name": name}), 422)
+    assert_problem(small.post("/v1/collections", json={"name": name}), 422)
 
 
 @pytest.mark.parametrize(
