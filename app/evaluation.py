@@ -710,7 +710,10 @@ def norm_lift_summary(lift: Mapping[str, Any]) -> str:
         if name.startswith("gamma") and sd > 0
     )
     kept = "kept" if lift.get("norm_signal") else "not kept"
-    return f"{lift.get('base_method')}: {kept}{pct}; {gamma or 'no gamma fitted'}"
+    out = f"{lift.get('base_method')}: {kept}{pct}; {gamma or 'no gamma fitted'}"
+    if isinstance(lift.get("reorder"), Mapping):
+        out += f"; with doc side: {norm_lift_summary(lift['reorder'])}"
+    return out
 
 
 def method_table(result: Mapping[str, Any]) -> str:
