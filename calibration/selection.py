@@ -301,8 +301,9 @@ def select_calibrator(
     groups : array-like of shape (n_pairs,)
         Query id of each pair.
     method : {"auto", "platt", "isotonic", "nt", "nt-list"}, default="auto"
-        ``"auto"`` keeps the lowest OOF NLL after the norm fallbacks of the module
-        docstring; a named method is served as asked (metrics of all are reported).
+        ``"auto"`` keeps the lowest OOF NLL after the norm fallbacks and the
+        one-standard-error rule of the module docstring; a named method is served as
+        asked (metrics of all are reported).
     n_splits : int, default=5
         Grouped folds; at least this many distinct queries are required.
     probe_rho : float or None, default=None
