@@ -462,19 +462,16 @@ def test_real_connection_refused_is_typed():
 
 
 def test_real_auth(tmp_path, embedder):
-    """With NORMCAL_API_KEY set the key is required (skipped until auth lands)."""
+    """With NORMCAL_API_KEY set the key is required."""
     from app.main import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "auth", api_key="s3cret")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:
         with NormcalClient(server.url, retry=RetryPolicy(max_attempts=1)) as anon:
-            try:
+            with pytest.raises(Unauthorized) as info:
                 anon.list_collections()
-            except Unauthorized as err:
-                assert err.status == 401
-            else:
-                pytest.skip("the server does not enforce NORMCAL_API_KEY yet")
+            assert info.value.status == 401
         with NormcalClient(server.url, api_key="s3cret") as authed:
             assert authed.list_collections() == []
         with NormcalClient(server.url, api_key="wrong") as wrong:
@@ -549,11 +546,7 @@ QUERIES = {
 
 
 def test_real_calibrator_endpoints(live, nc):
-    """The calibrator methods against the lead's endpoints; skipped until they exist."""
-    app = live.server.config.app
-    paths = {getattr(r, "path", "") for r in app.routes}
-    if "/v1/collections/{name}/calibrators" not in paths:
-        pytest.skip("calibrator endpoints are not in the app yet")
+    """The calibrator methods against the real endpoints."""
     nc.create_collection("cal", exist_ok=True)
     nc.upsert_documents("cal", DOCS)
     judgments = [
@@ -561,12 +554,7 @@ def test_real_calibrator_endpoints(live, nc):
         for key, q in QUERIES.items()
         for d in CORPUS
     ]
-    try:
-        info = nc.fit_calibrator("cal", judgments, method="platt", k=5)
-    except ValidationFailed as err:
-        if err.type == "/problems/insufficient-data":
-            pytest.skip(f"five judged queries are too few for the server: {err}")
-        raise
+    info = nc.fit_calibrator("cal", judgments, method="platt", k=5)
     assert info.id and info.method
     assert info.id in [c.id for c in nc.list_calibrators("cal")]
     assert nc.get_calibrator("cal", info.id).id == info.id
