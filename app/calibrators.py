@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
 
 from calibration import (
     AbstainPolicy,
@@ -47,6 +48,9 @@ from calibration.features import ELL_Q
 
 PROFILE_FORMAT = 1
 FALLBACK_ABSTAIN_THRESHOLD = 0.5  # used when no threshold could be certified
+# A query-level model needs this many queries with, and without, a relevant hit; with
+# fewer, its held-out AUROC fell below that of the noisy-OR of the hit probabilities.
+MIN_QUERIES_PER_OUTCOME = 20
 
 FloatArray = NDArray[np.float64]
 
@@ -154,8 +158,8 @@ class Profile:
         if self.query_model is not None:
             Q = query_features(p, ell_q)[None, :]
             confidence = float(self.query_model.predict_proba(Q)[0])
-        else:  # noisy-OR, for profiles fitted without query-level outcomes
-            confidence = float(-np.expm1(np.sum(np.log1p(-np.clip(p, 0, 1 - 1e-12)))))
+        else:  # too few queries of one outcome for a query-level model
+            confidence = noisy_or(p)
         return Scored(p, confidence, self.abstains(confidence))
 
     def abstains(self, confidence: float) -> bool:
@@ -218,6 +222,15 @@ class Profile:
 
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+def single_threaded_blas() -> threadpool_limits:
+    """Limit BLAS to one thread for a fit.
+
+    A fit is many tiny L-BFGS problems: multi-threaded BLAS only adds contention
+    (measured 10x slower on a busy 2-core machine).
+    """
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def default_profile_path(model_name: str) -> Path:
@@ -285,17 +298,18 @@ def fit_profile(
     X, groups = build_features(evidence, query_ref, doc_ref)
     y = np.concatenate([_labels(e) for e in evidence if len(e.scores)])
     started = time.perf_counter()
-    selection = select_calibrator(
-        X,
-        y,
-        groups,
-        method=method,
-        n_splits=n_splits,
-        query_side_only=not allow_reorder,
-    )
-    query_model, policy, query_report = _fit_query_level(
-        selection, X, y, groups, abstain_target, abstain_delta, n_splits
-    )
+    with single_threaded_blas():
+        selection = select_calibrator(
+            X,
+            y,
+            groups,
+            method=method,
+            n_splits=n_splits,
+            query_side_only=not allow_reorder,
+        )
+        query_model, policy, query_report = _fit_query_level(
+            selection, X, y, groups, abstain_target, abstain_delta, n_splits
+        )
     report = {
         "requested_method": method,
         "allow_reorder": allow_reorder,
@@ -305,14 +319,14 @@ def fit_profile(
         "n_splits": n_splits,
         "k": int(max(len(e.scores) for e in evidence)),
         "uses_norms": selection.uses_norms,
-        "cv": {m: _jsonable(s) for m, s in selection.cv.items()},
-        "norm_lift": _jsonable(selection.norm_lift),
-        "reliability": _jsonable(selection.reliability),
-        "reliability_by_norm_tercile": _jsonable(
+        "cv": {m: to_jsonable(s) for m, s in selection.cv.items()},
+        "norm_lift": to_jsonable(selection.norm_lift),
+        "reliability": to_jsonable(selection.reliability),
+        "reliability_by_norm_tercile": to_jsonable(
             reliability_by_tercile(y, selection.oof_proba, X[:, ELL_Q])
         ),
         "query_level": query_report,
-        "abstain": None if policy is None else _jsonable(policy),
+        "abstain": None if policy is None else to_jsonable(policy),
         "query_ref": {"unit_norm": bool(query_ref.unit_norm_)},
         "doc_ref": {"unit_norm": bool(doc_ref.unit_norm_)},
         "notes": list(selection.notes),
@@ -347,23 +361,28 @@ def _fit_query_level(
     abstain_delta: float,
     n_splits: int,
 ) -> tuple[QueryConfidenceModel | None, AbstainPolicy | None, dict[str, Any]]:
-    """Query confidence from out-of-fold pair probabilities, and the abstain policy."""
+    """Query confidence from out-of-fold pair probabilities, and the abstain policy.
+
+    The policy is certified on held-out confidences: cross-fitted ones of the query
+    model, or, without one, the noisy-OR of the out-of-fold hit probabilities
+    (which :meth:`Profile.score` then serves).
+    """
     Q, hit, _ = query_table(selection.oof_proba, groups, X[:, ELL_Q], y)
     assert hit is not None
     n_hit = int(hit.sum())
-    report: dict[str, Any] = {
-        "n_queries": len(hit),
-        "with_relevant_in_top_k": n_hit,
-    }
-    if min(n_hit, len(hit) - n_hit) < n_splits:
-        report["note"] = (
-            "too few queries with (or without) a relevant hit for a query-level "
-            "model; confidence is the noisy-OR of the hit probabilities"
+    report: dict[str, Any] = {"n_queries": len(hit), "with_relevant_in_top_k": n_hit}
+    model = None
+    if min(n_hit, len(hit) - n_hit) >= max(MIN_QUERIES_PER_OUTCOME, n_splits):
+        held_out = cross_fit_query_confidence(Q, hit, n_splits=n_splits)
+        model = QueryConfidenceModel().fit(Q, hit)
+        report["confidence"] = "query-level logistic model (cross-fitted)"
+    else:
+        held_out = _noisy_or_by_query(selection.oof_proba, groups)
+        report["confidence"] = (
+            "noisy-OR of the hit probabilities: fewer than "
+            f"{MIN_QUERIES_PER_OUTCOME} queries with (or without) a relevant hit"
         )
-        return None, None, report
-    held_out = cross_fit_query_confidence(Q, hit, n_splits=n_splits)
-    report["auroc"] = auroc(hit, held_out)
-    model = QueryConfidenceModel().fit(Q, hit)
+    report["auroc"] = auroc(hit, held_out) if 0 < n_hit < len(hit) else None
     policy = None
     if abstain_target is not None:
         policy = fit_abstain_policy(
@@ -372,18 +391,29 @@ def _fit_query_level(
     return model, policy, report
 
 
-def _jsonable(value: Any) -> Any:
+def noisy_or(p: FloatArray) -> float:
+    """P(at least one relevant) if the hits were independent: ``1 - prod(1 - p)``."""
+    return float(-np.expm1(np.sum(np.log1p(-np.clip(p, 0.0, 1.0 - 1e-12)))))
+
+
+def _noisy_or_by_query(p: FloatArray, groups: NDArray[np.int64]) -> FloatArray:
+    """Noisy-OR per query, in sorted group order (as ``query_table``)."""
+    return np.array([noisy_or(p[groups == g]) for g in np.unique(groups)])
+
+
+def to_jsonable(value: Any) -> Any:
     """Dataclasses, arrays and numpy scalars to JSON values (NaN/inf to None)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
-            f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+            f.name: to_jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)
         }
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [to_jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
-        return [_jsonable(v) for v in value.tolist()]
+        return [to_jsonable(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

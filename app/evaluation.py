@@ -32,7 +32,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.calibrators import QueryEvidence, _jsonable, build_features
+from app.calibrators import (
+    QueryEvidence,
+    to_jsonable,
+    build_features,
+    single_threaded_blas,
+)
 from calibration import (
     METHODS,
     NormReference,
@@ -141,17 +146,6 @@ def retrieval_metrics(
 
 
 # -- calibration ------------------------------------------------------------------------
-def single_threaded_blas() -> Any:
-    """Context manager limiting BLAS to one thread.
-
-    The fits are many tiny L-BFGS problems: multi-threaded BLAS only adds contention
-    (measured 10x slower on a busy 2-core machine).
-    """
-    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 def _metrics(y: FloatArray, p: FloatArray) -> dict[str, float]:
     return {
         "ece": expected_calibration_error(y, p, n_bins=15, strategy="quantile"),
@@ -585,15 +579,15 @@ def _evaluate_calibration(
     sel = select_calibrator(
         X_all, y_all, g_all, method=AUTO, n_splits=n_inner, query_side_only=True
     )
-    lift: dict[str, Any] = _jsonable(sel.norm_lift)
+    lift: dict[str, Any] = to_jsonable(sel.norm_lift)
     if opts.reorder:
         sel_r = select_calibrator(
             X_all, y_all, g_all, method=AUTO, n_splits=n_inner, query_side_only=False
         )
-        lift["reorder"] = _jsonable(sel_r.norm_lift)
+        lift["reorder"] = to_jsonable(sel_r.norm_lift)
 
     terciles = {
-        m: _jsonable(reliability_by_tercile(y, proba[m], ell_q))
+        m: to_jsonable(reliability_by_tercile(y, proba[m], ell_q))
         for m in ("platt", AUTO)
     }
     for t in terciles.values():
