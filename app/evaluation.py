@@ -34,9 +34,9 @@ from numpy.typing import NDArray
 
 from app.calibrators import (
     QueryEvidence,
-    to_jsonable,
     build_features,
     single_threaded_blas,
+    to_jsonable,
 )
 from calibration import (
     METHODS,
