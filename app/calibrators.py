@@ -377,7 +377,7 @@ def _fit_query_level(
         model = QueryConfidenceModel().fit(Q, hit)
         report["confidence"] = "query-level logistic model (cross-fitted)"
     else:
-        held_out = _noisy_or_by_query(selection.oof_proba, groups)
+        held_out = noisy_or_by_query(selection.oof_proba, groups)
         report["confidence"] = (
             "noisy-OR of the hit probabilities: fewer than "
             f"{MIN_QUERIES_PER_OUTCOME} queries with (or without) a relevant hit"
@@ -396,7 +396,7 @@ def noisy_or(p: FloatArray) -> float:
     return float(-np.expm1(np.sum(np.log1p(-np.clip(p, 0.0, 1.0 - 1e-12)))))
 
 
-def _noisy_or_by_query(p: FloatArray, groups: NDArray[np.int64]) -> FloatArray:
+def noisy_or_by_query(p: FloatArray, groups: NDArray[np.int64]) -> FloatArray:
     """Noisy-OR per query, in sorted group order (as ``query_table``)."""
     return np.array([noisy_or(p[groups == g]) for g in np.unique(groups)])
 

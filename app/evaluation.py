@@ -33,8 +33,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.calibrators import (
+    MIN_QUERIES_PER_OUTCOME,
     QueryEvidence,
     build_features,
+    noisy_or_by_query,
     single_threaded_blas,
     to_jsonable,
 )
@@ -492,7 +494,7 @@ def _query_level(
     if confidence is not None:  # fitted on the fitting split, applied to the test
         out["auroc"] = auroc(hit, confidence)
         out["how"] = "query model fitted on the fitting split"
-    elif n_min >= options.n_splits:
+    elif n_min >= max(MIN_QUERIES_PER_OUTCOME, options.n_splits):
         held = cross_fit_query_confidence(
             Q, hit, n_splits=options.n_splits, random_state=options.seed
         )
@@ -500,8 +502,11 @@ def _query_level(
         out["how"] = (
             f"{options.n_splits}-fold cross-fitted on held-out pair probabilities"
         )
-    else:
-        out["note"] = "too few queries of the rarer outcome to cross-fit"
+    else:  # what the service serves then (app.calibrators._fit_query_level)
+        out["auroc"] = auroc(hit, noisy_or_by_query(p, groups))
+        out["how"] = (
+            "noisy-OR of held-out hit probabilities (too few queries of one outcome)"
+        )
     return out
 
 
