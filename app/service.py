@@ -164,10 +164,6 @@ class Service:
         hits = await self.pool.run(collection.search, batch.vectors, k, request.filter)
         return await self.pool.run(_results, batch, hits, profile, request)
 
-    def collection(self, name: str) -> Collection:
-        """Return a collection (for in-process callers)."""
-        return self.registry.get(name)
-
     # -- calibrators ------------------------------------------------------------------
     async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
         """Fit a calibrator from judgments; nothing changes unless the fit succeeds."""
