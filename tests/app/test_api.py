@@ -4,20 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-CORPUS = {
-    "aspirin": "Aspirin lowers the risk of heart attack in older adults.",
-    "python": "Python is a programming language with dynamic typing.",
-    "paris": "Paris is the capital and largest city of France.",
-    "photosynthesis": "Plants convert sunlight into chemical energy by photosynthesis.",
-    "faiss": "FAISS is a library for efficient similarity search of dense vectors.",
-}
-QUERIES = {
-    "aspirin": "Does aspirin prevent heart attacks?",
-    "python": "Which programming language is dynamically typed?",
-    "paris": "What is the capital of France?",
-    "photosynthesis": "How do plants make energy from light?",
-    "faiss": "library for nearest neighbour vector search",
-}
+from tests.app.corpus import CORPUS, QUERIES
 
 
 def _docs(**metadata):

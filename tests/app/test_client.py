@@ -32,6 +32,7 @@ from app.client import (
     ValidationFailed,
     parse_retry_after,
 )
+from tests.app.corpus import CORPUS, QUERIES
 from tests.app.live import ThreadServer
 
 PROBLEM = "application/problem+json"
@@ -355,13 +356,7 @@ def test_embed_rejects_a_bare_string():
 
 # ------------------------------------------------------------------ the real service
 
-CORPUS = {
-    "aspirin": "Aspirin lowers the risk of heart attack in older adults.",
-    "python": "Python is a programming language with dynamic typing.",
-    "paris": "Paris is the capital and largest city of France.",
-    "photosynthesis": "Plants convert sunlight into chemical energy by photosynthesis.",
-    "faiss": "FAISS is a library for efficient similarity search of dense vectors.",
-}
+
 DOCS = [
     {"id": key, "text": text, "metadata": {"topic": key, "even": i % 2 == 0}}
     for i, (key, text) in enumerate(CORPUS.items())
@@ -534,15 +529,6 @@ async def test_real_payload_too_large_is_typed(tmp_path, embedder):
             docs = [{"id": str(i), "text": "y" * 500} for i in range(6)]
             ack = await nc.upsert_documents("big", docs, batch_size=2)
             assert ack.upserted == 6 and (await nc.get_collection("big")).documents == 6
-
-
-QUERIES = {
-    "aspirin": "Does aspirin prevent heart attacks?",
-    "python": "Which programming language is dynamically typed?",
-    "paris": "What is the capital of France?",
-    "photosynthesis": "How do plants make energy from light?",
-    "faiss": "library for nearest neighbour vector search",
-}
 
 
 def test_real_calibrator_endpoints(live, nc):

@@ -21,14 +21,8 @@ from app.integrations.langchain import (  # noqa: E402
     NormcalRetriever,
     documents_from_result,
 )
+from tests.app.corpus import CORPUS  # noqa: E402
 
-CORPUS = {
-    "aspirin": "Aspirin lowers the risk of heart attack in older adults.",
-    "python": "Python is a programming language with dynamic typing.",
-    "paris": "Paris is the capital and largest city of France.",
-    "photosynthesis": "Plants convert sunlight into chemical energy by photosynthesis.",
-    "faiss": "FAISS is a library for efficient similarity search of dense vectors.",
-}
 DOCS = [
     {"id": key, "text": text, "metadata": {"topic": key, "source": f"{key}.txt"}}
     for key, text in CORPUS.items()
