@@ -127,14 +127,7 @@ class Service:
     def get_document(self, name: str, doc_id: str) -> DocumentOut:
         """Read one document."""
         doc = self.registry.get(name).get(doc_id)
-        return DocumentOut(
-            id=doc.id,
-            text=doc.text,
-            metadata=doc.metadata,
-            norm=doc.norm,
-            n_tokens=doc.n_tokens,
-            truncated=doc.truncated,
-        )
+        return DocumentOut.model_validate(doc, from_attributes=True)
 
     async def delete_document(self, name: str, doc_id: str) -> None:
         """Delete one document."""
