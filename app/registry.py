@@ -376,11 +376,11 @@ class CollectionRegistry:
 
     def names(self) -> list[str]:
         """Names of the collections being served, sorted."""
-        return sorted(self._collections)
+        return sorted(self._collections.copy())  # copy: atomic while others mutate
 
     def unavailable(self) -> list[Unavailable]:
         """The quarantined collections, by name."""
-        return sorted(self._unavailable.values(), key=lambda u: u.name)
+        return sorted(self._unavailable.copy().values(), key=lambda u: u.name)
 
     def storage_problem(self) -> str | None:
         """Why new data cannot be written to ``data_dir`` (None when it can).
