@@ -300,7 +300,7 @@ class Readiness(_Model):
     status: str
     model: str
     dim: int
-    collections: int
+    collections: int | None = None  # omitted for anonymous callers of a keyed server
 
 
 class Embedding(_Model):
@@ -329,16 +329,18 @@ class CalibratorRef(_Model):
 
 
 class CollectionInfo(_Model):
-    """A collection's description."""
+    """A collection's description (only ``name`` and ``reason`` when unavailable)."""
 
     name: str
-    description: str = ""
-    model: str
-    dim: int
-    index_type: str
-    documents: int
-    indexed: int
-    created_at: float
+    status: str = "ready"
+    reason: str | None = None
+    description: str | None = ""
+    model: str | None = None
+    dim: int | None = None
+    index_type: str | None = None
+    documents: int | None = None
+    indexed: int | None = None
+    created_at: float | None = None
     calibrator: CalibratorRef | None = None
 
 

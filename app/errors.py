@@ -67,6 +67,15 @@ PROBLEM_TABLE: dict[type[Exception], ProblemType] = {
     ),
     exc.UnauthorizedError: ProblemType(401, "unauthorized", "Unauthorized"),
     exc.OverloadedError: ProblemType(503, "overloaded", "Service overloaded"),
+    exc.CollectionUnavailableError: ProblemType(
+        503, "collection-unavailable", "Collection unavailable"
+    ),
+    exc.StorageUnavailableError: ProblemType(
+        503, "storage-unavailable", "Storage unavailable"
+    ),
+    exc.InsufficientStorageError: ProblemType(
+        507, "insufficient-storage", "Insufficient storage"
+    ),
 }
 
 VALIDATION = ProblemType(422, "validation-error", "Request validation failed")
@@ -218,5 +227,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemDetail, "content": {PROBLEM_MEDIA_TYPE: {}}}
-    for status in (400, 401, 404, 409, 413, 422, 503)
+    for status in (400, 401, 404, 409, 413, 422, 503, 507)
 }

@@ -9,7 +9,10 @@
     │   └── LimitExceededError   (a declared limit was passed)
     ├── PayloadTooLargeError     (request body over the byte cap)
     ├── UnauthorizedError        (missing or wrong API key)
-    └── OverloadedError          (CPU pool saturated; retry later)
+    ├── OverloadedError          (CPU pool saturated; retry later)
+    ├── CollectionUnavailableError (its file could not be opened; quarantined)
+    ├── StorageUnavailableError  (the data dir cannot be written)
+    └── InsufficientStorageError (the disk is full; nothing was written)
 """
 
 from __future__ import annotations
@@ -67,3 +70,28 @@ class OverloadedError(NormcalError):
     def __init__(self, detail: str, *, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class CollectionUnavailableError(NormcalError):
+    """A collection whose file failed validation at start-up (it is quarantined).
+
+    The file is left untouched for the operator: fix or restore it and restart, or
+    ``DELETE`` the collection to remove it.
+    """
+
+    def __init__(self, name: str, path: str, reason: str) -> None:
+        super().__init__(
+            f"collection {name!r} is unavailable: its file {path} could not be "
+            f"opened ({reason}). Restore or repair the file and restart the server, "
+            "or DELETE the collection to remove the file."
+        )
+        self.name = name
+        self.reason = reason
+
+
+class StorageUnavailableError(NormcalError):
+    """The data directory cannot be written (read-only mount, permissions)."""
+
+
+class InsufficientStorageError(NormcalError):
+    """The disk is full; the write was rolled back and nothing was stored."""

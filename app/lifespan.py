@@ -55,6 +55,7 @@ def make_lifespan(
             hnsw_m=settings.hnsw_m,
             ef_search=settings.hnsw_ef_search,
             synchronous=settings.sqlite_synchronous,
+            max_open=settings.max_open_collections,
         )
         registry.load()
         pool = CpuPool(settings.worker_threads, settings.max_pending_jobs)

@@ -81,8 +81,13 @@ class _CollectionCollector(Collector):
             "Calibrator in use per collection ('default' = shipped profile).",
             labels=["collection"],
         )
+        unavailable = GaugeMetricFamily(
+            "normcal_collections_unavailable",
+            "Collections quarantined at start-up (file could not be opened).",
+        )
         registry = self.registry
         names = registry.names() if registry is not None else []
+        unavailable.add_metric([], len(registry.unavailable()) if registry else 0)
         for name in names:
             assert registry is not None
             try:
@@ -96,6 +101,7 @@ class _CollectionCollector(Collector):
         yield documents
         yield indexed
         yield calibrator
+        yield unavailable
 
 
 def _calibrator_labels(meta: dict[str, Any]) -> dict[str, str]:

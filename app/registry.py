@@ -2,16 +2,25 @@
 
 A collection's writers (upsert, delete) hold its write lock across the SQLite commit
 *and* the index update, readers (search) hold the read lock, so a search never sees a
-half-applied upsert and SQLite and FAISS always agree when the lock is free.
+half-applied upsert and SQLite and FAISS always agree when the lock is free. Dropping
+takes the write lock too: in-flight work finishes first, later calls get 404.
+
+A file that cannot be opened at start-up is *quarantined*: left untouched, reported
+as unavailable (503 on every use), and removed only by an explicit drop.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
+import secrets
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +30,25 @@ from numpy.typing import NDArray
 
 from app.calibrators import Profile
 from app.concurrency import RWLock
-from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
+from app.exceptions import (
+    CollectionUnavailableError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StorageUnavailableError,
+)
 from app.index import IndexType, VectorIndex
-from app.store import CollectionStore, MetadataValue, NewDocument, StoredDocument
+from app.store import (
+    CollectionStore,
+    MetadataValue,
+    NewDocument,
+    OpenConnections,
+    StoredDocument,
+    UnusableStoreError,
+    build_store,
+    inspect_store,
+    storage_errors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +56,15 @@ logger = logging.getLogger(__name__)
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _NAME_RE = re.compile(COLLECTION_NAME_PATTERN)
 _SUFFIX = ".sqlite3"
+_BUILDING = ".creating-"  # ".NAME.creating-RANDOM.sqlite3": never matches a name
+_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+# Device names Windows refuses as file names, whatever the case or extension.
+RESERVED_NAMES = frozenset(
+    {"CON", "PRN", "AUX", "NUL"}
+    | {f"{port}{i}" for port in ("COM", "LPT") for i in range(1, 10)}
+)
+REQUIRED_META = ("name", "model", "dim", "created_at")
+DIR_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -41,14 +75,32 @@ class Hit:
     score: float
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """A quarantined collection: its file and why it could not be opened."""
+
+    name: str
+    path: Path
+    reason: str
+
+    def error(self) -> CollectionUnavailableError:
+        """The 503 every request on it gets."""
+        return CollectionUnavailableError(self.name, str(self.path), self.reason)
+
+
 class Collection:
-    """One collection: durable store, derived index, and the lock that binds them."""
+    """One collection: durable store, derived index, and the lock that binds them.
+
+    Every method holds the lock and checks ``closed`` under it, so a call racing a
+    drop either completes before the store closes or raises ``NotFoundError``.
+    """
 
     def __init__(self, name: str, store: CollectionStore, index: VectorIndex) -> None:
         self.name = name
-        self.store = store
+        self._store = store
         self.index = index
         self.lock = RWLock()
+        self.closed = False
         self.meta: dict[str, Any] = store.get_meta()
         active = self.meta.get("active_calibrator")
         # Replaced by one assignment on activation: a search reads it once, so it
@@ -66,10 +118,26 @@ class Collection:
             index.add(seqs, vectors)
         return cls(name, store, index)
 
+    @contextmanager
+    def _reading(self) -> Iterator[CollectionStore]:
+        with self.lock.read():
+            self._check_open()
+            yield self._store
+
+    @contextmanager
+    def _writing(self) -> Iterator[CollectionStore]:
+        with self.lock.write():
+            self._check_open()
+            yield self._store
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise NotFoundError("collection", self.name)
+
     def upsert(self, docs: Sequence[NewDocument]) -> None:
         """Write documents durably, then update the index."""
-        with self.lock.write():
-            removed, new = self.store.upsert(docs)
+        with self._writing() as store:
+            removed, new = store.upsert(docs)
             self.index.remove(removed)
             self.index.add(
                 np.asarray(new, dtype=np.int64), np.stack([d.vector for d in docs])
@@ -77,15 +145,16 @@ class Collection:
 
     def delete(self, doc_id: str) -> None:
         """Delete one document (``NotFoundError`` if absent)."""
-        with self.lock.write():
-            seq = self.store.delete(doc_id)
+        with self._writing() as store:
+            seq = store.delete(doc_id)
             if seq is None:
                 raise NotFoundError("document", doc_id)
             self.index.remove([seq])
 
     def get(self, doc_id: str) -> StoredDocument:
         """Read one document (``NotFoundError`` if absent)."""
-        doc = self.store.get(doc_id)
+        with self._reading() as store:
+            doc = store.get(doc_id)
         if doc is None:
             raise NotFoundError("document", doc_id)
         return doc
@@ -97,10 +166,10 @@ class Collection:
         where: dict[str, MetadataValue] | None = None,
     ) -> list[list[Hit]]:
         """Top-``k`` hits per query vector, best first, restricted by ``where``."""
-        with self.lock.read():
-            allowed = self.store.filter_seqs(where) if where else None
+        with self._reading() as store:
+            allowed = store.filter_seqs(where) if where else None
             scores, seqs = self.index.search(vectors, k, allowed)
-            docs = self.store.get_by_seqs([int(s) for s in seqs.ravel() if s >= 0])
+            docs = store.get_by_seqs([int(s) for s in seqs.ravel() if s >= 0])
         return [
             [
                 Hit(docs[int(s)], float(c))
@@ -112,25 +181,51 @@ class Collection:
 
     def counts(self) -> tuple[int, int]:
         """``(documents in SQLite, vectors in FAISS)``, read consistently."""
-        with self.lock.read():
-            return self.store.count(), self.index.size
+        with self._reading() as store:
+            return store.count(), self.index.size
+
+    def missing(self, ids: Sequence[str]) -> list[str]:
+        """The ids among ``ids`` that are not stored, sorted and deduplicated."""
+        wanted = sorted(set(ids))
+        with self._reading() as store:
+            known = store.seqs_of(wanted)
+        return [i for i in wanted if i not in known]
+
+    def judgments(self) -> list[tuple[str, str, int]]:
+        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
+        with self._reading() as store:
+            return store.judgments()
+
+    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
+        """Store feedback for the next fit; return the new total."""
+        with self._reading() as store:
+            return store.add_judgments(rows)
+
+    def norm_sample(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+        """Raw norms and token counts of stored documents (for norm references)."""
+        with self._reading() as store:
+            return store.norm_sample()
 
     def calibrator(self, calibrator_id: str) -> Profile:
         """Load a stored calibrator (``NotFoundError`` if absent)."""
-        data = self.store.load_calibrator(calibrator_id)
+        with self._reading() as store:
+            data = store.load_calibrator(calibrator_id)
         if data is None:
             raise NotFoundError("calibrator", calibrator_id)
         return Profile.from_json(data)
 
     def calibrators(self) -> list[Profile]:
         """Every stored calibrator, oldest first."""
-        return [Profile.from_json(d) for d in self.store.list_calibrators()]
+        with self._reading() as store:
+            stored = store.list_calibrators()
+        return [Profile.from_json(d) for d in stored]
 
     def add_calibrator(self, profile: Profile, *, activate: bool) -> None:
         """Store a fitted calibrator; activating it is part of the same commit."""
-        self.store.save_calibrator(
-            profile.id, profile.method, profile.to_json(), active=activate
-        )
+        with self._reading() as store:
+            store.save_calibrator(
+                profile.id, profile.method, profile.to_json(), active=activate
+            )
         if activate:
             self.meta["active_calibrator"] = profile.id
             self.profile = profile
@@ -144,17 +239,24 @@ class Collection:
 
     def set_meta(self, **values: Any) -> None:
         """Persist meta keys and refresh the cached copy."""
-        self.store.set_meta(**values)
+        with self._reading() as store:
+            store.set_meta(**values)
         self.meta.update(values)
 
     def close(self) -> None:
-        """Close the store."""
+        """Wait for in-flight work, then close the store; later calls get 404."""
         with self.lock.write():
-            self.store.close()
+            self.closed = True
+            self._store.close()
 
 
 class CollectionRegistry:
-    """All collections under ``data_dir``, loaded at start-up."""
+    """All collections under ``data_dir``, loaded at start-up.
+
+    Names are unique case-insensitively (``Kb`` and ``kb`` would be one file on a
+    case-insensitive volume). At most ``max_open`` SQLite connections stay open;
+    the others reopen on their next use.
+    """
 
     def __init__(
         self,
@@ -166,6 +268,7 @@ class CollectionRegistry:
         hnsw_m: int = 32,
         ef_search: int = 128,
         synchronous: str = "FULL",
+        max_open: int = 128,
     ) -> None:
         self.data_dir = data_dir
         self.model_name = model_name
@@ -173,21 +276,39 @@ class CollectionRegistry:
         self._kind: IndexType = index_type
         self._index_args = {"hnsw_m": hnsw_m, "ef_search": ef_search}
         self._synchronous = synchronous
+        self._connections = OpenConnections(max_open)
         self._collections: dict[str, Collection] = {}
+        self._unavailable: dict[str, Unavailable] = {}
         self._lock = threading.Lock()
 
     def load(self) -> None:
-        """Open every collection file in ``data_dir`` and rebuild its index."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Open every collection file in ``data_dir``; quarantine the broken ones.
+
+        Never raises for one bad file: the server must serve the healthy ones. An
+        unwritable data dir is reported by :meth:`storage_problem`, not raised.
+        """
+        try:
+            self.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        except OSError as error:
+            logger.error("cannot create data dir %s: %s", self.data_dir, error)
+            return
+        self._remove_unfinished()
         for path in sorted(self.data_dir.glob(f"*{_SUFFIX}")):
             name = path.name.removesuffix(_SUFFIX)
             if not _NAME_RE.match(name):
                 continue
             started = time.perf_counter()
-            store = CollectionStore(path, synchronous=self._synchronous)
-            collection = Collection.open(
-                name, store, kind=self._kind, **self._index_args
-            )
+            try:
+                collection = self._open(name, path)
+            except UnusableStoreError as error:
+                self._unavailable[name] = Unavailable(name, path, str(error))
+                logger.error(
+                    "collection %s is unavailable, its file %s is left untouched: %s",
+                    name,
+                    path,
+                    error,
+                )
+                continue
             self._collections[name] = collection
             logger.info(
                 "loaded collection %s: %d documents in %.2fs",
@@ -197,31 +318,47 @@ class CollectionRegistry:
             )
 
     def create(self, name: str, **extra_meta: Any) -> Collection:
-        """Create an empty collection (``ConflictError`` if it exists)."""
+        """Create an empty collection (``ConflictError`` if the name is taken).
+
+        The file is built complete under a temporary name, then renamed into place
+        and the directory fsynced: a crash leaves a whole collection or none.
+        """
         self._check_name(name)
         with self._lock:
-            if name in self._collections:
-                raise ConflictError(f"collection {name!r} already exists")
-            store = CollectionStore(self._path(name), synchronous=self._synchronous)
-            store.set_meta(
-                name=name,
-                model=self.model_name,
-                dim=self.dim,
-                created_at=time.time(),
-                **extra_meta,
+            self._check_free(name)
+            path = self._path(name)
+            building = (
+                self.data_dir / f".{name}{_BUILDING}{secrets.token_hex(4)}{_SUFFIX}"
             )
+            meta = {
+                "name": name,
+                "model": self.model_name,
+                "dim": self.dim,
+                "created_at": time.time(),
+                **extra_meta,
+            }
+            with self._writing_files():
+                try:
+                    build_store(building, meta, synchronous=self._synchronous)
+                    os.rename(building, path)
+                    _fsync_dir(self.data_dir)
+                finally:
+                    _remove_files(building)
             collection = Collection.open(
-                name, store, kind=self._kind, **self._index_args
+                name, self._new_store(path), kind=self._kind, **self._index_args
             )
             self._collections[name] = collection
             return collection
 
     def get(self, name: str) -> Collection:
-        """Return a collection (``NotFoundError`` if absent)."""
-        try:
-            return self._collections[name]
-        except KeyError:
-            raise NotFoundError("collection", name) from None
+        """Return a collection (404 if absent, 503 if quarantined)."""
+        collection = self._collections.get(name)
+        if collection is not None:
+            return collection
+        broken = self._unavailable.get(name)
+        if broken is not None:
+            raise broken.error()
+        raise NotFoundError("collection", name)
 
     def get_compatible(self, name: str) -> Collection:
         """Return a collection whose vectors come from the serving model.
@@ -238,18 +375,48 @@ class CollectionRegistry:
         return collection
 
     def names(self) -> list[str]:
-        """Names of all collections, sorted."""
-        return sorted(self._collections)
+        """Names of the collections being served, sorted."""
+        return sorted(self._collections.copy())  # copy: atomic while others mutate
+
+    def unavailable(self) -> list[Unavailable]:
+        """The quarantined collections, by name."""
+        return sorted(self._unavailable.copy().values(), key=lambda u: u.name)
+
+    def storage_problem(self) -> str | None:
+        """Why new data cannot be written to ``data_dir`` (None when it can).
+
+        Probes by creating and removing a file: permission bits alone say nothing
+        about read-only mounts, or to root.
+        """
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".normcal-probe-", dir=self.data_dir)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as error:
+            return (
+                f"data dir {self.data_dir} is not writable: {error.strerror or error}"
+            )
+        return None
 
     def drop(self, name: str) -> None:
-        """Delete a collection and its files."""
+        """Delete a collection and its files (a quarantined one too: operator's call)."""
         with self._lock:
-            collection = self._collections.pop(name, None)
-            if collection is None:
+            collection = self._collections.get(name)
+            broken = self._unavailable.get(name)
+            if collection is None and broken is None:
                 raise NotFoundError("collection", name)
-            collection.close()
-            for suffix in ("", "-wal", "-shm"):
-                Path(str(self._path(name)) + suffix).unlink(missing_ok=True)
+            if broken is not None and broken.path.is_dir():
+                raise ConflictError(
+                    f"{broken.path} is a directory, not a collection file; "
+                    "remove it by hand"
+                )
+            if collection is not None:
+                collection.close()
+            self._collections.pop(name, None)
+            self._unavailable.pop(name, None)
+            with self._writing_files():
+                for path in _side_files(self._path(name)):
+                    path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Close every collection."""
@@ -257,6 +424,63 @@ class CollectionRegistry:
             for collection in self._collections.values():
                 collection.close()
             self._collections.clear()
+            self._unavailable.clear()
+
+    def _open(self, name: str, path: Path) -> Collection:
+        """Validate read-only, then open for writing (``UnusableStoreError``)."""
+        meta = inspect_store(path)
+        missing = [key for key in REQUIRED_META if key not in meta]
+        if missing:
+            raise UnusableStoreError(
+                f"meta lacks {', '.join(missing)} (an interrupted create?)"
+            )
+        dim = meta["dim"]
+        if type(dim) is not int or dim < 1:
+            raise UnusableStoreError(f"meta dim {dim!r} is not a positive integer")
+        if meta["model"] == self.model_name and dim != self.dim:
+            raise UnusableStoreError(
+                f"meta dim {dim} differs from model {self.model_name!r} (dim {self.dim})"
+            )
+        store = self._new_store(path)
+        try:
+            return Collection.open(name, store, kind=self._kind, **self._index_args)
+        except Exception as error:  # any damage inside the data: quarantine it
+            store.close()
+            raise UnusableStoreError(f"cannot load: {error}") from error
+
+    def _new_store(self, path: Path) -> CollectionStore:
+        return CollectionStore(
+            path, synchronous=self._synchronous, connections=self._connections
+        )
+
+    def _check_free(self, name: str) -> None:
+        key = name.casefold()
+        for taken in [*self._collections, *self._unavailable]:
+            if taken.casefold() == key:
+                state = "is unavailable" if taken in self._unavailable else "exists"
+                raise ConflictError(f"collection {taken!r} already {state}")
+        if os.path.lexists(self._path(name)):
+            raise ConflictError(f"a file {self._path(name).name!r} is in the way")
+
+    def _remove_unfinished(self) -> None:
+        """Remove files of creates a crash interrupted (never a collection's file)."""
+        for path in self.data_dir.glob(f".*{_BUILDING}*"):
+            logger.warning("removing unfinished collection file %s", path)
+            with suppress(OSError):
+                path.unlink()
+
+    @contextmanager
+    def _writing_files(self) -> Iterator[None]:
+        """A full disk is a 507, an unwritable data dir a 503: neither a 500."""
+        try:
+            with storage_errors():
+                yield
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StorageUnavailableError(
+                    f"data dir {self.data_dir} is not writable: {error.strerror}"
+                ) from error
+            raise
 
     def _path(self, name: str) -> Path:
         return self.data_dir / f"{name}{_SUFFIX}"
@@ -269,3 +493,27 @@ class CollectionRegistry:
                 "starting with a letter or digit",
                 field="name",
             )
+        if name.upper() in RESERVED_NAMES:
+            raise InvalidRequestError(
+                f"{name!r} is a reserved device name on Windows", field="name"
+            )
+
+
+def _side_files(path: Path) -> list[Path]:
+    """A database file and its journal files."""
+    return [Path(f"{path}{suffix}") for suffix in _SIDE_FILES]
+
+
+def _remove_files(path: Path) -> None:
+    for side in _side_files(path):
+        with suppress(OSError):
+            side.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

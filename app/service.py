@@ -16,7 +16,7 @@ from app import limits
 from app.calibrators import Profile, QueryEvidence, fit_profile
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
-from app.exceptions import InvalidRequestError
+from app.exceptions import InvalidRequestError, NotFoundError
 from app.observability import Metrics
 from app.registry import Collection, CollectionRegistry, Hit
 from app.schemas.calibrators import CalibratorInfo, FitRequest, Judgment, MethodMetrics
@@ -54,19 +54,21 @@ class Service:
 
     # -- collections ------------------------------------------------------------------
     def create_collection(self, name: str, description: str) -> CollectionInfo:
-        """Create an empty collection."""
+        """Create an empty collection and describe it (no second lookup to race)."""
         collection = self.registry.create(
             name, description=description, index_type=self.settings.index_type
         )
-        return self.describe(collection.name)
+        return self._describe(collection)
 
     def describe(self, name: str) -> CollectionInfo:
-        """Describe a collection."""
-        collection = self.registry.get(name)
+        """Describe a collection (503 if it is quarantined)."""
+        return self._describe(self.registry.get(name))
+
+    def _describe(self, collection: Collection) -> CollectionInfo:
         documents, indexed = collection.counts()
         meta = collection.meta
         return CollectionInfo(
-            name=name,
+            name=collection.name,
             description=str(meta.get("description", "")),
             model=str(meta["model"]),
             dim=int(meta["dim"]),
@@ -78,8 +80,20 @@ class Service:
         )
 
     def list_collections(self) -> list[CollectionInfo]:
-        """Describe every collection."""
-        return [self.describe(name) for name in self.registry.names()]
+        """Describe every collection, the quarantined ones with their reason.
+
+        A collection dropped while the list is built is left out, never an error.
+        """
+        out = [
+            CollectionInfo(name=u.name, status="unavailable", reason=u.reason)
+            for u in self.registry.unavailable()
+        ]
+        for name in self.registry.names():
+            try:
+                out.append(self.describe(name))
+            except NotFoundError:
+                continue
+        return sorted(out, key=lambda info: info.name)
 
     def drop_collection(self, name: str) -> None:
         """Delete a collection and its files."""
@@ -168,7 +182,7 @@ class Service:
         collection = self.registry.get_compatible(name)
         judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
         if body.include_feedback:
-            judged += collection.store.judgments()
+            judged += collection.judgments()
         if not judged:
             raise InvalidRequestError(
                 "no judgments: send some, or POST feedback first", field="judgments"
@@ -193,7 +207,7 @@ class Service:
             )
             for i, (q, row) in enumerate(zip(queries, hits, strict=True))
         ]
-        doc_norms, doc_tokens = collection.store.norm_sample()
+        doc_norms, doc_tokens = collection.norm_sample()
         started = time.perf_counter()
         profile = await self.pool.run(
             fit_profile,
@@ -253,15 +267,13 @@ class Service:
         limits.check_texts("judgments.query", [j.query for j in judgments], lim)
         collection = self.registry.get(name)
         self._check_documents_exist(collection, [j.document_id for j in judgments])
-        total = collection.store.add_judgments(
+        total = collection.add_judgments(
             [(j.query, j.document_id, j.relevance) for j in judgments]
         )
         return len(judgments), total
 
     def _check_documents_exist(self, collection: Collection, ids: list[str]) -> None:
-        wanted = sorted(set(ids))
-        known = collection.store.seqs_of(wanted)
-        unknown = [i for i in wanted if i not in known]
+        unknown = collection.missing(ids)
         if unknown:
             shown = ", ".join(repr(i) for i in unknown[:5])
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""

@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     max_pending_jobs: int = Field(
         64, ge=1, description="queued CPU jobs beyond which requests get 503"
     )
+    max_open_collections: int = Field(
+        128,
+        ge=1,
+        description="SQLite connections kept open (3 fds each); idle ones reopen on use",
+    )
     api_key: SecretStr | None = Field(None, description="bearer token; unset = no auth")
     public_health: bool = Field(True, description="health/metrics need no API key")
     public_docs: bool = Field(

@@ -2,29 +2,41 @@
 
 One file per collection, WAL journal. A write returns only after its transaction has
 committed, so an acknowledged upsert survives a crash of the process (and, with
-``synchronous=FULL``, of the machine).
+``synchronous=FULL``, of the machine). A new file is built complete (schema and meta
+in one transaction) by :func:`build_store` before it gets its final name, and an
+existing one is checked read-only by :func:`inspect_store` before it is opened for
+writing, so a broken file is reported and never modified.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 from numpy.typing import NDArray
 
+from app.exceptions import InsufficientStorageError, NotFoundError
+
 SCHEMA_VERSION = 1
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- FAISS id; never reused
+# One statement per entry, so that a new file gets its schema and its meta in a single
+# transaction (``executescript`` would commit in between).
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE documents (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- FAISS id, never reused
     id TEXT NOT NULL UNIQUE,
     text TEXT NOT NULL,
     metadata TEXT NOT NULL,
@@ -33,21 +45,23 @@ CREATE TABLE IF NOT EXISTS documents (
     n_tokens INTEGER NOT NULL,
     truncated INTEGER NOT NULL,
     updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS calibrators (
+)""",
+    """CREATE TABLE calibrators (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
     method TEXT NOT NULL,
     profile TEXT NOT NULL                    -- app.calibrators.Profile.to_json()
-);
-CREATE TABLE IF NOT EXISTS judgments (      -- feedback kept for the next fit
+)""",
+    """CREATE TABLE judgments (      -- feedback kept for the next fit
     n INTEGER PRIMARY KEY AUTOINCREMENT,
     query TEXT NOT NULL,
     document_id TEXT NOT NULL,
     relevance INTEGER NOT NULL,
     created_at REAL NOT NULL
-);
-"""
+)""",
+)
+TABLES = ("meta", "documents", "calibrators", "judgments")
+FILE_MODE = 0o600  # -wal and -shm files inherit the database file's mode
 
 MetadataValue = str | int | float | bool | None
 
@@ -78,41 +92,204 @@ class StoredDocument:
     truncated: bool
 
 
+class UnusableStoreError(Exception):
+    """A collection file that is not a complete normcal database (``reason`` says why)."""
+
+
+@contextmanager
+def storage_errors() -> Iterator[None]:
+    """Report a full disk as :class:`InsufficientStorageError` (HTTP 507).
+
+    SQLite rolls the failed transaction back, so nothing was half-written.
+    """
+    try:
+        yield
+    except sqlite3.Error as error:
+        if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            raise InsufficientStorageError(
+                "the disk holding the data dir is full; nothing was written"
+            ) from error
+        raise
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise InsufficientStorageError(
+                "the disk holding the data dir is full; nothing was written"
+            ) from error
+        raise
+
+
+def build_store(path: Path, meta: dict[str, Any], *, synchronous: str) -> None:
+    """Write a complete new collection file at ``path`` (which must not exist).
+
+    The file is created 0600, then schema and meta are written in ONE transaction and
+    the file is fsynced, so whoever renames it into place renames a whole collection.
+    """
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA journal_mode=WAL")
+        with _Transaction(conn):
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            _write_meta(conn, meta)
+    finally:
+        conn.close()  # checkpoints the WAL into the file and removes it
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def inspect_store(path: Path) -> dict[str, Any]:
+    """Return the meta of a collection file, reading it strictly read-only.
+
+    Raises :class:`UnusableStoreError` when it is not a regular, intact SQLite file
+    with every normcal table. A plain open would already write into a broken file
+    (``journal_mode=WAL`` turns a 0-byte file into a database), hence ``mode=ro``.
+    """
+    if not path.is_file():
+        raise UnusableStoreError("not a regular file")
+    if path.stat().st_size == 0:
+        raise UnusableStoreError("empty file (0 bytes)")
+    try:
+        conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
+    except sqlite3.Error as error:
+        raise UnusableStoreError(f"cannot open: {error}") from error
+    try:
+        check = conn.execute("PRAGMA quick_check").fetchall()
+        if check != [("ok",)]:
+            raise UnusableStoreError(f"damaged: {check[0][0]}")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        missing = [t for t in TABLES if t not in tables]
+        if missing:
+            raise UnusableStoreError(f"missing tables: {', '.join(missing)}")
+        rows = conn.execute("SELECT key, value FROM meta").fetchall()
+        return {k: json.loads(v) for k, v in rows}
+    except (sqlite3.Error, ValueError) as error:
+        raise UnusableStoreError(f"not a normcal database: {error}") from error
+    finally:
+        conn.close()
+
+
+class OpenConnections:
+    """A bounded LRU of open SQLite connections across every collection.
+
+    Each open store holds three file descriptors (database, ``-wal``, ``-shm``); the
+    oldest idle one is closed when more than ``limit`` are open and reopens on its
+    next use. Lock order: a store releases its own mutex before calling here, and
+    this class only *tries* a victim's mutex, so it never waits on a busy store (a
+    busy victim is skipped; the bound is exceeded only while every store is busy).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lru: OrderedDict[CollectionStore, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def used(self, store: CollectionStore) -> None:
+        """Mark ``store`` as most recently used, then close the oldest idle ones."""
+        with self._lock:
+            self._lru[store] = None
+            self._lru.move_to_end(store)
+            for victim in list(self._lru):
+                if len(self._lru) <= self.limit:
+                    return
+                if victim is not store and victim.release_connection():
+                    del self._lru[victim]
+
+    def forget(self, store: CollectionStore) -> None:
+        """Stop tracking a store whose connection is closed."""
+        with self._lock:
+            self._lru.pop(store, None)
+
+    @property
+    def open_count(self) -> int:
+        """How many connections are tracked as open."""
+        return len(self._lru)
+
+
 class CollectionStore:
     """The SQLite file of one collection.
 
     A single connection is shared by the service's worker threads; ``_mutex``
-    serialises its use (SQLite transactions are per connection).
+    serialises its use (SQLite transactions are per connection). The connection is
+    opened lazily and may be closed by :class:`OpenConnections` while idle; it is
+    reopened (never created: ``mode=rw``) on the next use.
     """
 
-    def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "FULL",
+        connections: OpenConnections | None = None,
+    ) -> None:
         self.path = path
+        self._synchronous = synchronous
+        self._connections = connections
         self._mutex = threading.Lock()
-        self._conn = sqlite3.connect(
-            path, check_same_thread=False, isolation_level=None, timeout=30.0
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    @contextmanager
+    def _use(self) -> Iterator[sqlite3.Connection]:
+        """The open connection, held under the mutex; a full disk becomes a 507."""
+        with self._mutex, storage_errors():
+            if self._closed:
+                raise NotFoundError("collection", self.path.stem)
+            if self._conn is None:
+                self._conn = self._connect()
+            yield self._conn
+        if self._connections is not None:
+            self._connections.used(self)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            f"{_uri(self.path)}?mode=rw",
+            uri=True,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=30.0,
         )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
-        self._conn.executescript(_SCHEMA)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside ``BEGIN IMMEDIATE`` … ``COMMIT``."""
+        with self._use() as conn, _Transaction(conn):
+            yield conn
+
+    def release_connection(self) -> bool:
+        """Close the connection if the store is idle (for the LRU); False if busy."""
+        if not self._mutex.acquire(blocking=False):
+            return False
+        try:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            return True
+        finally:
+            self._mutex.release()
 
     # -- metadata -------------------------------------------------------------------
     def get_meta(self) -> dict[str, Any]:
         """Return every meta key with its JSON-decoded value."""
-        with self._mutex:
-            rows = self._conn.execute("SELECT key, value FROM meta").fetchall()
+        with self._use() as conn:
+            rows = conn.execute("SELECT key, value FROM meta").fetchall()
         return {k: json.loads(v) for k, v in rows}
 
     def set_meta(self, **values: Any) -> None:
         """Set meta keys atomically."""
-        with self._mutex, self._transaction():
-            self._set_meta_unlocked(**values)
-
-    def _set_meta_unlocked(self, **values: Any) -> None:
-        self._conn.executemany(
-            "INSERT INTO meta(key, value) VALUES(?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            [(k, json.dumps(v)) for k, v in values.items()],
-        )
+        with self._write() as conn:
+            _write_meta(conn, values)
 
     # -- documents ------------------------------------------------------------------
     def upsert(self, docs: Sequence[NewDocument]) -> tuple[list[int], list[int]]:
@@ -122,12 +299,12 @@ class CollectionStore:
         so that the index can drop the old vector and add the new one.
         """
         now = time.time()
-        with self._mutex, self._transaction():
+        with self._write() as conn:
             ids = [d.id for d in docs]
-            removed = list(self._seqs_by_id(ids).values())
+            removed = list(_seqs_by_id(conn, ids).values())
             new: list[int] = []
             for d in docs:
-                cur = self._conn.execute(
+                cur = conn.execute(
                     "INSERT OR REPLACE INTO documents"
                     "(id, text, metadata, vector, norm, n_tokens, truncated, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
@@ -147,16 +324,16 @@ class CollectionStore:
 
     def delete(self, doc_id: str) -> int | None:
         """Delete one document; return its seq, or None if it did not exist."""
-        with self._mutex, self._transaction():
-            row = self._conn.execute(
+        with self._write() as conn:
+            row = conn.execute(
                 "DELETE FROM documents WHERE id = ? RETURNING seq", (doc_id,)
             ).fetchone()
         return None if row is None else int(row[0])
 
     def get(self, doc_id: str) -> StoredDocument | None:
         """Read one document by id."""
-        with self._mutex:
-            row = self._conn.execute(
+        with self._use() as conn:
+            row = conn.execute(
                 f"SELECT {_COLUMNS} FROM documents WHERE id = ?", (doc_id,)
             ).fetchone()
         return None if row is None else _to_document(row)
@@ -164,10 +341,10 @@ class CollectionStore:
     def get_by_seqs(self, seqs: Sequence[int]) -> dict[int, StoredDocument]:
         """Read documents by seq (unknown seqs are absent from the result)."""
         out: dict[int, StoredDocument] = {}
-        with self._mutex:
+        with self._use() as conn:
             for chunk in _chunks(list(seqs), 500):
                 marks = ",".join("?" * len(chunk))
-                for row in self._conn.execute(
+                for row in conn.execute(
                     f"SELECT {_COLUMNS} FROM documents WHERE seq IN ({marks})", chunk
                 ):
                     doc = _to_document(row)
@@ -176,15 +353,13 @@ class CollectionStore:
 
     def seqs_of(self, ids: Sequence[str]) -> dict[str, int]:
         """Map document ids to seqs (unknown ids are absent)."""
-        with self._mutex:
-            return self._seqs_by_id(ids)
+        with self._use() as conn:
+            return _seqs_by_id(conn, ids)
 
     def count(self) -> int:
         """Number of documents."""
-        with self._mutex:
-            return int(
-                self._conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
-            )
+        with self._use() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def filter_seqs(self, where: dict[str, MetadataValue]) -> NDArray[np.int64]:
         """Seqs of documents whose metadata equals ``where`` on every key."""
@@ -206,8 +381,8 @@ class CollectionStore:
         sql = "SELECT seq FROM documents"
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
-        with self._mutex:
-            rows = self._conn.execute(sql, params).fetchall()
+        with self._use() as conn:
+            rows = conn.execute(sql, params).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64)
 
     def iter_vectors(
@@ -216,8 +391,8 @@ class CollectionStore:
         """Yield ``(seqs, unit vectors)`` in chunks, for (re)building the index."""
         last = -1
         while True:
-            with self._mutex:
-                rows = self._conn.execute(
+            with self._use() as conn:
+                rows = conn.execute(
                     "SELECT seq, vector FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
                     (last, batch),
                 ).fetchall()
@@ -232,8 +407,8 @@ class CollectionStore:
         self, limit: int = 5000
     ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
         """Raw norms and token counts of up to ``limit`` documents (for norm references)."""
-        with self._mutex:
-            rows = self._conn.execute(
+        with self._use() as conn:
+            rows = conn.execute(
                 "SELECT norm, n_tokens FROM documents ORDER BY seq LIMIT ?", (limit,)
             ).fetchall()
         return (
@@ -246,26 +421,26 @@ class CollectionStore:
         self, calibrator_id: str, method: str, profile: dict[str, Any], *, active: bool
     ) -> None:
         """Store a fitted profile, and make it the active one in the same transaction."""
-        with self._mutex, self._transaction():
-            self._conn.execute(
+        with self._write() as conn:
+            conn.execute(
                 "INSERT INTO calibrators(id, created_at, method, profile) VALUES (?, ?, ?, ?)",
                 (calibrator_id, time.time(), method, json.dumps(profile)),
             )
             if active:
-                self._set_meta_unlocked(active_calibrator=calibrator_id)
+                _write_meta(conn, {"active_calibrator": calibrator_id})
 
     def load_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
         """The stored profile JSON of a calibrator, or None."""
-        with self._mutex:
-            row = self._conn.execute(
+        with self._use() as conn:
+            row = conn.execute(
                 "SELECT profile FROM calibrators WHERE id = ?", (calibrator_id,)
             ).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
     def list_calibrators(self) -> list[dict[str, Any]]:
         """Every stored profile JSON, oldest first."""
-        with self._mutex:
-            rows = self._conn.execute(
+        with self._use() as conn:
+            rows = conn.execute(
                 "SELECT profile FROM calibrators ORDER BY created_at, id"
             ).fetchall()
         return [dict(json.loads(r[0])) for r in rows]
@@ -273,46 +448,39 @@ class CollectionStore:
     def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
         """Append ``(query, document_id, relevance)`` rows; return the new total."""
         now = time.time()
-        with self._mutex, self._transaction():
-            self._conn.executemany(
+        with self._write() as conn:
+            conn.executemany(
                 "INSERT INTO judgments(query, document_id, relevance, created_at)"
                 " VALUES (?, ?, ?, ?)",
                 [(q, d, int(r), now) for q, d, r in rows],
             )
-            return int(
-                self._conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0]
-            )
+            return int(conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0])
 
     def judgments(self) -> list[tuple[str, str, int]]:
         """All stored feedback judgments, oldest first."""
-        with self._mutex:
-            rows = self._conn.execute(
+        with self._use() as conn:
+            rows = conn.execute(
                 "SELECT query, document_id, relevance FROM judgments ORDER BY n"
             ).fetchall()
         return [(str(q), str(d), int(r)) for q, d, r in rows]
 
     def close(self) -> None:
-        """Close the connection (checkpointing the WAL)."""
+        """Close the connection (checkpointing the WAL) for good."""
         with self._mutex:
-            self._conn.close()
-
-    # -- helpers ----------------------------------------------------------------------
-    def _seqs_by_id(self, ids: Sequence[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for chunk in _chunks(list(ids), 500):
-            marks = ",".join("?" * len(chunk))
-            for doc_id, seq in self._conn.execute(
-                f"SELECT id, seq FROM documents WHERE id IN ({marks})", chunk
-            ):
-                out[str(doc_id)] = int(seq)
-        return out
-
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._conn)
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        if self._connections is not None:
+            self._connections.forget(self)
 
 
 class _Transaction:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception.
+
+    SQLite may already have rolled back by itself (a full disk, for one), hence the
+    ``in_transaction`` checks.
+    """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -321,10 +489,42 @@ class _Transaction:
         self._conn.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self._conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            try:
+                self._conn.execute("COMMIT")
+                return
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
 
 
 _COLUMNS = "seq, id, text, metadata, norm, n_tokens, truncated"
+
+
+def _write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
+    conn.executemany(
+        "INSERT INTO meta(key, value) VALUES(?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+        [(k, json.dumps(v)) for k, v in values.items()],
+    )
+
+
+def _seqs_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for chunk in _chunks(list(ids), 500):
+        marks = ",".join("?" * len(chunk))
+        for doc_id, seq in conn.execute(
+            f"SELECT id, seq FROM documents WHERE id IN ({marks})", chunk
+        ):
+            out[str(doc_id)] = int(seq)
+    return out
+
+
+def _uri(path: Path) -> str:
+    return "file:" + quote(str(path.absolute()))
 
 
 def _to_document(row: tuple[Any, ...]) -> StoredDocument:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from app.registry import COLLECTION_NAME_PATTERN
@@ -29,16 +31,27 @@ class CalibratorRef(BaseModel):
 
 
 class CollectionInfo(BaseModel):
-    """A collection's description."""
+    """A collection's description.
+
+    A quarantined collection (its file could not be opened at start-up) is listed
+    with ``status: "unavailable"``, a ``reason`` and no other fields.
+    """
 
     name: str
-    description: str
-    model: str
-    dim: int
-    index_type: str
-    documents: int = Field(description="documents in SQLite")
-    indexed: int = Field(description="vectors in FAISS (equals documents when idle)")
-    created_at: float
+    status: Literal["ready", "unavailable"] = "ready"
+    reason: str | None = Field(
+        None,
+        description="why the collection is unavailable; how to recover is in the 503",
+    )
+    description: str | None = None
+    model: str | None = None
+    dim: int | None = None
+    index_type: str | None = None
+    documents: int | None = Field(None, description="documents in SQLite")
+    indexed: int | None = Field(
+        None, description="vectors in FAISS (equals documents when idle)"
+    )
+    created_at: float | None = None
     calibrator: CalibratorRef | None = None
 
 
