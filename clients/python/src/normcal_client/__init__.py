@@ -18,7 +18,7 @@ not be opened are retried with backoff that honours ``Retry-After``.
 
 from __future__ import annotations
 
-from types import FunctionType
+from types import FunctionType as _FunctionType
 
 from normcal_client._client import DEFAULT_URL, AsyncNormcalClient, NormcalClient
 from normcal_client._errors import (
@@ -121,7 +121,7 @@ __all__ = [
 # Public objects say they live here, not in the private modules (as httpx does).
 for _name in __all__:
     _obj = globals()[_name]
-    if isinstance(_obj, type | FunctionType) and _obj.__module__.startswith(
+    if isinstance(_obj, type | _FunctionType) and _obj.__module__.startswith(
         "normcal_client._"
     ):
         _obj.__module__ = "normcal_client"
