@@ -1,0 +1,665 @@
+"""The sync and async clients: thin drivers of the operations in ``_operations``.
+
+Each public method is one line that hands an operation to the client's driver. The
+drivers differ only in how they wait (blocking or ``await``); requests, retries,
+errors and bodies are built once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, Self, TypeVar
+
+import httpx
+
+from normcal_client import _endpoints as ep
+from normcal_client import _operations as op
+from normcal_client._errors import NormcalError, connection_failed, error_from_response
+from normcal_client._models import (
+    CalibrationMethod,
+    CalibratorInfo,
+    CollectionInfo,
+    DocumentOut,
+    EmbedResponse,
+    FeedbackResponse,
+    Health,
+    InputType,
+    Readiness,
+    SearchResult,
+    UpsertResponse,
+)
+from normcal_client._options import RequestOptions, RetryPolicy
+from normcal_client._version import __version__
+
+R = TypeVar("R")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class _Base:
+    """What both clients share: options, request building, ``with_options``."""
+
+    _options: RequestOptions
+    _owns_http: bool
+
+    def _setup(
+        self, api_key: str | None, retry: RetryPolicy | None, owns_http: bool
+    ) -> dict[str, str]:
+        self._options = RequestOptions(retry=retry or RetryPolicy())
+        self._owns_http = owns_http
+        headers = {"User-Agent": f"normcal-client/{__version__}"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        return headers
+
+    @property
+    def options(self) -> RequestOptions:
+        """The options this client applies to every request."""
+        return self._options
+
+    def with_options(
+        self,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Self:
+        """A client with other options that shares this one's connection pool.
+
+        The original is not changed, so a client shared between threads or tasks
+        can be specialised per call: ``nc.with_options(retry=NO_RETRY).search(...)``.
+        The copy does not own the pool: closing it is a no-op.
+        """
+        clone = copy.copy(self)
+        clone._options = self._options.replace(
+            retry=retry, timeout=timeout, headers=headers
+        )
+        clone._owns_http = False
+        return clone
+
+    def _request(
+        self, http: httpx.Client | httpx.AsyncClient, call: ep.Call[Any]
+    ) -> httpx.Request:
+        accept = f"{call.endpoint.accept}, {PROBLEM_MEDIA_TYPE}"
+        timeout = self._options.timeout
+        return http.build_request(
+            call.endpoint.method,
+            call.path,
+            json=call.json,
+            headers={"Accept": accept, **self._options.headers},
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
+
+    def _retry(self, call: ep.Call[Any]) -> RetryPolicy:
+        return call.retry or self._options.retry
+
+
+def _finish(call: ep.Call[R], response: httpx.Response) -> R:
+    if not response.is_success:
+        raise error_from_response(response)
+    return call.parse(response)
+
+
+def _env_url() -> str:
+    return os.environ.get("NORMCAL_URL") or DEFAULT_URL
+
+
+def _env_key() -> str | None:
+    return os.environ.get("NORMCAL_API_KEY") or None
+
+
+class NormcalClient(_Base):
+    """Blocking client of the normcal HTTP API.
+
+    Parameters
+    ----------
+    base_url:
+        Where normcal listens, e.g. ``http://normcal:8000`` in compose.
+    api_key:
+        Bearer token (the server's ``NORMCAL_API_KEY``); ``None`` for no auth.
+    timeout:
+        Seconds per request (embedding big batches on CPU takes a while).
+    retry:
+        The :class:`RetryPolicy`; ``NO_RETRY`` disables retries.
+    transport:
+        An httpx transport (tests: ``httpx.MockTransport``).
+    http_client:
+        A ready ``httpx.Client`` to use instead (the caller closes it).
+    sleep:
+        Called with the seconds to wait between attempts.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        headers = self._setup(api_key, retry, owns_http=http_client is None)
+        if http_client is None:
+            http_client = httpx.Client(
+                base_url=base_url, headers=headers, timeout=timeout, transport=transport
+            )
+        else:
+            http_client.headers.update(headers)
+        self.http = http_client
+        self._sleep = sleep
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Self:
+        """A client for ``$NORMCAL_URL`` (default localhost:8000) and ``$NORMCAL_API_KEY``."""
+        kwargs.setdefault("api_key", _env_key())
+        return cls(_env_url(), **kwargs)
+
+    def close(self) -> None:
+        """Close the connection pool (only when this client created it)."""
+        if self._owns_http:
+            self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: ep.Call[R]) -> R:
+        retry, attempt = self._retry(call), 0
+        while True:
+            try:
+                response = self.http.send(self._request(self.http, call))
+            except httpx.TransportError as error:
+                wait = retry.wait_after_failure(attempt, error)
+                if wait is None:
+                    raise connection_failed(
+                        call.endpoint.method, call.path, error
+                    ) from error
+            else:
+                wait = retry.wait_after_answer(attempt, response)
+                if wait is None:
+                    return _finish(call, response)
+                response.close()
+            self._sleep(wait)
+            attempt += 1
+
+    def _drive(self, plan: op.Plan[R]) -> R:
+        reply: Any = None
+        error: NormcalError | None = None
+        while True:
+            try:
+                step = plan.send(reply) if error is None else plan.throw(error)
+            except StopIteration as done:
+                result: R = done.value
+                return result
+            reply, error = None, None
+            if isinstance(step, op.Pause):
+                self._sleep(step.seconds)
+                continue
+            try:
+                reply = self._send(step)
+            except NormcalError as failed:
+                error = failed
+
+    # -- health
+    def healthz(self) -> Health:
+        """Liveness: the process serves HTTP."""
+        return self._drive(op.one(ep.HEALTH()))
+
+    def readyz(self) -> Readiness:
+        """Readiness: model loaded, collections open."""
+        return self._drive(op.one(ep.READY()))
+
+    def wait_until_ready(
+        self, timeout: float = 120.0, interval: float = 0.5
+    ) -> Readiness:
+        """Poll ``/readyz`` until it answers 200 (a sidecar may still be loading)."""
+        return self._drive(op.wait_until_ready(timeout, interval))
+
+    # -- embed
+    def embed(
+        self, texts: Sequence[str], input_type: InputType | None = None
+    ) -> EmbedResponse:
+        """Unit vectors, raw norms and token counts of ``texts``."""
+        return self._drive(op.embed(texts, input_type))
+
+    # -- collections
+    def create_collection(
+        self, name: str, description: str | None = None, *, exist_ok: bool = False
+    ) -> CollectionInfo:
+        """Create a collection; with ``exist_ok`` an existing one is returned."""
+        return self._drive(op.create_collection(name, description, exist_ok))
+
+    def list_collections(self) -> list[CollectionInfo]:
+        """All collections."""
+        return self._drive(op.list_collections())
+
+    def get_collection(self, name: str) -> CollectionInfo:
+        """One collection's counts, model and active calibrator."""
+        return self._drive(op.one(ep.GET_COLLECTION(name=name)))
+
+    def delete_collection(self, name: str) -> None:
+        """Drop a collection and its files."""
+        self._drive(op.one(ep.DELETE_COLLECTION(name=name)))
+
+    # -- documents
+    def upsert_documents(
+        self,
+        collection: str,
+        documents: Iterable[op.DocumentLike],
+        *,
+        batch_size: int = op.DEFAULT_BATCH_SIZE,
+        progress: op.Progress | None = None,
+    ) -> UpsertResponse:
+        """Upsert by id in atomic batches; ``progress(n)`` after each batch."""
+        return self._drive(
+            op.upsert_documents(collection, documents, batch_size, progress)
+        )
+
+    def get_document(self, collection: str, doc_id: str) -> DocumentOut:
+        """One stored document with its norm."""
+        return self._drive(op.one(ep.GET_DOCUMENT(name=collection, doc_id=doc_id)))
+
+    def get_documents(self, collection: str, ids: Iterable[str]) -> list[DocumentOut]:
+        """The stored documents among ``ids``, in order (unknown ids skipped)."""
+        return self._drive(op.get_documents(collection, ids))
+
+    def delete_document(self, collection: str, doc_id: str) -> None:
+        """Delete one document."""
+        self._drive(op.one(ep.DELETE_DOCUMENT(name=collection, doc_id=doc_id)))
+
+    def delete_documents(
+        self, collection: str, ids: Iterable[str], *, missing_ok: bool = False
+    ) -> None:
+        """Delete documents; with ``missing_ok`` unknown ids are no error."""
+        self._drive(op.delete_documents(collection, ids, missing_ok))
+
+    # -- search
+    def search(
+        self,
+        collection: str,
+        query: str,
+        *,
+        k: int | None = None,
+        filter: op.Filter | None = None,
+        include_text: bool = False,
+        min_probability: float | None = None,
+        target_precision: float | None = None,
+    ) -> SearchResult:
+        """Top-k hits of one query with scores, norms and probabilities."""
+        plan = op.search(
+            collection,
+            query,
+            k=k,
+            filter=filter,
+            include_text=include_text,
+            min_probability=min_probability,
+            target_precision=target_precision,
+        )
+        return self._drive(plan)[0]
+
+    def search_batch(
+        self,
+        collection: str,
+        queries: Sequence[str],
+        *,
+        k: int | None = None,
+        filter: op.Filter | None = None,
+        include_text: bool = False,
+        min_probability: float | None = None,
+        target_precision: float | None = None,
+    ) -> list[SearchResult]:
+        """One :class:`SearchResult` per query, in order."""
+        plan = op.search(
+            collection,
+            list(queries),
+            k=k,
+            filter=filter,
+            include_text=include_text,
+            min_probability=min_probability,
+            target_precision=target_precision,
+        )
+        return self._drive(plan)
+
+    # -- calibrators
+    def fit_calibrator(
+        self,
+        collection: str,
+        judgments: Iterable[op.JudgmentLike] = (),
+        *,
+        method: CalibrationMethod | None = None,
+        k: int | None = None,
+        abstain_target: float | Literal[False] | None = None,
+        abstain_delta: float | None = None,
+        activate: bool | None = None,
+        include_feedback: bool | None = None,
+        allow_reorder: bool | None = None,
+    ) -> CalibratorInfo:
+        """Fit a calibrator from judgments; ``None`` options take the server default.
+
+        ``abstain_target=False`` fits without an abstain rule.
+        """
+        plan = op.fit_calibrator(
+            collection,
+            judgments,
+            method=method,
+            k=k,
+            abstain_target=abstain_target,
+            abstain_delta=abstain_delta,
+            activate=activate,
+            include_feedback=include_feedback,
+            allow_reorder=allow_reorder,
+        )
+        return self._drive(plan)
+
+    def list_calibrators(self, collection: str) -> list[CalibratorInfo]:
+        """Calibrators fitted for a collection, oldest first."""
+        return self._drive(op.one(ep.LIST_CALIBRATORS(name=collection))).data
+
+    def get_calibrator(self, collection: str, calibrator_id: str) -> CalibratorInfo:
+        """One calibrator with its cross-validation metrics and norm lift."""
+        call = ep.GET_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return self._drive(op.one(call))
+
+    def activate_calibrator(
+        self, collection: str, calibrator_id: str
+    ) -> CalibratorInfo:
+        """Make a calibrator the one search uses."""
+        call = ep.ACTIVATE_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return self._drive(op.one(call))
+
+    def reliability_png(self, collection: str, calibrator_id: str) -> bytes:
+        """The reliability diagram (PNG bytes)."""
+        call = ep.RELIABILITY_PNG(name=collection, calibrator_id=calibrator_id)
+        return self._drive(op.one(call))
+
+    def calibrator_report(self, collection: str, calibrator_id: str) -> str:
+        """The HTML report page."""
+        call = ep.CALIBRATOR_REPORT(name=collection, calibrator_id=calibrator_id)
+        return self._drive(op.one(call))
+
+    def feedback(
+        self, collection: str, judgments: Iterable[op.JudgmentLike]
+    ) -> FeedbackResponse:
+        """Store relevance judgments collected in production for the next fit."""
+        return self._drive(op.feedback(collection, judgments))
+
+
+class AsyncNormcalClient(_Base):
+    """Asynchronous client: the methods of :class:`NormcalClient`, awaitable.
+
+    ``transport`` is an ``httpx.AsyncBaseTransport`` (``httpx.ASGITransport`` over
+    the app, say), ``http_client`` an ``httpx.AsyncClient``, ``sleep`` async.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        headers = self._setup(api_key, retry, owns_http=http_client is None)
+        if http_client is None:
+            http_client = httpx.AsyncClient(
+                base_url=base_url, headers=headers, timeout=timeout, transport=transport
+            )
+        else:
+            http_client.headers.update(headers)
+        self.http = http_client
+        self._sleep = sleep
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Self:
+        """A client for ``$NORMCAL_URL`` (default localhost:8000) and ``$NORMCAL_API_KEY``."""
+        kwargs.setdefault("api_key", _env_key())
+        return cls(_env_url(), **kwargs)
+
+    async def aclose(self) -> None:
+        """Close the connection pool (only when this client created it)."""
+        if self._owns_http:
+            await self.http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, call: ep.Call[R]) -> R:
+        retry, attempt = self._retry(call), 0
+        while True:
+            try:
+                response = await self.http.send(self._request(self.http, call))
+            except httpx.TransportError as error:
+                wait = retry.wait_after_failure(attempt, error)
+                if wait is None:
+                    raise connection_failed(
+                        call.endpoint.method, call.path, error
+                    ) from error
+            else:
+                wait = retry.wait_after_answer(attempt, response)
+                if wait is None:
+                    return _finish(call, response)
+                await response.aclose()
+            await self._sleep(wait)
+            attempt += 1
+
+    async def _drive(self, plan: op.Plan[R]) -> R:
+        reply: Any = None
+        error: NormcalError | None = None
+        while True:
+            try:
+                step = plan.send(reply) if error is None else plan.throw(error)
+            except StopIteration as done:
+                result: R = done.value
+                return result
+            reply, error = None, None
+            if isinstance(step, op.Pause):
+                await self._sleep(step.seconds)
+                continue
+            try:
+                reply = await self._send(step)
+            except NormcalError as failed:
+                error = failed
+
+    # -- health
+    async def healthz(self) -> Health:
+        """Liveness: the process serves HTTP."""
+        return await self._drive(op.one(ep.HEALTH()))
+
+    async def readyz(self) -> Readiness:
+        """Readiness: model loaded, collections open."""
+        return await self._drive(op.one(ep.READY()))
+
+    async def wait_until_ready(
+        self, timeout: float = 120.0, interval: float = 0.5
+    ) -> Readiness:
+        """Poll ``/readyz`` until it answers 200."""
+        return await self._drive(op.wait_until_ready(timeout, interval))
+
+    # -- embed
+    async def embed(
+        self, texts: Sequence[str], input_type: InputType | None = None
+    ) -> EmbedResponse:
+        """Unit vectors, raw norms and token counts of ``texts``."""
+        return await self._drive(op.embed(texts, input_type))
+
+    # -- collections
+    async def create_collection(
+        self, name: str, description: str | None = None, *, exist_ok: bool = False
+    ) -> CollectionInfo:
+        """Create a collection; with ``exist_ok`` an existing one is returned."""
+        return await self._drive(op.create_collection(name, description, exist_ok))
+
+    async def list_collections(self) -> list[CollectionInfo]:
+        """All collections."""
+        return await self._drive(op.list_collections())
+
+    async def get_collection(self, name: str) -> CollectionInfo:
+        """One collection's counts, model and active calibrator."""
+        return await self._drive(op.one(ep.GET_COLLECTION(name=name)))
+
+    async def delete_collection(self, name: str) -> None:
+        """Drop a collection and its files."""
+        await self._drive(op.one(ep.DELETE_COLLECTION(name=name)))
+
+    # -- documents
+    async def upsert_documents(
+        self,
+        collection: str,
+        documents: Iterable[op.DocumentLike],
+        *,
+        batch_size: int = op.DEFAULT_BATCH_SIZE,
+        progress: op.Progress | None = None,
+    ) -> UpsertResponse:
+        """Upsert by id in atomic batches; ``progress(n)`` after each batch."""
+        return await self._drive(
+            op.upsert_documents(collection, documents, batch_size, progress)
+        )
+
+    async def get_document(self, collection: str, doc_id: str) -> DocumentOut:
+        """One stored document with its norm."""
+        call = ep.GET_DOCUMENT(name=collection, doc_id=doc_id)
+        return await self._drive(op.one(call))
+
+    async def get_documents(
+        self, collection: str, ids: Iterable[str]
+    ) -> list[DocumentOut]:
+        """The stored documents among ``ids``, in order (unknown ids skipped)."""
+        return await self._drive(op.get_documents(collection, ids))
+
+    async def delete_document(self, collection: str, doc_id: str) -> None:
+        """Delete one document."""
+        call = ep.DELETE_DOCUMENT(name=collection, doc_id=doc_id)
+        await self._drive(op.one(call))
+
+    async def delete_documents(
+        self, collection: str, ids: Iterable[str], *, missing_ok: bool = False
+    ) -> None:
+        """Delete documents; with ``missing_ok`` unknown ids are no error."""
+        await self._drive(op.delete_documents(collection, ids, missing_ok))
+
+    # -- search
+    async def search(
+        self,
+        collection: str,
+        query: str,
+        *,
+        k: int | None = None,
+        filter: op.Filter | None = None,
+        include_text: bool = False,
+        min_probability: float | None = None,
+        target_precision: float | None = None,
+    ) -> SearchResult:
+        """Top-k hits of one query with scores, norms and probabilities."""
+        plan = op.search(
+            collection,
+            query,
+            k=k,
+            filter=filter,
+            include_text=include_text,
+            min_probability=min_probability,
+            target_precision=target_precision,
+        )
+        return (await self._drive(plan))[0]
+
+    async def search_batch(
+        self,
+        collection: str,
+        queries: Sequence[str],
+        *,
+        k: int | None = None,
+        filter: op.Filter | None = None,
+        include_text: bool = False,
+        min_probability: float | None = None,
+        target_precision: float | None = None,
+    ) -> list[SearchResult]:
+        """One :class:`SearchResult` per query, in order."""
+        plan = op.search(
+            collection,
+            list(queries),
+            k=k,
+            filter=filter,
+            include_text=include_text,
+            min_probability=min_probability,
+            target_precision=target_precision,
+        )
+        return await self._drive(plan)
+
+    # -- calibrators
+    async def fit_calibrator(
+        self,
+        collection: str,
+        judgments: Iterable[op.JudgmentLike] = (),
+        *,
+        method: CalibrationMethod | None = None,
+        k: int | None = None,
+        abstain_target: float | Literal[False] | None = None,
+        abstain_delta: float | None = None,
+        activate: bool | None = None,
+        include_feedback: bool | None = None,
+        allow_reorder: bool | None = None,
+    ) -> CalibratorInfo:
+        """Fit a calibrator from judgments; ``None`` options take the server default.
+
+        ``abstain_target=False`` fits without an abstain rule.
+        """
+        plan = op.fit_calibrator(
+            collection,
+            judgments,
+            method=method,
+            k=k,
+            abstain_target=abstain_target,
+            abstain_delta=abstain_delta,
+            activate=activate,
+            include_feedback=include_feedback,
+            allow_reorder=allow_reorder,
+        )
+        return await self._drive(plan)
+
+    async def list_calibrators(self, collection: str) -> list[CalibratorInfo]:
+        """Calibrators fitted for a collection, oldest first."""
+        return (await self._drive(op.one(ep.LIST_CALIBRATORS(name=collection)))).data
+
+    async def get_calibrator(
+        self, collection: str, calibrator_id: str
+    ) -> CalibratorInfo:
+        """One calibrator with its cross-validation metrics and norm lift."""
+        call = ep.GET_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return await self._drive(op.one(call))
+
+    async def activate_calibrator(
+        self, collection: str, calibrator_id: str
+    ) -> CalibratorInfo:
+        """Make a calibrator the one search uses."""
+        call = ep.ACTIVATE_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return await self._drive(op.one(call))
+
+    async def reliability_png(self, collection: str, calibrator_id: str) -> bytes:
+        """The reliability diagram (PNG bytes)."""
+        call = ep.RELIABILITY_PNG(name=collection, calibrator_id=calibrator_id)
+        return await self._drive(op.one(call))
+
+    async def calibrator_report(self, collection: str, calibrator_id: str) -> str:
+        """The HTML report page."""
+        call = ep.CALIBRATOR_REPORT(name=collection, calibrator_id=calibrator_id)
+        return await self._drive(op.one(call))
+
+    async def feedback(
+        self, collection: str, judgments: Iterable[op.JudgmentLike]
+    ) -> FeedbackResponse:
+        """Store relevance judgments collected in production for the next fit."""
+        return await self._drive(op.feedback(collection, judgments))

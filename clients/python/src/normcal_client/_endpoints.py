@@ -1,0 +1,118 @@
+"""The server's endpoints, declared once: method, path, request and response model.
+
+Both clients send :class:`Call` objects built from these; the server repository's
+contract test walks :data:`ENDPOINTS` against the OpenAPI document, so a route the
+client gets wrong, or a server route it lacks, fails there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from normcal_client import _models as m
+from normcal_client._options import RetryPolicy
+
+R = TypeVar("R")
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    """One request ready to send, and how to read its 2xx answer."""
+
+    endpoint: Endpoint[R]
+    path: str
+    json: dict[str, Any] | None = None
+    retry: RetryPolicy | None = None  # None: the client's policy
+
+    def parse(self, response: httpx.Response) -> R:
+        """The answer as the endpoint's response type."""
+        return self.endpoint.parse(response)
+
+
+@dataclass(frozen=True)
+class Endpoint(Generic[R]):
+    """One route: ``response`` is a model, ``bytes``, ``str`` or ``type(None)``."""
+
+    method: str
+    path: str
+    response: type[R]
+    request: type[m.RequestModel] | None = None
+    accept: str = JSON
+
+    def __call__(self, body: m.RequestModel | None = None, **params: str) -> Call[R]:
+        """A :class:`Call` with the path parameters quoted into the template."""
+        if (body is None) != (self.request is None) or (
+            body is not None and not isinstance(body, self.request or ())
+        ):
+            raise TypeError(f"{self.method} {self.path} takes {self.request}")
+        path = self.path.format(**{k: quote(v, safe="") for k, v in params.items()})
+        return Call(self, path, body.body() if body is not None else None)
+
+    def parse(self, response: httpx.Response) -> R:
+        """Read a 2xx answer."""
+        kind: Any = self.response
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            result: Any = kind.model_validate_json(response.content)
+        elif kind is bytes:
+            result = response.content
+        elif kind is str:
+            result = response.text
+        else:
+            result = None
+        return result  # type: ignore[no-any-return]
+
+
+NoBody = type(None)
+_C = "/v1/collections/{name}"
+_CAL = _C + "/calibrators/{calibrator_id}"
+
+HEALTH = Endpoint("GET", "/healthz", m.Health)
+READY = Endpoint("GET", "/readyz", m.Readiness)
+EMBED = Endpoint("POST", "/v1/embed", m.EmbedResponse, m.EmbedRequest)
+LIST_COLLECTIONS = Endpoint("GET", "/v1/collections", m.CollectionList)
+CREATE_COLLECTION = Endpoint(
+    "POST", "/v1/collections", m.CollectionInfo, m.CollectionCreate
+)
+GET_COLLECTION = Endpoint("GET", _C, m.CollectionInfo)
+DELETE_COLLECTION = Endpoint("DELETE", _C, NoBody)
+UPSERT_DOCUMENTS = Endpoint("PUT", _C + "/documents", m.UpsertResponse, m.UpsertRequest)
+GET_DOCUMENT = Endpoint("GET", _C + "/documents/{doc_id}", m.DocumentOut)
+DELETE_DOCUMENT = Endpoint("DELETE", _C + "/documents/{doc_id}", NoBody)
+SEARCH = Endpoint("POST", _C + "/search", m.SearchResult, m.SearchRequest)
+SEARCH_BATCH = Endpoint("POST", _C + "/search", m.BatchSearchResponse, m.SearchRequest)
+FIT_CALIBRATOR = Endpoint("POST", _C + "/calibrators", m.CalibratorInfo, m.FitRequest)
+LIST_CALIBRATORS = Endpoint("GET", _C + "/calibrators", m.CalibratorList)
+GET_CALIBRATOR = Endpoint("GET", _CAL, m.CalibratorInfo)
+ACTIVATE_CALIBRATOR = Endpoint("POST", _CAL + "/activate", m.CalibratorInfo)
+RELIABILITY_PNG = Endpoint("GET", _CAL + "/reliability.png", bytes, accept="image/png")
+CALIBRATOR_REPORT = Endpoint("GET", _CAL + "/report", str, accept="text/html")
+FEEDBACK = Endpoint("POST", _C + "/feedback", m.FeedbackResponse, m.FeedbackRequest)
+
+ENDPOINTS: tuple[Endpoint[Any], ...] = (
+    HEALTH,
+    READY,
+    EMBED,
+    LIST_COLLECTIONS,
+    CREATE_COLLECTION,
+    GET_COLLECTION,
+    DELETE_COLLECTION,
+    UPSERT_DOCUMENTS,
+    GET_DOCUMENT,
+    DELETE_DOCUMENT,
+    SEARCH,
+    SEARCH_BATCH,
+    FIT_CALIBRATOR,
+    LIST_CALIBRATORS,
+    GET_CALIBRATOR,
+    ACTIVATE_CALIBRATOR,
+    RELIABILITY_PNG,
+    CALIBRATOR_REPORT,
+    FEEDBACK,
+)

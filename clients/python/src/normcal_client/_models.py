@@ -1,0 +1,277 @@
+"""Wire models: one class per schema component of the server's OpenAPI document.
+
+Each class has the server component's name, fields, types and required-ness; the
+server repository's contract test compares them with ``create_app().openapi()`` so
+drift fails its CI. Constraints (lengths, ranges, patterns) are left to the server,
+which answers a problem the client raises as :class:`~normcal_client.InvalidRequest`.
+
+Request models forbid unknown fields (a typo is an error here, not on the wire) and
+are sent with only the fields the caller set, so server defaults apply. Response
+models keep unknown fields, so a newer server does not break an older client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MetadataScalar = str | int | float | bool | None
+CalibrationMethod = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
+InputType = Literal["query", "document"]
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: only the fields that were set, so server defaults apply."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ResponseModel(BaseModel):
+    """Base of response bodies: unknown fields are kept, not errors."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class CollectionCreate(RequestModel):
+    """``POST /v1/collections``."""
+
+    name: str
+    description: str = ""
+
+
+class DocumentIn(RequestModel):
+    """A document to upsert."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class UpsertRequest(RequestModel):
+    """``PUT /v1/collections/{name}/documents``: one atomic batch."""
+
+    documents: list[DocumentIn]
+
+
+class EmbedRequest(RequestModel):
+    """``POST /v1/embed``."""
+
+    texts: list[str]
+    input_type: InputType = "document"
+
+
+class SearchRequest(RequestModel):
+    """``POST /v1/collections/{name}/search``: ``query`` or ``queries``."""
+
+    query: str | None = None
+    queries: list[str] | None = None
+    k: int | None = None
+    filter: dict[str, MetadataScalar] | None = None
+    include_text: bool = False
+    min_probability: float | None = None
+    target_precision: float | None = None
+
+
+class Judgment(RequestModel):
+    """A relevance label of one (query, document) pair; ``relevance`` > 0 is relevant."""
+
+    query: str
+    document_id: str
+    relevance: int
+
+
+class FitRequest(RequestModel):
+    """``POST /v1/collections/{name}/calibrators``."""
+
+    judgments: list[Judgment] = Field(default_factory=list)
+    method: CalibrationMethod = "auto"
+    k: int | None = None
+    abstain_target: float | None = 0.1
+    abstain_delta: float = 0.1
+    activate: bool = True
+    include_feedback: bool = True
+    allow_reorder: bool = False
+
+
+class FeedbackRequest(RequestModel):
+    """``POST /v1/collections/{name}/feedback``."""
+
+    judgments: list[Judgment]
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class Health(ResponseModel):
+    """``GET /healthz``."""
+
+    status: str
+
+
+class Readiness(ResponseModel):
+    """``GET /readyz``: the model is loaded and collections are open."""
+
+    status: str
+    model: str
+    dim: int
+    collections: int
+
+
+class Embedding(ResponseModel):
+    """One embedded text: unit vector, raw norm, tokens seen."""
+
+    embedding: list[float]
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+class EmbedResponse(ResponseModel):
+    """Embeddings in input order."""
+
+    data: list[Embedding]
+    model: str
+    dim: int
+
+
+class CalibratorRef(ResponseModel):
+    """Which calibrator produced the probabilities."""
+
+    id: str
+    method: str
+    default: bool
+    reorders_hits: bool = False
+
+
+class CollectionInfo(ResponseModel):
+    """A collection's description."""
+
+    name: str
+    description: str
+    model: str
+    dim: int
+    index_type: str
+    documents: int
+    indexed: int
+    created_at: float
+    calibrator: CalibratorRef | None = None
+
+
+class CollectionList(ResponseModel):
+    """All collections."""
+
+    data: list[CollectionInfo]
+    count: int
+
+
+class UpsertResponse(ResponseModel):
+    """Acknowledgement of an upsert: every listed id is durable."""
+
+    upserted: int
+    ids: list[str]
+    truncated: list[str]
+
+
+class DocumentOut(ResponseModel):
+    """A stored document with its embedding's raw norm."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any]
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+class QueryInfo(ResponseModel):
+    """What the model made of the query."""
+
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+class SearchHit(ResponseModel):
+    """One hit; ``probability`` is ``None`` while no calibrator applies."""
+
+    id: str
+    score: float
+    probability: float | None
+    norm: float
+    n_tokens: int
+    metadata: dict[str, Any]
+    text: str | None = None
+
+
+class SearchResult(ResponseModel):
+    """Hits of one query, best first, with query-level confidence."""
+
+    query: QueryInfo
+    hits: list[SearchHit]
+    confidence: float | None = None
+    abstain: bool | None = None
+    calibrator: CalibratorRef | None = None
+
+
+class BatchSearchResponse(ResponseModel):
+    """Results of a ``queries`` batch, in order."""
+
+    results: list[SearchResult]
+
+
+class MethodMetrics(ResponseModel):
+    """Grouped cross-validated metrics of one method."""
+
+    nll: float | None
+    brier: float | None
+    ece: float | None
+    auroc: float | None
+
+
+class CalibratorInfo(ResponseModel):
+    """A fitted calibrator and its report."""
+
+    id: str
+    collection: str | None
+    method: str
+    created_at: float
+    active: bool
+    default: bool
+    reorders_hits: bool
+    cv: dict[str, MethodMetrics]
+    norm_lift: dict[str, Any]
+    abstain: dict[str, Any] | None
+    report: dict[str, Any]
+
+
+class CalibratorList(ResponseModel):
+    """Calibrators of a collection, oldest first."""
+
+    data: list[CalibratorInfo]
+    count: int
+
+
+class FeedbackResponse(ResponseModel):
+    """How many judgments were stored, and how many there are now."""
+
+    stored: int
+    total: int
+
+
+class ProblemDetail(ResponseModel):
+    """An RFC 9457 problem document (every error answer)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,237 @@
+"""What each client method does, written once for both clients.
+
+An operation is a generator: it yields the requests (:class:`~._endpoints.Call`) or
+pauses (:class:`Pause`) it needs and receives each answer, or has the typed error
+thrown in where it was yielded. ``NormcalClient`` drives it with blocking I/O,
+``AsyncNormcalClient`` with ``await``; neither repeats the logic (batching,
+create-if-missing, polling, building bodies).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Any, Literal, TypeVar
+
+from normcal_client import _endpoints as ep
+from normcal_client._errors import (
+    Conflict,
+    ConnectionFailed,
+    NotFound,
+    ServerError,
+    ServiceUnavailable,
+)
+from normcal_client._models import (
+    BatchSearchResponse,
+    CalibrationMethod,
+    CalibratorInfo,
+    CollectionCreate,
+    CollectionInfo,
+    DocumentIn,
+    DocumentOut,
+    EmbedRequest,
+    EmbedResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    FitRequest,
+    InputType,
+    Judgment,
+    MetadataScalar,
+    Readiness,
+    SearchRequest,
+    SearchResult,
+    UpsertRequest,
+    UpsertResponse,
+)
+from normcal_client._options import NO_RETRY
+
+R = TypeVar("R")
+
+DocumentLike = DocumentIn | Mapping[str, Any]
+JudgmentLike = Judgment | Mapping[str, Any]
+Filter = Mapping[str, MetadataScalar]
+Progress = Callable[[int], None]
+DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Ask the driver to sleep (with its own, injectable, sleep)."""
+
+    seconds: float
+
+
+Step = ep.Call[Any] | Pause
+Plan = Generator[Step, Any, R]
+
+
+def one(call: ep.Call[R]) -> Plan[R]:
+    """A single request."""
+    result: R = yield call
+    return result
+
+
+def wait_until_ready(timeout: float, interval: float) -> Plan[Readiness]:
+    """Poll ``/readyz`` (without retries) until it answers 200 or time runs out."""
+    deadline = time.monotonic() + timeout
+    call = replace(ep.READY(), retry=NO_RETRY)
+    while True:
+        try:
+            ready: Readiness = yield call
+            return ready
+        except (ConnectionFailed, ServiceUnavailable, ServerError):
+            if time.monotonic() >= deadline:
+                raise
+        yield Pause(interval)
+
+
+def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedResponse]:
+    """Embed texts."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not one string")
+    body = EmbedRequest(texts=list(texts), **_given(input_type=input_type))
+    return one(ep.EMBED(body))
+
+
+def create_collection(
+    name: str, description: str | None, exist_ok: bool
+) -> Plan[CollectionInfo]:
+    """Create a collection; with ``exist_ok`` return the existing one instead."""
+    body = CollectionCreate(name=name, **_given(description=description))
+    try:
+        created: CollectionInfo = yield ep.CREATE_COLLECTION(body)
+        return created
+    except Conflict:
+        if not exist_ok:
+            raise
+    existing: CollectionInfo = yield ep.GET_COLLECTION(name=name)
+    return existing
+
+
+def list_collections() -> Plan[list[CollectionInfo]]:
+    """All collections."""
+    page = yield ep.LIST_COLLECTIONS()
+    return list(page.data)
+
+
+def upsert_documents(
+    collection: str,
+    documents: Iterable[DocumentLike],
+    batch_size: int,
+    progress: Progress | None,
+) -> Plan[UpsertResponse]:
+    """Upsert in atomic batches of ``batch_size``, reporting the running count."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    total = UpsertResponse(upserted=0, ids=[], truncated=[])
+    for batch in _batches(documents, batch_size):
+        body = UpsertRequest(documents=[DocumentIn.model_validate(d) for d in batch])
+        part: UpsertResponse = yield ep.UPSERT_DOCUMENTS(body, name=collection)
+        total.upserted += part.upserted
+        total.ids.extend(part.ids)
+        total.truncated.extend(part.truncated)
+        if progress is not None:
+            progress(total.upserted)
+    return total
+
+
+def get_documents(collection: str, ids: Iterable[str]) -> Plan[list[DocumentOut]]:
+    """The stored documents among ``ids``, in order; unknown ids are skipped."""
+    found: list[DocumentOut] = []
+    for doc_id in ids:
+        try:
+            found.append((yield ep.GET_DOCUMENT(name=collection, doc_id=doc_id)))
+        except NotFound:
+            continue
+    return found
+
+
+def delete_documents(
+    collection: str, ids: Iterable[str], missing_ok: bool
+) -> Plan[None]:
+    """Delete documents one by one; with ``missing_ok`` unknown ids are no error."""
+    for doc_id in ids:
+        try:
+            yield ep.DELETE_DOCUMENT(name=collection, doc_id=doc_id)
+        except NotFound:
+            if not missing_ok:
+                raise
+
+
+def search(
+    collection: str,
+    queries: str | Sequence[str],
+    *,
+    k: int | None,
+    filter: Filter | None,
+    include_text: bool,
+    min_probability: float | None,
+    target_precision: float | None,
+) -> Plan[list[SearchResult]]:
+    """One result per query; a single ``str`` is sent as ``query``."""
+    options = _given(
+        k=k,
+        filter=dict(filter) if filter is not None else None,
+        min_probability=min_probability,
+        target_precision=target_precision,
+    )
+    if isinstance(queries, str):
+        body = SearchRequest(query=queries, include_text=include_text, **options)
+        result: SearchResult = yield ep.SEARCH(body, name=collection)
+        return [result]
+    body = SearchRequest(queries=list(queries), include_text=include_text, **options)
+    batch: BatchSearchResponse = yield ep.SEARCH_BATCH(body, name=collection)
+    return list(batch.results)
+
+
+def fit_calibrator(
+    collection: str,
+    judgments: Iterable[JudgmentLike],
+    *,
+    method: CalibrationMethod | None,
+    k: int | None,
+    abstain_target: float | Literal[False] | None,
+    abstain_delta: float | None,
+    activate: bool | None,
+    include_feedback: bool | None,
+    allow_reorder: bool | None,
+) -> Plan[CalibratorInfo]:
+    """Fit a calibrator; options left ``None`` take the server's defaults."""
+    options = _given(
+        method=method,
+        k=k,
+        abstain_target=abstain_target,
+        abstain_delta=abstain_delta,
+        activate=activate,
+        include_feedback=include_feedback,
+        allow_reorder=allow_reorder,
+    )
+    if options.get("abstain_target") is False:
+        options["abstain_target"] = None  # no abstain rule
+    body = FitRequest(judgments=_judgments(judgments), **options)
+    return one(ep.FIT_CALIBRATOR(body, name=collection))
+
+
+def feedback(
+    collection: str, judgments: Iterable[JudgmentLike]
+) -> Plan[FeedbackResponse]:
+    """Store production judgments for the next fit."""
+    body = FeedbackRequest(judgments=_judgments(judgments))
+    return one(ep.FEEDBACK(body, name=collection))
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields the caller gave: ``None`` means "the server's default"."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _judgments(items: Iterable[JudgmentLike]) -> list[Judgment]:
+    return [Judgment.model_validate(item) for item in items]
+
+
+def _batches(items: Iterable[R], size: int) -> Iterator[list[R]]:
+    iterator = iter(items)
+    while batch := list(islice(iterator, size)):
+        yield batch

@@ -1,0 +1,429 @@
+"""LangChain integration (``pip install "normcal-client[langchain]"``).
+
+:class:`NormcalRetriever` returns a collection's hits as LangChain documents with
+``probability`` (calibrated P(relevant)), ``score`` (cosine) and ``norm`` in their
+metadata, and returns nothing when the service abstains.
+:class:`NormcalVectorStore` is a LangChain ``VectorStore`` over a collection whose
+relevance score is the calibrated probability, the one score of a retriever that
+means what LangChain says a relevance score means: a number in [0, 1] where higher
+is more likely relevant. Both embed on the server: no embedding model is needed
+here, and the ``embedding`` argument LangChain passes to ``from_texts`` is ignored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Self
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import VectorStore
+from pydantic import ConfigDict, Field
+
+from normcal_client._client import DEFAULT_URL, AsyncNormcalClient, NormcalClient
+from normcal_client._models import DocumentIn, DocumentOut, MetadataScalar, SearchResult
+
+__all__ = ["NormcalRetriever", "NormcalVectorStore", "documents_from_result"]
+
+
+def documents_from_result(
+    result: SearchResult, *, honour_abstain: bool = True
+) -> list[Document]:
+    """LangChain documents of one result, normcal's numbers in their metadata.
+
+    The metadata is the document's own plus ``id``, ``score``, ``probability``,
+    ``norm``, ``n_tokens``, ``rank``, the query's ``confidence`` and the
+    ``calibrator`` id; on a name clash normcal's win.
+    """
+    if honour_abstain and result.abstain:
+        return []
+    calibrator = result.calibrator.id if result.calibrator is not None else None
+    return [
+        Document(
+            id=hit.id,
+            page_content=hit.text or "",
+            metadata={
+                **hit.metadata,
+                "id": hit.id,
+                "score": hit.score,
+                "probability": hit.probability,
+                "norm": hit.norm,
+                "n_tokens": hit.n_tokens,
+                "rank": rank,
+                "confidence": result.confidence,
+                "calibrator": calibrator,
+            },
+        )
+        for rank, hit in enumerate(result.hits)
+    ]
+
+
+class _Connection:
+    """Where the service is, and the clients to reach it (given or short-lived).
+
+    A short-lived client is opened per call and closed after it, so nothing leaks
+    when a LangChain object is dropped; an ``AsyncClient`` is bound to one event
+    loop, another reason not to keep one. Pass ``client`` / ``async_client`` to
+    reuse connections; the caller owns and closes those.
+    """
+
+    base_url: str
+    api_key: str | None
+    timeout: float
+    client: NormcalClient | None
+    async_client: AsyncNormcalClient | None
+
+    @contextmanager
+    def _sync(self) -> Iterator[NormcalClient]:
+        if self.client is not None:
+            yield self.client
+            return
+        with NormcalClient(
+            self.base_url, api_key=self.api_key, timeout=self.timeout
+        ) as client:
+            yield client
+
+    @asynccontextmanager
+    async def _async(self) -> AsyncIterator[AsyncNormcalClient]:
+        if self.async_client is not None:
+            yield self.async_client
+            return
+        async with AsyncNormcalClient(
+            self.base_url, api_key=self.api_key, timeout=self.timeout
+        ) as client:
+            yield client
+
+
+class NormcalRetriever(_Connection, BaseRetriever):
+    """Retrieve from a normcal collection, with calibrated probabilities.
+
+    ``k``, ``min_probability``, ``target_precision`` and ``filter`` are sent with
+    every query and applied by the service; each can be overridden per call, e.g.
+    ``retriever.invoke(query, k=1)``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    collection: str
+    """Name of the normcal collection."""
+    base_url: str = DEFAULT_URL
+    """Where normcal listens (unused when clients are given)."""
+    api_key: str | None = None
+    """Bearer token, when the service has ``NORMCAL_API_KEY`` set."""
+    k: int = 4
+    """Hits to ask for (before probability filters)."""
+    min_probability: float | None = Field(None, ge=0.0, le=1.0)
+    """Drop hits whose calibrated probability is below this."""
+    target_precision: float | None = Field(None, ge=0.0, le=1.0)
+    """Keep the longest prefix whose mean probability reaches this."""
+    filter: dict[str, MetadataScalar] | None = None
+    """Metadata equality filter."""
+    honour_abstain: bool = True
+    """Return nothing when the service abstains."""
+    timeout: float = 120.0
+    """Seconds per request."""
+    client: NormcalClient | None = None
+    """A ready sync client (caller-owned)."""
+    async_client: AsyncNormcalClient | None = None
+    """A ready async client (caller-owned)."""
+
+    def _search_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(overrides) - {
+            "k",
+            "filter",
+            "min_probability",
+            "target_precision",
+        }
+        if unknown:
+            raise TypeError(f"unknown search options: {sorted(unknown)}")
+        return {
+            "k": self.k,
+            "filter": self.filter,
+            "min_probability": self.min_probability,
+            "target_precision": self.target_precision,
+            **overrides,
+            "include_text": True,
+        }
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,  # noqa: ARG002 - LangChain's signature
+        **kwargs: Any,
+    ) -> list[Document]:
+        with self._sync() as client:
+            result = client.search(
+                self.collection, query, **self._search_kwargs(kwargs)
+            )
+        return documents_from_result(result, honour_abstain=self.honour_abstain)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,  # noqa: ARG002 - LangChain's signature
+        **kwargs: Any,
+    ) -> list[Document]:
+        async with self._async() as client:
+            result = await client.search(
+                self.collection, query, **self._search_kwargs(kwargs)
+            )
+        return documents_from_result(result, honour_abstain=self.honour_abstain)
+
+
+def _to_langchain(document: DocumentOut) -> Document:
+    return Document(
+        id=document.id, page_content=document.text, metadata=document.metadata
+    )
+
+
+class NormcalVectorStore(_Connection, VectorStore):
+    """A LangChain ``VectorStore`` over one normcal collection.
+
+    Documents come back with their own metadata only (LangChain compares them);
+    scores travel next to them: ``similarity_search_with_score`` gives the cosine,
+    ``similarity_search_with_relevance_scores`` the calibrated probability, with
+    ``score_threshold`` applied by the service as ``min_probability``. Similarity
+    search returns the top ``k`` whatever the service's abstain decision; use
+    :class:`NormcalRetriever` to honour it.
+    """
+
+    def __init__(
+        self,
+        collection: str,
+        *,
+        base_url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        client: NormcalClient | None = None,
+        async_client: AsyncNormcalClient | None = None,
+    ) -> None:
+        self.collection = collection
+        self.base_url = base_url
+        self.api_key = api_key
+        self.timeout = timeout
+        self.client = client
+        self.async_client = async_client
+
+    @property
+    def embeddings(self) -> Embeddings | None:
+        """None: the service embeds, with the model its collection was made for."""
+        return None
+
+    # -- writing
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Upsert texts (ids default to random UUIDs); returns their ids."""
+        documents = _documents_in(texts, metadatas, ids)
+        with self._sync() as client:
+            client.upsert_documents(self.collection, documents, **kwargs)
+        return [d.id for d in documents]
+
+    async def aadd_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Upsert texts (ids default to random UUIDs); returns their ids."""
+        documents = _documents_in(texts, metadatas, ids)
+        async with self._async() as client:
+            await client.upsert_documents(self.collection, documents, **kwargs)
+        return [d.id for d in documents]
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
+        """Delete documents by id; unknown ids are no error."""
+        with self._sync() as client:
+            client.delete_documents(self.collection, _ids(ids, kwargs), missing_ok=True)
+        return True
+
+    async def adelete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
+        """Delete documents by id; unknown ids are no error."""
+        async with self._async() as client:
+            await client.delete_documents(
+                self.collection, _ids(ids, kwargs), missing_ok=True
+            )
+        return True
+
+    # -- reading
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """The stored documents among ``ids`` (unknown ids are skipped)."""
+        with self._sync() as client:
+            found = client.get_documents(self.collection, ids)
+        return [_to_langchain(d) for d in found]
+
+    async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """The stored documents among ``ids`` (unknown ids are skipped)."""
+        async with self._async() as client:
+            found = await client.get_documents(self.collection, ids)
+        return [_to_langchain(d) for d in found]
+
+    def similarity_search(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[Document]:
+        """The ``k`` documents most similar to ``query``."""
+        return [doc for doc, _ in self.similarity_search_with_score(query, k, **kwargs)]
+
+    async def asimilarity_search(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[Document]:
+        """The ``k`` documents most similar to ``query``."""
+        pairs = await self.asimilarity_search_with_score(query, k, **kwargs)
+        return [doc for doc, _ in pairs]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with their cosine similarity to ``query``, best first."""
+        with self._sync() as client:
+            result = client.search(self.collection, query, **_search(k, kwargs))
+        return [(doc, hit.score) for doc, hit in _pairs(result)]
+
+    async def asimilarity_search_with_score(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with their cosine similarity to ``query``, best first."""
+        async with self._async() as client:
+            result = await client.search(self.collection, query, **_search(k, kwargs))
+        return [(doc, hit.score) for doc, hit in _pairs(result)]
+
+    def similarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with their calibrated P(relevant); ``score_threshold`` filters."""
+        with self._sync() as client:
+            result = client.search(self.collection, query, **_relevance(k, kwargs))
+        return _with_probabilities(result)
+
+    async def asimilarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """Documents with their calibrated P(relevant); ``score_threshold`` filters."""
+        async with self._async() as client:
+            result = await client.search(
+                self.collection, query, **_relevance(k, kwargs)
+            )
+        return _with_probabilities(result)
+
+    def _similarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        return self.similarity_search_with_relevance_scores(query, k, **kwargs)
+
+    async def _asimilarity_search_with_relevance_scores(
+        self, query: str, k: int = 4, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        return await self.asimilarity_search_with_relevance_scores(query, k, **kwargs)
+
+    # -- construction
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings | None = None,  # noqa: ARG003 - the service embeds
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        collection: str = "langchain",
+        **kwargs: Any,
+    ) -> Self:
+        """Create the collection if missing, then add ``texts`` to it.
+
+        ``kwargs`` are those of the constructor (``base_url``, ``api_key``, ...).
+        """
+        store = cls(collection, **kwargs)
+        with store._sync() as client:
+            client.create_collection(collection, exist_ok=True)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
+
+    @classmethod
+    async def afrom_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings | None = None,  # noqa: ARG003 - the service embeds
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        collection: str = "langchain",
+        **kwargs: Any,
+    ) -> Self:
+        """Create the collection if missing, then add ``texts`` to it."""
+        store = cls(collection, **kwargs)
+        async with store._async() as client:
+            await client.create_collection(collection, exist_ok=True)
+        await store.aadd_texts(texts, metadatas, ids=ids)
+        return store
+
+
+def _documents_in(
+    texts: Iterable[str],
+    metadatas: list[dict[str, Any]] | None,
+    ids: Sequence[str | None] | None,
+) -> list[DocumentIn]:
+    texts = list(texts)
+    metadatas = metadatas if metadatas is not None else [{} for _ in texts]
+    given = list(ids) if ids is not None else [None] * len(texts)
+    if not len(texts) == len(metadatas) == len(given):
+        raise ValueError("texts, metadatas and ids must have the same length")
+    return [
+        DocumentIn(id=doc_id or str(uuid.uuid4()), text=text, metadata=metadata)
+        for text, metadata, doc_id in zip(texts, metadatas, given, strict=True)
+    ]
+
+
+def _ids(ids: list[str] | None, kwargs: dict[str, Any]) -> list[str]:
+    if kwargs:
+        raise TypeError(f"unknown delete options: {sorted(kwargs)}")
+    if ids is None:
+        raise ValueError("give the ids to delete (drop the collection to empty it)")
+    return ids
+
+
+def _search(k: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(kwargs) - {"filter", "min_probability", "target_precision"}
+    if unknown:
+        raise TypeError(f"unknown search options: {sorted(unknown)}")
+    return {**kwargs, "k": k, "include_text": True}
+
+
+def _relevance(k: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+    threshold = kwargs.pop("score_threshold", None)
+    if threshold is not None:
+        kwargs["min_probability"] = threshold
+    return _search(k, kwargs)
+
+
+def _pairs(result: SearchResult) -> list[tuple[Document, Any]]:
+    return [
+        (Document(id=hit.id, page_content=hit.text or "", metadata=hit.metadata), hit)
+        for hit in result.hits
+    ]
+
+
+def _with_probabilities(result: SearchResult) -> list[tuple[Document, float]]:
+    pairs = []
+    for doc, hit in _pairs(result):
+        if hit.probability is None:
+            raise ValueError(
+                "no calibrator applies to this collection, so there is no relevance"
+                " score; fit one, or use similarity_search_with_score for cosines"
+            )
+        pairs.append((doc, hit.probability))
+    return pairs

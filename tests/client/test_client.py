@@ -1,0 +1,378 @@
+"""normcal_client against a real server, and its retry rules over a mock transport."""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+
+import httpx
+import normcal_client
+import pytest
+from normcal_client import (
+    NO_RETRY,
+    AsyncNormcalClient,
+    CollectionUnavailable,
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    InsufficientStorage,
+    InvalidRequest,
+    NormcalClient,
+    NormcalError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RetryPolicy,
+    ServerError,
+    ServiceUnavailable,
+    Unauthorized,
+)
+
+from tests.app.corpus import CORPUS, QUERIES
+
+DOCS = [
+    {"id": key, "text": text, "metadata": {"topic": key, "even": i % 2 == 0}}
+    for i, (key, text) in enumerate(CORPUS.items())
+]
+
+
+def test_public_names_are_exactly_all():
+    public = {n for n in dir(normcal_client) if not n.startswith("_")}
+    # ``annotations`` is the __future__ import; ``langchain`` the optional submodule.
+    assert public - {"annotations", "langchain"} == set(normcal_client.__all__) - {
+        "__version__"
+    }
+    for name in normcal_client.__all__:
+        obj = getattr(normcal_client, name)
+        if isinstance(obj, type):
+            assert obj.__module__ == "normcal_client", name
+    assert "Forbidden" in normcal_client.__all__
+
+
+# --------------------------------------------------------------------------- mock
+
+
+def problem(status: int, slug: str = "x", headers: dict[str, str] | None = None):
+    body = {"type": f"/problems/{slug}", "title": "T", "status": status, "detail": "d"}
+    return httpx.Response(status, json=body, headers=headers)
+
+
+class Recorder:
+    """Answers in turn; remembers requests."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+OK = httpx.Response(200, json={"status": "ok"})
+
+
+def mock(handler, **kwargs):
+    sleeps: list[float] = []
+    kwargs.setdefault("retry", RetryPolicy(jitter=0.0))
+    nc = NormcalClient(
+        "http://normcal.test",
+        transport=httpx.MockTransport(handler),
+        sleep=sleeps.append,
+        **kwargs,
+    )
+    return nc, sleeps
+
+
+@pytest.mark.parametrize(
+    ("status", "slug", "cls"),
+    [
+        (400, "malformed-json", InvalidRequest),
+        (401, "unauthorized", Unauthorized),
+        (403, "forbidden", Forbidden),
+        (404, "not-found", NotFound),
+        (409, "conflict", Conflict),
+        (413, "payload-too-large", PayloadTooLarge),
+        (422, "validation-error", InvalidRequest),
+        (503, "overloaded", Overloaded),
+        (503, "collection-unavailable", CollectionUnavailable),
+        (503, "other", ServiceUnavailable),
+        (507, "insufficient-storage", InsufficientStorage),
+        (500, "internal-error", ServerError),
+    ],
+)
+def test_problem_answers_are_typed(status, slug, cls):
+    nc, _ = mock(Recorder(problem(status, slug)), retry=NO_RETRY)
+    with pytest.raises(cls) as caught:
+        nc.healthz()
+    error = caught.value
+    assert type(error) is cls and isinstance(error, NormcalError)
+    assert (error.status, error.type, error.title, error.detail) == (
+        status,
+        f"/problems/{slug}",
+        "T",
+        "d",
+    )
+
+
+def test_a_non_problem_answer_is_still_typed():
+    nc, _ = mock(Recorder(httpx.Response(502, text="<html>bad gateway</html>")))
+    with pytest.raises(ServerError) as caught:
+        nc.healthz()
+    assert caught.value.status == 502 and "bad gateway" in caught.value.detail
+
+
+def test_503_is_retried_honouring_numeric_retry_after():
+    handler = Recorder(problem(503, "overloaded", {"Retry-After": "2"}), OK)
+    nc, sleeps = mock(handler)
+    assert nc.healthz().status == "ok"
+    assert sleeps == [2.0] and len(handler.requests) == 2
+
+
+def test_retry_after_http_date_is_honoured():
+    when = email.utils.format_datetime(
+        email.utils.localtime().replace(microsecond=0), usegmt=False
+    )
+    handler = Recorder(problem(429, "rate", {"Retry-After": when}), OK)
+    nc, sleeps = mock(handler)
+    nc.healthz()
+    assert len(sleeps) == 1 and 0.0 <= sleeps[0] <= 1.0
+    assert normcal_client.parse_retry_after(
+        "Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0
+    ) == pytest.approx(10.0)
+
+
+def test_429_backs_off_exponentially_then_raises():
+    handler = Recorder(*[problem(429)] * 4)
+    nc, sleeps = mock(handler)
+    with pytest.raises(Overloaded):
+        nc.healthz()
+    assert sleeps == [0.5, 1.0, 2.0] and len(handler.requests) == 4
+
+
+def test_collection_unavailable_is_retried_only_with_retry_after():
+    nc, sleeps = mock(Recorder(problem(503, "collection-unavailable")))
+    with pytest.raises(CollectionUnavailable):
+        nc.healthz()
+    assert sleeps == []
+    headers = {"Retry-After": "1"}
+    nc, sleeps = mock(Recorder(problem(503, "collection-unavailable", headers), OK))
+    nc.healthz()
+    assert sleeps == [1.0]
+
+
+def test_connect_errors_are_retried_read_timeouts_are_not():
+    handler = Recorder(httpx.ConnectError("refused"), OK)
+    nc, _ = mock(handler)
+    nc.healthz()
+    assert len(handler.requests) == 2
+    handler = Recorder(httpx.ReadTimeout("slow"))
+    nc, _ = mock(handler)
+    with pytest.raises(ConnectionFailed):
+        nc.healthz()
+    assert len(handler.requests) == 1
+
+
+def test_with_options_leaves_the_shared_client_alone():
+    """Per-call options make a copy; the old client swapped ``self.retry`` in place,
+    so a concurrent call on a shared client lost its retries."""
+    policy = RetryPolicy(jitter=0.0)
+    seen: list[RetryPolicy] = []
+    nc: NormcalClient
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(nc.options.retry)  # what another thread would use right now
+        if request.url.path == "/readyz":
+            return httpx.Response(
+                200, json={"status": "ready", "model": "m", "dim": 1, "collections": 0}
+            )
+        return OK
+
+    nc, _ = mock(handler, retry=policy, timeout=30.0)
+    nc.wait_until_ready()
+    fast = nc.with_options(retry=NO_RETRY, timeout=1.0, headers={"X-Trace": "t"})
+    fast.healthz()
+    assert seen == [policy, policy] and nc.options.retry is policy
+    assert fast.options.retry is NO_RETRY and nc.options.timeout is None
+    handler_503 = Recorder(problem(503), problem(503), OK)
+    shared, sleeps = mock(handler_503)
+    with pytest.raises(ServiceUnavailable):
+        shared.with_options(retry=NO_RETRY).healthz()
+    shared.healthz()  # still retries
+    assert len(sleeps) == 1
+    fast.close()  # a copy does not own the pool
+    assert nc.healthz().status == "ok"
+
+
+def test_requests_carry_auth_accept_and_quoted_paths():
+    handler = Recorder(httpx.Response(204))
+    nc, _ = mock(handler, api_key="sekret")
+    nc.delete_document("kb", "a/b c?")
+    request = handler.requests[0]
+    assert request.headers["authorization"] == "Bearer sekret"
+    assert "application/problem+json" in request.headers["accept"]
+    assert request.url.raw_path == b"/v1/collections/kb/documents/a%2Fb%20c%3F"
+
+
+def test_fit_sends_only_given_options_and_every_server_field():
+    import json
+
+    answer = {
+        "id": "c1", "collection": "kb", "method": "platt", "created_at": 1.0,
+        "active": True, "default": False, "reorders_hits": True, "cv": {},
+        "norm_lift": {}, "abstain": None, "report": {},
+    }  # fmt: skip
+    handler = Recorder(*[httpx.Response(201, json=answer)] * 2)
+    nc, _ = mock(handler)
+    nc.fit_calibrator("kb", [{"query": "q", "document_id": "d", "relevance": 2}])
+    nc.fit_calibrator(
+        "kb",
+        [],
+        method="nt",
+        k=5,
+        abstain_target=False,
+        abstain_delta=0.05,
+        activate=False,
+        include_feedback=False,
+        allow_reorder=True,
+    )
+    first, second = (json.loads(r.content) for r in handler.requests)
+    assert first == {"judgments": [{"query": "q", "document_id": "d", "relevance": 2}]}
+    assert second == {
+        "judgments": [], "method": "nt", "k": 5, "abstain_target": None,
+        "abstain_delta": 0.05, "activate": False, "include_feedback": False,
+        "allow_reorder": True,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- real
+
+
+@pytest.fixture
+def nc(live):
+    with NormcalClient(live.url, retry=RetryPolicy(max_attempts=2, backoff=0.1)) as c:
+        yield c
+
+
+def test_real_lifecycle(nc):
+    created = nc.create_collection("life", "docs")
+    assert created.name == "life" and created.documents == 0
+    with pytest.raises(Conflict):
+        nc.create_collection("life")
+    assert nc.create_collection("life", exist_ok=True).description == "docs"
+    assert "life" in [c.name for c in nc.list_collections()]
+    counts: list[int] = []
+    done = nc.upsert_documents("life", iter(DOCS), batch_size=2, progress=counts.append)
+    assert counts == [2, 4, 5] and done.upserted == 5 and done.ids == list(CORPUS)
+    assert nc.get_collection("life").documents == 5
+    doc = nc.get_document("life", "paris")
+    assert doc.text == CORPUS["paris"] and doc.norm > 0
+    assert [d.id for d in nc.get_documents("life", ["faiss", "nope", "paris"])] == [
+        "faiss",
+        "paris",
+    ]
+    result = nc.search("life", QUERIES["paris"], k=2, include_text=True)
+    assert [h.id for h in result.hits][:1] == ["paris"] and len(result.hits) == 2
+    assert result.hits[0].text == CORPUS["paris"]
+    assert result.hits[0].probability is not None  # the shipped default profile
+    filtered = nc.search("life", QUERIES["paris"], k=5, filter={"even": True})
+    assert all(h.metadata["even"] is True for h in filtered.hits)
+    sure = nc.search("life", QUERIES["paris"], k=5, min_probability=0.999999)
+    assert all((h.probability or 0) >= 0.999999 for h in sure.hits)
+    batch = nc.search_batch("life", [QUERIES["aspirin"], QUERIES["faiss"]], k=1)
+    assert [r.hits[0].id for r in batch] == ["aspirin", "faiss"]
+    embedded = nc.embed(["hello world"], "query")
+    assert embedded.dim == len(embedded.data[0].embedding)
+    nc.delete_document("life", "paris")
+    with pytest.raises(NotFound) as caught:
+        nc.get_document("life", "paris")
+    assert caught.value.instance and caught.value.instance.startswith("urn:request:")
+    nc.delete_documents("life", ["faiss", "paris"], missing_ok=True)
+    with pytest.raises(NotFound):
+        nc.delete_documents("life", ["faiss"])
+    nc.delete_collection("life")
+    with pytest.raises(NotFound):
+        nc.get_collection("life")
+
+
+def test_real_validation_errors_are_typed(nc):
+    nc.create_collection("val", exist_ok=True)
+    with pytest.raises(InvalidRequest) as caught:
+        nc.search("val", "q", k=0)
+    assert caught.value.status == 422 and caught.value.errors
+    with pytest.raises(InvalidRequest):
+        nc.create_collection("no spaces allowed")
+    with pytest.raises(TypeError):
+        nc.embed("one string")  # type: ignore[arg-type]
+
+
+def test_real_calibrators_and_feedback(nc):
+    nc.create_collection("cal", exist_ok=True)
+    nc.upsert_documents("cal", DOCS)
+    judgments = [
+        {"query": q, "document_id": d, "relevance": int(d == key)}
+        for key, q in QUERIES.items()
+        for d in CORPUS
+    ]
+    info = nc.fit_calibrator("cal", judgments, method="platt", k=5, allow_reorder=False)
+    assert info.active and info.collection == "cal" and not info.reorders_hits
+    assert info.id in [c.id for c in nc.list_calibrators("cal")]
+    assert nc.get_calibrator("cal", info.id).cv
+    assert nc.activate_calibrator("cal", info.id).id == info.id
+    assert nc.reliability_png("cal", info.id).startswith(b"\x89PNG")
+    assert "<html" in nc.calibrator_report("cal", info.id).lower()
+    result = nc.search("cal", QUERIES["paris"], k=3)
+    assert result.calibrator is not None and result.calibrator.id == info.id
+    stored = nc.feedback("cal", judgments[:3])
+    assert stored.stored == 3 and stored.total >= 3
+
+
+def test_real_connection_refused_is_typed():
+    from tests.app.server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with NormcalClient(url, retry=NO_RETRY) as c, pytest.raises(ConnectionFailed):
+        c.healthz()
+
+
+def test_shared_client_across_threads(nc):
+    """One client, many threads, each with its own per-call options."""
+    nc.create_collection("threads", exist_ok=True)
+    nc.upsert_documents("threads", DOCS)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            client = nc.with_options(retry=NO_RETRY) if i % 2 else nc
+            hit = client.search("threads", QUERIES["faiss"], k=1).hits[0]
+            assert hit.id == "faiss"
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and nc.options.retry.max_attempts == 2
+
+
+@pytest.mark.anyio
+async def test_async_client_against_the_live_server(live):
+    async with AsyncNormcalClient(live.url) as anc:
+        await anc.wait_until_ready(timeout=30)
+        await anc.create_collection("async", exist_ok=True)
+        await anc.upsert_documents("async", DOCS, batch_size=3)
+        result = await anc.search("async", QUERIES["python"], k=1)
+        assert result.hits[0].id == "python"
+        assert [
+            r.hits[0].id
+            for r in await anc.search_batch("async", [QUERIES["paris"]], k=1)
+        ] == ["paris"]
+        with pytest.raises(NotFound):
+            await anc.get_document("async", "missing")
+        await anc.delete_documents("async", ["python", "missing"], missing_ok=True)
+        assert (await anc.get_collection("async")).documents == 4
