@@ -17,13 +17,7 @@ import math
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StringConstraints,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from pydantic_core import PydanticCustomError
 
 # SQLite stores integers as signed 64-bit; a larger Python int cannot be bound.
