@@ -406,7 +406,7 @@ class Judgment(_Model):
 
     query: str
     document_id: str
-    relevance: float
+    relevance: int
 
 
 class CalibratorInfo(_Model):

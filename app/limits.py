@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.exceptions import LimitExceededError
+from app.schemas.common import json_depth
 from app.settings import Limits
 
 
@@ -34,7 +35,12 @@ def check_value(field: str, value: int, limit: int) -> None:
 
 
 def check_metadata(field: str, metadata: dict[str, Any], limits: Limits) -> None:
-    """Reject metadata whose JSON encoding is larger than the limit."""
+    """Reject metadata nested deeper, or whose JSON encoding is larger, than the limits.
+
+    Depth first: the store and the response serializer recurse into metadata, and a
+    value too deep for them would be stored and then break every read of it.
+    """
+    check_value(f"{field} depth", json_depth(metadata), limits.max_metadata_depth)
     size = len(json.dumps(metadata, ensure_ascii=False).encode())
     if size > limits.max_metadata_bytes:
         raise LimitExceededError(field, limits.max_metadata_bytes, size)

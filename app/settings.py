@@ -35,6 +35,12 @@ class Limits(BaseSettings):
     max_queries_per_search: int = Field(32, ge=1, description="queries per search call")
     max_k: int = Field(100, ge=1, description="largest k of a search")
     max_metadata_bytes: int = Field(16_384, ge=2, description="JSON size of metadata")
+    max_metadata_depth: int = Field(
+        32,
+        ge=1,
+        le=128,  # responses fail past ~250 levels (pydantic's serialization limit)
+        description='nesting of metadata objects/lists; {"a": [1]} is 2',
+    )
     max_id_chars: int = Field(256, ge=1, description="characters of a document id")
     max_judgments_per_fit: int = Field(20_000, ge=1, description="judgments per fit")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="request body")

@@ -7,8 +7,11 @@ from typing import Annotated
 from fastapi import Path
 
 from app.registry import COLLECTION_NAME_PATTERN
+from app.schemas.common import DOCUMENT_ID_PATTERN
 
 CollectionName = Annotated[
     str, Path(pattern=COLLECTION_NAME_PATTERN, description="collection name")
 ]
-DocumentIdParam = Annotated[str, Path(min_length=1, description="document id")]
+DocumentIdParam = Annotated[
+    str, Path(pattern=DOCUMENT_ID_PATTERN, description="document id")
+]

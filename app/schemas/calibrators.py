@@ -8,6 +8,9 @@ from pydantic import BaseModel, Field
 
 from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 
+# Grades are labels, stored as SQLite integers; int32 is far more than any scale needs.
+MAX_RELEVANCE = 2**31 - 1
+
 Method = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
 
 
@@ -16,7 +19,9 @@ class Judgment(RequestModel):
 
     query: Text
     document_id: DocumentId
-    relevance: int = Field(ge=0, description="graded; > 0 means relevant")
+    relevance: int = Field(
+        ge=0, le=MAX_RELEVANCE, description="graded; > 0 means relevant"
+    )
 
 
 class FitRequest(RequestModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from app.schemas.common import DocumentId, Metadata, RequestModel, Text
+from app.schemas.common import DocumentId, Metadata, MetadataIn, RequestModel, Text
 
 
 class DocumentIn(RequestModel):
@@ -12,7 +12,11 @@ class DocumentIn(RequestModel):
 
     id: DocumentId
     text: Text
-    metadata: Metadata = Field(default_factory=dict)
+    metadata: MetadataIn = Field(
+        default_factory=dict,
+        description="JSON object: finite numbers, 64-bit integers, at most "
+        "limits.max_metadata_depth levels deep",
+    )
 
 
 class UpsertRequest(RequestModel):

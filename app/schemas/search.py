@@ -7,7 +7,7 @@ from typing import Self
 from pydantic import BaseModel, Field, model_validator
 
 from app.schemas.collections import CalibratorRef
-from app.schemas.common import Metadata, MetadataScalar, Probability, RequestModel, Text
+from app.schemas.common import Filter, Metadata, Probability, RequestModel, Text
 
 
 class SearchRequest(RequestModel):
@@ -18,9 +18,7 @@ class SearchRequest(RequestModel):
     k: int | None = Field(
         None, ge=1, description="hits per query; default 10, at most limits.max_k"
     )
-    filter: dict[str, MetadataScalar] | None = Field(
-        None, description="metadata equality on every key"
-    )
+    filter: Filter | None = Field(None, description="metadata equality on every key")
     include_text: bool = False
     min_probability: Probability | None = Field(
         None, description="drop hits whose probability is below this"
