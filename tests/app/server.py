@@ -8,6 +8,7 @@ takes it before the server does is a race).
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -51,7 +52,8 @@ class ServerProcess:
     """``python -m app.cli serve`` on 127.0.0.1, started and stopped by the test.
 
     ``url`` (and ``port``) are set by :meth:`start`; a restart may get another port.
-    ``log``, when given, receives the server's stderr (its log).
+    ``log``, when given, receives the server's stderr (its log); ``nofile`` sets the
+    server's (soft, hard) open-file limit.
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class ServerProcess:
         *,
         env: dict[str, str] | None = None,
         log: IO[bytes] | None = None,
+        nofile: tuple[int, int] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.port = 0
@@ -67,6 +70,7 @@ class ServerProcess:
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "NORMCAL_LOG_LEVEL": "WARNING"}
         self.env.update(env or {})
         self.log = log
+        self.nofile = nofile
         self.proc: subprocess.Popen[bytes] | None = None
         self._port_file = data_dir.with_name(f"{data_dir.name}.port")
 
@@ -75,7 +79,11 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0"]
         cmd += ["--port-file", str(self._port_file), "--data-dir", str(self.data_dir)]
         self.proc = subprocess.Popen(
-            cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log
+            cmd,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+            preexec_fn=self._limit_files if self.nofile else None,
         )
         started = time.monotonic()
         self.port = wait_for_port_file(self._port_file, self.proc, timeout)
@@ -91,6 +99,11 @@ class ServerProcess:
                 pass
             time.sleep(0.2)
         raise TimeoutError("server did not become ready")
+
+    def _limit_files(self) -> None:
+        """In the child, before exec: apply ``nofile``."""
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown handlers run."""
