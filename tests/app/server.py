@@ -78,12 +78,10 @@ class ServerProcess:
         self._port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0"]
         cmd += ["--port-file", str(self._port_file), "--data-dir", str(self.data_dir)]
+        # preexec_fn only when asked, so a caller's own Popen hook keeps working.
+        extra = {"preexec_fn": self._limit_files} if self.nofile else {}
         self.proc = subprocess.Popen(
-            cmd,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=self.log,
-            preexec_fn=self._limit_files if self.nofile else None,
+            cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log, **extra
         )
         started = time.monotonic()
         self.port = wait_for_port_file(self._port_file, self.proc, timeout)
