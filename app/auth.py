@@ -5,9 +5,10 @@ an unauthenticated client learns nothing (not even whether a collection exists, 
 whether its JSON is valid): every protected request without the right key gets the
 same 401 problem. The key is compared in constant time and never logged.
 
-Public without a key: ``/healthz``, ``/readyz`` and ``/metrics`` when
-``public_health`` is true; ``/docs``, ``/redoc`` and ``/openapi.json`` when
-``public_docs`` is true (the schema describes the API and holds no data).
+Public without a key: ``/healthz`` and ``/readyz`` when ``public_health`` is true;
+``/docs``, ``/redoc`` and ``/openapi.json`` when ``public_docs`` is true (the schema
+describes the API and holds no data). ``/metrics`` names every collection and
+calibrator in its labels, so it needs the key unless ``public_metrics`` opts in.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.errors import render_problem
 from app.exceptions import UnauthorizedError
 
-HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+METRICS_PATHS = frozenset({"/metrics"})
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 # Declared on the /v1 routers so OpenAPI shows the scheme (and Swagger UI offers
@@ -34,13 +36,17 @@ bearer_scheme = HTTPBearer(
 )
 
 
-def public_paths(*, public_health: bool, public_docs: bool) -> frozenset[str]:
+def public_paths(
+    *, public_health: bool, public_docs: bool, public_metrics: bool
+) -> frozenset[str]:
     """Paths served without a key."""
     paths: set[str] = set()
     if public_health:
         paths |= HEALTH_PATHS
     if public_docs:
         paths |= DOCS_PATHS
+    if public_metrics:
+        paths |= METRICS_PATHS
     return frozenset(paths)
 
 

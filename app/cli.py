@@ -9,9 +9,12 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -35,30 +38,44 @@ def _headers() -> dict[str, str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the HTTP service in this process."""
-    import uvicorn
+    """Run the HTTP service in this process.
+
+    Invalid settings (say an empty ``NORMCAL_API_KEY``) end it with one line on
+    stderr and exit status 2, before anything loads.
+    """
+    from pydantic import ValidationError
 
     from app.main import create_app
+    from app.observability import configure_logging
+    from app.serving import serve
     from app.settings import Settings
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     overrides: dict[str, Any] = {}
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
-    settings = Settings(**overrides)
-    from app.observability import configure_logging
-
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        print(f"normcal: invalid settings: {_settings_errors(error)}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, json_lines=settings.log_format == "json")
-    uvicorn.run(
+    return serve(
         create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_config=None,  # keep configure_logging's handlers
-        access_log=False,  # AccessLogMiddleware logs each request with its id
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=30,
+        settings,
+        host=settings.host if args.host is None else args.host,
+        port=settings.port if args.port is None else args.port,
+        port_file=args.port_file,
     )
-    return 0
+
+
+def _settings_errors(error: ValidationError) -> str:
+    """One line naming each bad ``NORMCAL_*`` variable and why (never its value)."""
+    parts = []
+    for item in error.errors(include_input=False):
+        name = "NORMCAL_" + "_".join(str(p) for p in item["loc"]).upper()
+        parts.append(f"{name}: {item['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
 
 
 def ingest_documents(
@@ -218,8 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default=None, help="default: NORMCAL_HOST, 127.0.0.1")
+    serve.add_argument(
+        "--port", type=int, default=None, help="default: NORMCAL_PORT, 8000; 0: any"
+    )
+    serve.add_argument(
+        "--port-file",
+        type=Path,
+        default=None,
+        help="write the bound port here once the socket is bound (for --port 0)",
+    )
     serve.add_argument(
         "--data-dir", type=Path, default=None, help="overrides NORMCAL_DATA_DIR"
     )

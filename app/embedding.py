@@ -6,8 +6,10 @@ module (theory.md §4.8): for all-MiniLM-L6-v2 that is the mean-pooled token emb
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -92,7 +94,12 @@ class SentenceTransformerEmbedder:
             # Keep the pooled vector's length: rebuild the pipeline without Normalize.
             model = SentenceTransformer(modules=modules[:-1], device=device)
         self._model = model
-        self._tokenizer = model.tokenizer
+        # Token counting needs truncation and padding off; a fast tokenizer keeps
+        # those as mutable state that ``encode`` sets on every call from any pool
+        # thread. Counting on the shared one made concurrent encodes fail (ragged
+        # batches), so it gets its own copy, and a lock because it is stateful too.
+        self._counter = copy.deepcopy(model.tokenizer)
+        self._counter_lock = threading.Lock()
         self.model_name = model_name
         self.prompts: dict[InputType, str] = dict(prompts or {})
         self.batch_size = batch_size
@@ -106,10 +113,11 @@ class SentenceTransformerEmbedder:
         self.dim = int(dim)
 
     def token_counts(self, texts: list[str]) -> NDArray[np.int64]:
-        """Untruncated token counts, special tokens included."""
-        encoded = self._tokenizer(
-            texts, add_special_tokens=True, truncation=False, verbose=False
-        )
+        """Untruncated token counts, special tokens included (thread-safe)."""
+        with self._counter_lock:
+            encoded = self._counter(
+                texts, add_special_tokens=True, truncation=False, verbose=False
+            )
         return np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
 
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:

@@ -49,7 +49,9 @@ def create_app(
         ApiKeyMiddleware,
         api_key=settings.api_key,
         public=public_paths(
-            public_health=settings.public_health, public_docs=settings.public_docs
+            public_health=settings.public_health,
+            public_docs=settings.public_docs,
+            public_metrics=settings.public_metrics,
         ),
     )
     app.add_middleware(

@@ -7,10 +7,15 @@ the tests read them from an instance of :class:`Settings`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 
 def default_model_path() -> str:
@@ -44,6 +49,22 @@ class Limits(BaseSettings):
     max_id_chars: int = Field(256, ge=1, description="characters of a document id")
     max_judgments_per_fit: int = Field(20_000, ge=1, description="judgments per fit")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="request body")
+
+
+class _ApiKeyEvenIfEmpty(EnvSettingsSource):
+    """``NORMCAL_API_KEY`` as set, empty included.
+
+    Settings ignore empty variables (an empty ``NORMCAL_MODEL_PATH`` means the
+    default), but an empty key read that way would silently mean "no auth": this
+    source hands it to the validator, which refuses it.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls, env_ignore_empty=False)
+
+    def __call__(self) -> dict[str, Any]:
+        values = super().__call__()
+        return {"api_key": values["api_key"]} if "api_key" in values else {}
 
 
 class Settings(BaseSettings):
@@ -81,8 +102,15 @@ class Settings(BaseSettings):
         ge=1,
         description="SQLite connections kept open (3 fds each); idle ones reopen on use",
     )
-    api_key: SecretStr | None = Field(None, description="bearer token; unset = no auth")
-    public_health: bool = Field(True, description="health/metrics need no API key")
+    api_key: SecretStr | None = Field(
+        None,
+        description="bearer token; unset = no auth; empty or padded refuses to start",
+    )
+    public_health: bool = Field(True, description="/healthz and /readyz need no key")
+    public_metrics: bool = Field(
+        False,
+        description="/metrics (it names collections and calibrators) needs no key",
+    )
     public_docs: bool = Field(
         True, description="/docs, /redoc and /openapi.json need no API key"
     )
@@ -91,3 +119,54 @@ class Settings(BaseSettings):
         "json", description="serve logs: one JSON object per line, or plain text"
     )
     limits: Limits = Field(default_factory=Limits)
+    host: str = Field("127.0.0.1", description="`normcal serve` address")
+    port: int = Field(8000, ge=0, le=65535, description="`normcal serve` port; 0: any")
+    header_timeout: float = Field(
+        10.0, gt=0, description="seconds a client has to send a request's head"
+    )
+    body_timeout: float = Field(
+        60.0, gt=0, description="seconds a client has to send a request's whole body"
+    )
+    keepalive_timeout: int = Field(
+        5, ge=1, description="seconds an idle keep-alive connection stays open"
+    )
+    max_connections: int = Field(
+        256, ge=1, description="open connections beyond which requests get 503"
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The default sources, then an empty ``NORMCAL_API_KEY`` (to refuse it)."""
+        return (
+            init_settings,
+            env_settings,
+            _ApiKeyEvenIfEmpty(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_key(cls, key: SecretStr | None) -> SecretStr | None:
+        """Refuse a key no client can send: empty, padded, or not printable ASCII."""
+        if key is None:
+            return None
+        value = key.get_secret_value()
+        if not value:
+            raise ValueError(
+                "must not be empty (set one, or unset it to run without auth)"
+            )
+        if value != value.strip():
+            raise ValueError(
+                "must not start or end with whitespace (it could never match)"
+            )
+        if not (value.isascii() and value.isprintable()):
+            raise ValueError("must be printable ASCII (it is sent in an HTTP header)")
+        return key

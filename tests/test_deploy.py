@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.app.server import free_port
+from tests.app.server import wait_for_port_file
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -217,14 +217,19 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
     )
     assert os.access(ENTRYPOINT, os.X_OK)
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = host_env(tmp_path, port, NORMCAL_API_KEY="k3y")
+    env = host_env(tmp_path, 0, NORMCAL_API_KEY="k3y")  # port 0: the kernel picks
     probe = json.loads(instr("HEALTHCHECK")[0].split("CMD", 1)[1])
     probe[0] = sys.executable
 
-    proc = subprocess.Popen([str(ENTRYPOINT)], env=env, stdout=subprocess.DEVNULL)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [str(ENTRYPOINT), "--port-file", str(port_file)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     try:
+        env["NORMCAL_PORT"] = str(wait_for_port_file(port_file, proc, 120))
+        url = f"http://127.0.0.1:{env['NORMCAL_PORT']}"
         wait_ready(proc, url)
         # exec: the server replaced the shell, so SIGTERM reaches uvicorn directly
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")

@@ -1,14 +1,20 @@
-"""``GET /metrics``: Prometheus text exposition (outside ``/v1``)."""
+"""``GET /metrics``: Prometheus text exposition (outside ``/v1``).
+
+Its labels name every collection and calibrator, so when the server has an API key
+the scrape must send it too (``Authorization: Bearer``), unless the operator sets
+``NORMCAL_PUBLIC_METRICS=true``; see :mod:`app.auth`.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 
+from app.auth import bearer_scheme
 from app.deps import ServiceDep
 from app.exceptions import NotFoundError
 from app.observability import METRICS_CONTENT_TYPE
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
 
 
 @router.get(

@@ -8,17 +8,19 @@ from typing import Any
 
 import uvicorn
 
-from tests.app.server import free_port
-
 
 class ThreadServer:
-    """Serve ``app`` on 127.0.0.1:<free port> from a background thread."""
+    """Serve ``app`` on 127.0.0.1 from a background thread.
+
+    It binds port 0 (the kernel picks a free port, no race); ``port`` and ``url``
+    are set once it has started.
+    """
 
     def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -30,6 +32,9 @@ class ThreadServer:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.05)
+        sockets = self.server.servers[0].sockets
+        self.port = int(sockets[0].getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
         return self
 
     def __exit__(self, *exc: object) -> None:

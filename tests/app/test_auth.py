@@ -92,11 +92,41 @@ def test_401_does_not_reveal_whether_a_collection_exists(locked):
     assert locked.get("/v1/collections/kb", headers=AUTH).json()["documents"] == 0
 
 
-def test_health_metrics_and_docs_public_by_default(locked):
-    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"):
+def test_health_and_docs_public_by_default(locked):
+    for path in ("/healthz", "/readyz", "/openapi.json", "/docs"):
         assert locked.get(path).status_code == 200, path
     schemes = locked.get("/openapi.json").json()["components"]["securitySchemes"]
     assert schemes["apiKey"]["scheme"] == "bearer"
+
+
+def test_metrics_need_the_key_when_one_is_set(locked):
+    """/metrics names collections and calibrators: private unless opted in."""
+    _unauthorized(locked.get("/metrics"))
+    r = locked.get("/metrics", headers=AUTH)
+    assert r.status_code == 200 and 'collection="kb"' in r.text
+
+
+def test_metrics_can_be_made_public(tmp_path, embedder):
+    with _client(tmp_path, embedder, api_key=KEY, public_metrics=True) as c:
+        assert c.get("/metrics").status_code == 200
+
+
+def test_metrics_are_public_without_a_key(client):
+    assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "bad", ["", " ", f" {KEY}", f"{KEY}\n", f"{KEY}\t", "k\x7fy", "cl\u00e9"]
+)
+def test_unusable_keys_are_refused_at_settings(tmp_path, embedder, monkeypatch, bad):
+    """An empty key would silently disable auth; a padded one can never match."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="api_key"):
+        Settings(api_key=bad)
+    monkeypatch.setenv("NORMCAL_API_KEY", bad)
+    with pytest.raises(ValidationError, match="api_key"):
+        create_app(Settings(), embedder=embedder)
 
 
 def test_health_and_docs_can_be_protected(tmp_path, embedder):

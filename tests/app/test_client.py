@@ -446,14 +446,15 @@ def test_real_validation_errors_are_typed(nc):
 
 
 def test_real_connection_refused_is_typed():
-    from tests.app.server import free_port
+    from tests.app.server import refused_port
 
-    client = NormcalClient(
-        f"http://127.0.0.1:{free_port()}",
-        retry=RetryPolicy(max_attempts=2, backoff=0.01),
-    )
-    with pytest.raises(ConnectionFailed):
-        client.healthz()
+    with refused_port() as port:
+        client = NormcalClient(
+            f"http://127.0.0.1:{port}",
+            retry=RetryPolicy(max_attempts=2, backoff=0.01),
+        )
+        with pytest.raises(ConnectionFailed):
+            client.healthz()
 
 
 def test_real_auth(tmp_path, embedder):
