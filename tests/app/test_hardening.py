@@ -211,27 +211,53 @@ def test_no_file_is_created_outside_the_data_dir(small, data_dir):
 
 
 # -- overload: the pool refuses instead of queueing forever ----------------------------
+class GatedEmbedder:
+    """The real embedder whose first call waits for ``release``: that call holds the
+    pool's only slot for as long as the test needs, whatever the machine's speed."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.model_name, self.dim = inner.model_name, inner.dim
+        self.max_seq_length = inner.max_seq_length
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def embed(self, texts, input_type):
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(120)
+        return self.inner.embed(texts, input_type)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 @pytest.mark.anyio
 async def test_overload_is_503_with_retry_after(data_dir, embedder):
     settings = Settings(data_dir=data_dir, worker_threads=1, max_pending_jobs=1)
-    app = create_app(settings, embedder=embedder)
-    texts = [f"sentence number {i} about overload and retries" for i in range(128)]
+    gated = GatedEmbedder(embedder)
+    app = create_app(settings, embedder=gated)
+    body = {"texts": ["sentence about overload and retries"]}
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://t"
         ) as client:
-            responses = await asyncio.gather(
-                *(client.post("/v1/embed", json={"texts": texts}) for _ in range(6))
-            )
-            statuses = sorted(r.status_code for r in responses)
-            assert statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
-            assert set(statuses) == {200, 503}
-            for r in responses:
-                if r.status_code == 503:
-                    assert r.headers["retry-after"] == "1"
-                    assert r.headers["content-type"] == "application/problem+json"
-                    assert r.json()["type"] == "/problems/overloaded"
+            first = asyncio.ensure_future(client.post("/v1/embed", json=body))
+            try:
+                # The first job is running in the pool's only slot: the rest refuse.
+                assert await asyncio.to_thread(gated.entered.wait, 120)
+                refused = await asyncio.gather(
+                    *(client.post("/v1/embed", json=body) for _ in range(5))
+                )
+            finally:
+                gated.release.set()
+            assert (await first).status_code == 200
+            for r in refused:
+                assert r.status_code == 503
+                assert r.headers["retry-after"] == "1"
+                assert r.headers["content-type"] == "application/problem+json"
+                assert r.json()["type"] == "/problems/overloaded"
             # Once the queue drains, the service answers again.
             again = await client.post("/v1/embed", json={"texts": ["hello"]})
             assert again.status_code == 200
