@@ -20,6 +20,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -129,6 +130,13 @@ class Metrics:
             "normcal_http_requests",
             "HTTP requests by method, route template and status.",
             ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "normcal_http_requests_in_flight",
+            "HTTP requests being served now, by method and route template "
+            "(what a graceful shutdown waits for).",
+            ["method", "route"],
             registry=self.registry,
         )
         self.latency = Histogram(
@@ -263,6 +271,8 @@ class AccessLogMiddleware:
             return
         started = time.perf_counter()
         status = 500
+        route = self.templates(scope)
+        method = str(scope.get("method", ""))
 
         async def send_and_record(message: Message) -> None:
             nonlocal status
@@ -271,11 +281,10 @@ class AccessLogMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_record)
+            with self.metrics.in_flight.labels(method, route).track_inprogress():
+                await self.app(scope, receive, send_and_record)
         finally:
             seconds = time.perf_counter() - started
-            route = self.templates(scope)
-            method = str(scope.get("method", ""))
             self.metrics.observe_request(method, route, status, seconds)
             access_logger.info(
                 "request",

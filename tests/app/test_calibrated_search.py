@@ -37,18 +37,25 @@ def scifact():
     return docs, judgments
 
 
+def _load(client: TestClient, name: str, docs: list[dict[str, str]]) -> None:
+    """Create collection ``name`` holding ``docs``."""
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    for start in range(0, len(docs), 128):
+        r = client.put(
+            f"/v1/collections/{name}/documents",
+            json={"documents": docs[start : start + 128]},
+        )
+        assert r.status_code == 200, r.text
+
+
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, embedder, scifact):
+    """One app for the module; tests that store feedback use their own collection,
+    since stored feedback joins every later fit of ``sci`` (include_feedback)."""
     docs, _ = scifact
     settings = Settings(data_dir=tmp_path_factory.mktemp("calibrated"))
     with TestClient(create_app(settings, embedder=embedder)) as c:
-        assert c.post("/v1/collections", json={"name": "sci"}).status_code == 201
-        for start in range(0, len(docs), 128):
-            r = c.put(
-                "/v1/collections/sci/documents",
-                json={"documents": docs[start : start + 128]},
-            )
-            assert r.status_code == 200, r.text
+        _load(c, "sci", docs)
         yield c
 
 
@@ -66,11 +73,15 @@ def _active(client):
     return client.get("/v1/collections/sci").json()["calibrator"]
 
 
-def test_default_profile_serves_a_fresh_collection(client):
-    r = client.post("/v1/collections/sci/search", json={"query": "vitamin D and bone"})
+def test_default_profile_serves_a_fresh_collection(client, scifact):
+    docs, _ = scifact
+    _load(client, "fresh", docs[:20])  # "sci" gets a fitted calibrator in this module
+    r = client.post(
+        "/v1/collections/fresh/search", json={"query": "vitamin D and bone"}
+    )
     body = r.json()
     assert body["calibrator"]["default"] is True
-    assert all(0 <= h["probability"] <= 1 for h in body["hits"])
+    assert body["hits"] and all(0 <= h["probability"] <= 1 for h in body["hits"])
     assert 0 <= body["confidence"] <= 1 and isinstance(body["abstain"], bool)
 
 
@@ -225,19 +236,20 @@ def test_bad_judgments_are_4xx_and_change_nothing(client, fitted, scifact, case)
 
 
 def test_feedback_feeds_the_next_fit(client, scifact):
-    _, judgments = scifact
+    docs, judgments = scifact
+    _load(client, "fb", docs)  # not "sci": its fits must not see this feedback
     bad = client.post(
-        "/v1/collections/sci/feedback",
+        "/v1/collections/fb/feedback",
         json={"judgments": [{"query": "q", "document_id": "nope", "relevance": 1}]},
     )
     assert_problem(bad)
-    r = client.post("/v1/collections/sci/feedback", json={"judgments": judgments})
+    r = client.post("/v1/collections/fb/feedback", json={"judgments": judgments})
     assert r.status_code == 201 and r.json() == {
         "stored": len(judgments),
         "total": len(judgments),
     }
     fit = client.post(
-        "/v1/collections/sci/calibrators",
+        "/v1/collections/fb/calibrators",
         json={"judgments": [], "k": 10, "method": "platt", "activate": False},
     )
     assert fit.status_code == 201, fit.text
@@ -248,12 +260,7 @@ def test_calibrators_survive_restart(tmp_path, embedder, scifact):
     docs, judgments = scifact
     settings = Settings(data_dir=tmp_path)
     with TestClient(create_app(settings, embedder=embedder)) as c:
-        c.post("/v1/collections", json={"name": "sci"})
-        for start in range(0, len(docs), 128):
-            c.put(
-                "/v1/collections/sci/documents",
-                json={"documents": docs[start : start + 128]},
-            )
+        _load(c, "sci", docs)
         fitted = c.post(
             "/v1/collections/sci/calibrators",
             json={"judgments": judgments, "k": 5, "method": "nt"},

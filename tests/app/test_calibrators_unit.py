@@ -1,9 +1,11 @@
-"""Profiles without HTTP: fitting speed, scoring, JSON round trip, search cuts."""
+"""Profiles without HTTP: scoring, JSON round trip, search cuts.
+
+How long a fit takes is measured by ``benchmarks/fit_speed.py``, not asserted here.
+"""
 
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -46,18 +48,6 @@ def profile() -> Profile:
         doc_tokens=rng.integers(60, 256, 2000),
         model="test-model",
     )
-
-
-def test_fitting_300_queries_by_20_hits_takes_seconds():
-    evidence = synthetic_evidence(300, seed=2)
-    started = time.perf_counter()
-    fit_profile(
-        evidence,
-        doc_norms=np.full(100, 3.0) + np.linspace(-0.3, 0.3, 100),
-        doc_tokens=np.arange(100) + 50,
-        model="m",
-    )
-    assert time.perf_counter() - started < 20.0
 
 
 def test_profile_reports_every_method(profile):

@@ -1,10 +1,13 @@
 """Parallel upserts and searches on one collection stay consistent.
 
-Writers upsert (and re-upsert) batches while readers search, for a bounded time,
-through the real ASGI stack in-process. Afterwards every acknowledged document is
-searchable and SQLite and FAISS agree; during the run no search returned an id twice
-or a hit whose text is not that document's text; and the event loop stayed free
-(CPU work runs in the pool), measured by the latency of ``/healthz`` meanwhile.
+Writers upsert (and re-upsert) batches while readers search, through the real ASGI
+stack in-process, until enough work is done (the run ends on counts, never on a
+clock, so a busy machine only makes it slower). Afterwards every acknowledged
+document is searchable and SQLite and FAISS agree; during the run no search returned
+an id twice or a hit whose text is not that document's text; and the event loop
+stayed free: CPU work ran on pool threads, and ``/healthz`` answered 200 while an
+embedding call was running (how fast it answers is measured by
+``benchmarks/load.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from app.main import create_app
 from app.registry import Collection
 from app.settings import Settings
 
-DURATION_S = 6.0
+MIN_ACKED = 96  # documents acknowledged; writers stop once every goal is met
+MIN_SEARCHES = 30
+SAFETY_S = 300.0  # only bounds a hang; the goals are counts
 WORDS = (
     "river mountain protein galaxy violin harbour enzyme glacier poem lantern "
     "orbit falcon copper meadow circuit thunder saffron vaccine canyon marble"
@@ -40,17 +45,26 @@ def anyio_backend():
 
 
 class ThreadRecordingEmbedder:
-    """The real embedder, noting which thread each call ran on."""
+    """The real embedder, noting which thread each call ran on and counting calls
+    started and finished (to tell whether one is running)."""
 
     def __init__(self, inner):
         self.inner = inner
         self.model_name, self.dim = inner.model_name, inner.dim
         self.max_seq_length = inner.max_seq_length
         self.threads: set[str] = set()
+        self.started = self.finished = 0
+        self._lock = threading.Lock()
 
     def embed(self, texts, input_type):
         self.threads.add(threading.current_thread().name)
-        return self.inner.embed(texts, input_type)
+        with self._lock:
+            self.started += 1
+        try:
+            return self.inner.embed(texts, input_type)
+        finally:
+            with self._lock:
+                self.finished += 1
 
 
 @pytest.mark.anyio
@@ -75,8 +89,16 @@ async def test_parallel_upserts_and_searches_stay_consistent(
     acked: set[int] = set()
     errors: list[str] = []
     searches = 0
-    health_latency: list[float] = []
-    deadline = time.monotonic() + DURATION_S
+    pings = pings_during_embedding = 0
+    safety = time.monotonic() + SAFETY_S
+
+    def running() -> bool:
+        met = (
+            len(acked) >= MIN_ACKED
+            and searches >= MIN_SEARCHES
+            and pings_during_embedding >= 1
+        )
+        return not met and not errors and time.monotonic() < safety
 
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
@@ -89,7 +111,7 @@ async def test_parallel_upserts_and_searches_stay_consistent(
             async def writer(w: int) -> None:
                 n = 0
                 rng = random.Random(w)
-                while time.monotonic() < deadline:
+                while running():
                     fresh = [w * 100_000 + n + j for j in range(4)]
                     n += 4
                     # Re-upsert two acknowledged ids too: replace = FAISS remove+add.
@@ -107,7 +129,7 @@ async def test_parallel_upserts_and_searches_stay_consistent(
             async def reader(s: int) -> None:
                 nonlocal searches
                 rng = random.Random(1000 + s)
-                while time.monotonic() < deadline:
+                while running():
                     query = " ".join(rng.choice(WORDS) for _ in range(4))
                     r = await client.post(
                         "/v1/collections/c/search",
@@ -126,12 +148,17 @@ async def test_parallel_upserts_and_searches_stay_consistent(
                     searches += 1
 
             async def pinger() -> None:
-                while time.monotonic() < deadline:
-                    started = time.perf_counter()
+                nonlocal pings, pings_during_embedding
+                while running():
+                    started_before = recording.started
                     r = await client.get("/healthz")
-                    health_latency.append(time.perf_counter() - started)
                     assert r.status_code == 200
-                    await asyncio.sleep(0.05)
+                    pings += 1
+                    # Fewer calls finished than had started before the ping: one of
+                    # them ran all through it, on a pool thread, as the loop served.
+                    if recording.finished < started_before:
+                        pings_during_embedding += 1
+                    await asyncio.sleep(0.01)
 
             await asyncio.gather(
                 *(writer(w) for w in range(3)),
@@ -140,7 +167,8 @@ async def test_parallel_upserts_and_searches_stay_consistent(
             )
 
             assert not errors, errors[:5]
-            assert len(acked) >= 12 and searches >= 10, (len(acked), searches)
+            assert len(acked) >= MIN_ACKED and searches >= MIN_SEARCHES
+            assert pings_during_embedding >= 1, (pings, "no ping while embedding")
             info = (await client.get("/v1/collections/c")).json()
             assert info["documents"] == info["indexed"] == len(acked)
 
@@ -159,5 +187,3 @@ async def test_parallel_upserts_and_searches_stay_consistent(
     # CPU work ran in the bounded pool, never on the event loop's thread.
     assert recording.threads and cpu_threads
     assert all(t.startswith("normcal-cpu") for t in recording.threads | cpu_threads)
-    # The loop kept serving while the pool embedded: no multi-second stalls.
-    assert health_latency and max(health_latency) < 2.5, max(health_latency)

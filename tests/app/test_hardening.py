@@ -5,9 +5,13 @@ shutdown that lets an in-flight request finish."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,6 +19,7 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.settings import Limits, Settings
@@ -206,27 +211,53 @@ def test_no_file_is_created_outside_the_data_dir(small, data_dir):
 
 
 # -- overload: the pool refuses instead of queueing forever ----------------------------
+class GatedEmbedder:
+    """The real embedder whose first call waits for ``release``: that call holds the
+    pool's only slot for as long as the test needs, whatever the machine's speed."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.model_name, self.dim = inner.model_name, inner.dim
+        self.max_seq_length = inner.max_seq_length
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def embed(self, texts, input_type):
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(120)
+        return self.inner.embed(texts, input_type)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 @pytest.mark.anyio
 async def test_overload_is_503_with_retry_after(data_dir, embedder):
     settings = Settings(data_dir=data_dir, worker_threads=1, max_pending_jobs=1)
-    app = create_app(settings, embedder=embedder)
-    texts = [f"sentence number {i} about overload and retries" for i in range(128)]
+    gated = GatedEmbedder(embedder)
+    app = create_app(settings, embedder=gated)
+    body = {"texts": ["sentence about overload and retries"]}
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://t"
         ) as client:
-            responses = await asyncio.gather(
-                *(client.post("/v1/embed", json={"texts": texts}) for _ in range(6))
-            )
-            statuses = sorted(r.status_code for r in responses)
-            assert statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
-            assert set(statuses) == {200, 503}
-            for r in responses:
-                if r.status_code == 503:
-                    assert r.headers["retry-after"] == "1"
-                    assert r.headers["content-type"] == "application/problem+json"
-                    assert r.json()["type"] == "/problems/overloaded"
+            first = asyncio.ensure_future(client.post("/v1/embed", json=body))
+            try:
+                # The first job is running in the pool's only slot: the rest refuse.
+                assert await asyncio.to_thread(gated.entered.wait, 120)
+                refused = await asyncio.gather(
+                    *(client.post("/v1/embed", json=body) for _ in range(5))
+                )
+            finally:
+                gated.release.set()
+            assert (await first).status_code == 200
+            for r in refused:
+                assert r.status_code == 503
+                assert r.headers["retry-after"] == "1"
+                assert r.headers["content-type"] == "application/problem+json"
+                assert r.json()["type"] == "/problems/overloaded"
             # Once the queue drains, the service answers again.
             again = await client.post("/v1/embed", json={"texts": ["hello"]})
             assert again.status_code == 200
@@ -238,35 +269,77 @@ def anyio_backend():
 
 
 # -- graceful shutdown: SIGTERM lets the in-flight request finish ------------------------
+def _until(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """Poll ``condition`` until it holds; the deadline only bounds a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still not true after {timeout} s: {what}")
+        time.sleep(0.05)
+
+
 def test_sigterm_finishes_in_flight_request_and_closes_sqlite(tmp_path):
+    """The upsert is held in flight by the test itself (half its body sent), so
+    SIGTERM provably lands while it runs, whatever the machine's speed."""
     data_dir = tmp_path / "data"
     server = ServerProcess(data_dir).start()
     with httpx.Client(base_url=server.url, timeout=120) as c:
         assert c.post("/v1/collections", json={"name": "slow"}).status_code == 201
-    docs = [
-        {"id": f"d{i}", "text": f"document {i} " + "lorem ipsum dolor sit amet " * 12}
-        for i in range(256)
-    ]
+    docs = [{"id": f"d{i}", "text": f"document {i} about shutdown"} for i in range(8)]
+    body = json.dumps({"documents": docs}).encode()
+    release = threading.Event()
+
+    def body_in_two_parts() -> Iterator[bytes]:
+        yield body[: len(body) // 2]
+        release.wait(120)
+        yield body[len(body) // 2 :]
+
     result: dict[str, httpx.Response] = {}
 
     def upsert() -> None:
         with httpx.Client(base_url=server.url, timeout=120) as c:
             result["r"] = c.put(
-                "/v1/collections/slow/documents", json={"documents": docs}
+                "/v1/collections/slow/documents",
+                content=body_in_two_parts(),
+                headers={
+                    "content-type": "application/json",
+                    "content-length": str(len(body)),
+                },
             )
+
+    def upsert_in_flight() -> bool:
+        metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+        return any(
+            s.labels == {"method": "PUT", "route": "/v1/collections/{name}/documents"}
+            and s.value == 1
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "normcal_http_requests_in_flight"
+            for s in family.samples
+        )
+
+    def refuses_new_connections() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", server.port), timeout=30).close()
+        except ConnectionRefusedError:
+            return True
+        return False
 
     writer = threading.Thread(target=upsert)
     writer.start()
-    time.sleep(0.8)  # embedding 256 texts of ~80 tokens takes seconds on 2 cores
-    assert writer.is_alive(), "the request finished before SIGTERM; make it slower"
-    started = time.monotonic()
-    returncode = server.stop()
-    writer.join(60)
+    try:
+        _until(upsert_in_flight, "the server is serving the upsert")
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        _until(refuses_new_connections, "the server stopped listening after SIGTERM")
+    finally:
+        release.set()
+    writer.join(120)
     assert result["r"].status_code == 200, result["r"].text
-    assert result["r"].json()["upserted"] == 256
+    assert result["r"].json()["upserted"] == len(docs)
+    # Not server.stop(): a second SIGTERM would make uvicorn force its exit.
+    returncode = server.proc.wait(120)
     assert returncode in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
-    assert time.monotonic() - started < 60
     db = data_dir / "slow.sqlite3"
     assert not Path(f"{db}-wal").exists(), "WAL left behind: SQLite was not closed"
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 256
+        assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == len(docs)

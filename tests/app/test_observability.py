@@ -79,6 +79,16 @@ def test_requests_are_counted_per_route_template(used):
     assert not any("kb" in dict(labels).get("route", "") for _, labels in s)
 
 
+def test_in_flight_gauge_counts_requests_being_served(used):
+    s = _samples(used)
+    in_flight = "normcal_http_requests_in_flight"
+    # The scrape itself is being served while it renders; finished requests are not.
+    assert _value(s, in_flight, method="GET", route="/metrics") == 1
+    search = "/v1/collections/{name}/search"
+    assert (in_flight, (("method", "POST"), ("route", search))) in s
+    assert _value(s, in_flight, method="POST", route=search) == 0
+
+
 def test_unknown_paths_share_one_label(client):
     for i in range(5):
         client.get(f"/no/such/path/{i}")

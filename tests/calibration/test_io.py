@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -60,10 +62,32 @@ def test_reference_query_model_policy_round_trip(list_world):
         io.loads(io.dumps(qm)).predict_proba(Q), qm.predict_proba(Q)
     )
 
-    pol = fit_abstain_policy(qm.predict_proba(Q), hit, target_risk=0.01)
-    assert io.loads(io.dumps(pol)) == pol or not pol.certified
-    back_pol = io.loads(io.dumps(pol))
-    assert back_pol.certified == pol.certified and back_pol.threshold == pol.threshold
+
+def test_certified_abstain_policy_round_trip():
+    # Confidence separates queries with a hit from those without (200 queries, 25
+    # misses all below every hit's confidence): answering every hit certifies.
+    rng = np.random.default_rng(0)
+    hit = (np.arange(200) >= 25).astype(float)
+    confidence = np.where(
+        hit == 1, rng.uniform(0.6, 1.0, 200), rng.uniform(0, 0.4, 200)
+    )
+    pol = fit_abstain_policy(confidence, hit, target_risk=0.1, delta=0.1)
+    assert pol.certified and pol.coverage >= 175 / 200
+    back = io.loads(io.dumps(pol))
+    assert back == pol
+    np.testing.assert_array_equal(
+        back.should_abstain(confidence), pol.should_abstain(confidence)
+    )
+
+
+def test_uncertified_abstain_policy_round_trip_keeps_nan_risk():
+    # No query has a hit: nothing certifies and no query is answered (risk NaN).
+    pol = fit_abstain_policy(np.linspace(0, 1, 50), np.zeros(50), target_risk=0.1)
+    assert not pol.certified and math.isnan(pol.empirical_risk)
+    back = io.loads(io.dumps(pol))
+    assert math.isnan(back.empirical_risk)
+    # NaN != NaN, so compare every other field exactly.
+    assert replace(back, empirical_risk=0.0) == replace(pol, empirical_risk=0.0)
 
 
 def test_selection_result_round_trip(list_world):

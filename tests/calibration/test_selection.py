@@ -1,15 +1,15 @@
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from sklearn.base import BaseEstimator
 
 from calibration.exceptions import (
     InsufficientDataError,
     InvalidInputError,
     SingleClassError,
 )
+from calibration.metrics import negative_log_likelihood
 from calibration.models import ListAwareCalibrator, NormTemperedCalibrator
 from calibration.selection import (
     METHODS,
@@ -23,14 +23,12 @@ from calibration.simulate import simulate_judgments
 @pytest.fixture(scope="module")
 def auto_result(list_world):
     d = list_world
-    t0 = time.perf_counter()
-    res = select_calibrator(d.X, d.y, d.groups)
-    return res, time.perf_counter() - t0
+    return select_calibrator(d.X, d.y, d.groups)
 
 
-def test_auto_is_fast_and_reports_every_method(auto_result, list_world):
-    res, seconds = auto_result
-    assert seconds < 10.0  # 300 queries x 20 hits, 5-fold grouped CV
+def test_auto_reports_every_method(auto_result, list_world):
+    # Its speed is measured by benchmarks/fit_speed.py, not asserted here.
+    res = auto_result
     assert set(res.cv) == set(METHODS)
     for m, sc in res.cv.items():
         assert sc.method == m
@@ -40,7 +38,7 @@ def test_auto_is_fast_and_reports_every_method(auto_result, list_world):
 
 
 def test_auto_keeps_best_nll_and_list_model_wins_on_list_world(auto_result):
-    res, _ = auto_result
+    res = auto_result
     assert res.method == "nt-list"
     assert res.cv["nt-list"].nll == min(sc.nll for sc in res.cv.values())
     assert isinstance(res.estimator, ListAwareCalibrator)
@@ -99,24 +97,57 @@ def test_selection_input_errors(list_world):
         make_calibrator("magic")
 
 
-def test_nested_evaluation_is_possible(list_world):
-    # The service's eval: outer grouped CV, selection inside each training fold.
-    from sklearn.model_selection import GroupKFold
+class QueryMemoriser(BaseEstimator):
+    """Near-certain for any row of a query it was fitted on, 1/2 for unseen queries.
 
-    d = list_world
-    nll = []
-    for tr, te in GroupKFold(n_splits=3).split(d.X, d.y, d.groups):
-        res = select_calibrator(d.X[tr], d.y[tr], d.groups[tr], n_splits=3)
-        p = res.estimator.predict_proba(d.X[te])
-        nll.append(-np.mean(d.y[te] * np.log(p) + (1 - d.y[te]) * np.log1p(-p)))
-    assert np.all(np.isfinite(nll))
+    Column 0 of ``X`` carries the query id, so a prediction is 1/2 exactly when the
+    row's query was absent from the training fold.
+    """
+
+    def fit(self, X, y, groups):
+        self.seen_ = np.unique(X[:, 0])
+        return self
+
+    def predict_proba(self, X):
+        return np.where(np.isin(X[:, 0], self.seen_), 0.999, 0.5)
 
 
 def test_cross_val_predict_grouped_is_out_of_fold(list_world):
     d = list_world
-    p = cross_val_predict_grouped(make_calibrator("platt"), d.X, d.y, d.groups)
-    assert p.shape == d.y.shape
-    assert np.all((p > 0) & (p < 1))
+    X = d.X.copy()
+    X[:, 0] = d.groups  # let the memoriser recognise each query
+    p = cross_val_predict_grouped(QueryMemoriser(), X, d.y, d.groups)
+    # Every pair was predicted by a model that never saw any pair of its query.
+    np.testing.assert_array_equal(p, np.full(d.y.shape, 0.5))
+
+
+def test_nested_evaluation_selects_inside_each_training_fold(list_world):
+    # The service's eval: outer grouped CV, selection inside each training fold.
+    from sklearn.model_selection import GroupKFold
+
+    d = list_world
+    held_out = np.full(d.y.shape, np.nan)
+    folds = list(GroupKFold(n_splits=3).split(d.X, d.y, d.groups))
+    for i, (tr, te) in enumerate(folds):
+        res = select_calibrator(d.X[tr], d.y[tr], d.groups[tr], n_splits=3)
+        # Selection counted the training fold's queries only, whatever their ids.
+        assert res.n_queries == len(np.unique(d.groups[tr]))
+        assert res.n_pairs == len(tr) and res.oof_proba.shape == (len(tr),)
+        assert res.method in METHODS
+        if i == 0:
+            # Query ids are names, not positions: renaming them changes nothing.
+            renamed = select_calibrator(
+                d.X[tr], d.y[tr], 7 * d.groups[tr] + 1000, n_splits=3
+            )
+            assert renamed.method == res.method and renamed.cv == res.cv
+        held_out[te] = res.estimator.predict_proba(d.X[te])
+    # Each pair is predicted exactly once, by a model chosen without its query, and
+    # the choice carries to unseen queries: far better than the base rate.
+    assert np.all(np.isfinite(held_out))
+    base = d.y.mean()
+    assert negative_log_likelihood(d.y, held_out) < 0.8 * negative_log_likelihood(
+        d.y, np.full(d.y.shape, base)
+    )
 
 
 def test_auto_serves_platt_when_the_gain_is_within_one_standard_error():
