@@ -1,4 +1,4 @@
-"""Domain errors of the service. ``app/errors.py`` maps each to an HTTP problem.
+"""Domain errors of the service. ``app/api/errors.py`` maps each to an HTTP problem.
 
 ::
 

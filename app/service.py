@@ -13,18 +13,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from app import limits
+from app.api.schemas.calibrators import (
+    CalibratorInfo,
+    FitRequest,
+    Judgment,
+    MethodMetrics,
+)
+from app.api.schemas.collections import CalibratorRef, CollectionInfo
+from app.api.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
+from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.calibrators import Profile, QueryEvidence, fit_profile
+from app.collections.registry import Collection, CollectionRegistry, Hit
+from app.collections.store import NewDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError, NotFoundError
-from app.observability import Metrics
-from app.registry import Collection, CollectionRegistry, Hit
-from app.schemas.calibrators import CalibratorInfo, FitRequest, Judgment, MethodMetrics
-from app.schemas.collections import CalibratorRef, CollectionInfo
-from app.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
-from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
+from app.ops.observability import Metrics
 from app.settings import Settings
-from app.store import NewDocument
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.evaluation import summary_table
+from app.ops.evaluation import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -36,7 +36,7 @@ def run(name: str, extra: list[str], data: Path, draws: int) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "app.cli",
+        "app.ops.cli",
         "eval",
         str(data / dataset),
         "--json",

@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from app.beir import read_corpus  # noqa: E402
-from app.cli import ingest_documents  # noqa: E402
+from normcal_client import NormcalClient  # noqa: E402
+
+from app.ops.beir import read_corpus  # noqa: E402
+from app.ops.cli import ingest_documents  # noqa: E402
 from app.settings import default_model_path  # noqa: E402
 from tests.app.server import ServerProcess  # noqa: E402
 
@@ -46,7 +48,7 @@ def bench_ingest(server: ServerProcess, model, docs: list[dict]) -> dict[str, fl
     started = time.perf_counter()
     model.encode(texts, batch_size=32)
     raw = time.perf_counter() - started
-    with httpx.Client(base_url=server.url, timeout=600) as client:
+    with NormcalClient(server.url, timeout=600) as client:
         ingest_documents(client, "warmup", docs[:64], progress=False)
         http = ingest_documents(client, "ingest", docs, progress=False)
     return {
@@ -62,8 +64,9 @@ def bench_search(
 ) -> dict:
     import faiss
 
+    with NormcalClient(server.url, timeout=600) as nc:
+        ingest_documents(nc, "search10k", docs, progress=False)
     with httpx.Client(base_url=server.url, timeout=600) as client:
-        ingest_documents(client, "search10k", docs, progress=False)
         http: list[float] = []
         for q in queries:
             started = time.perf_counter()

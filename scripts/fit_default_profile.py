@@ -23,9 +23,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main() -> int:
-    from app.beir import embed_corpus, read_qrels, read_queries, retrieve
+    from app.api.lifespan import load_embedder
     from app.calibrators import default_profile_path, fit_profile
-    from app.lifespan import load_embedder
+    from app.ops.beir import embed_corpus, read_qrels, read_queries, retrieve
     from app.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -28,7 +28,7 @@ def clean_environ() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def embedder():
     """The real all-MiniLM-L6-v2 embedder, loaded once per test session."""
-    from app.lifespan import load_embedder
+    from app.api.lifespan import load_embedder
     from app.settings import Settings
 
     return load_embedder(Settings())
@@ -43,7 +43,7 @@ def settings(tmp_path: Path):
 
 @pytest.fixture
 def app(settings, embedder):
-    from app.main import create_app
+    from app.api.app import create_app
 
     return create_app(settings, embedder=embedder)
 

@@ -257,7 +257,7 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
 
 
 def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
     from tests.app.live import ThreadServer
 
@@ -301,7 +301,7 @@ def readme_section(title: str) -> str:
 
 def test_readme_python_examples_run(tmp_path, embedder):
     """The "Use from Python / LangChain" snippets run, in order, against a server."""
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
     from tests.app.live import ThreadServer
 

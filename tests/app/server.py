@@ -49,7 +49,7 @@ def wait_for_port_file(
 
 
 class ServerProcess:
-    """``python -m app.cli serve`` on 127.0.0.1, started and stopped by the test.
+    """``python -m app.ops.cli serve`` on 127.0.0.1, started and stopped by the test.
 
     ``url`` (and ``port``) are set by :meth:`start`; a restart may get another port.
     ``log``, when given, receives the server's stderr (its log); ``nofile`` sets the
@@ -76,7 +76,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
         self._port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0"]
+        cmd = [sys.executable, "-m", "app.ops.cli", "serve", "--port", "0"]
         cmd += ["--port-file", str(self._port_file), "--data-dir", str(self.data_dir)]
         # preexec_fn only when asked, so a caller's own Popen hook keeps working.
         extra = {"preexec_fn": self._limit_files} if self.nofile else {}

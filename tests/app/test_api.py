@@ -135,7 +135,7 @@ def test_delete_document_and_collection(filled):
 def test_collections_survive_restart(settings, embedder, filled):
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.api.app import create_app
 
     filled.close()  # runs the lifespan shutdown: SQLite closed
     with TestClient(create_app(settings, embedder=embedder)) as again:
@@ -148,7 +148,7 @@ def test_collections_survive_restart(settings, embedder, filled):
 def test_hnsw_index_serves_the_same_neighbours(tmp_path, embedder):
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "h", index_type="hnsw")

@@ -7,8 +7,8 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from app.auth import token_matches
-from app.main import create_app
+from app.api.app import create_app
+from app.api.auth import token_matches
 from app.settings import Settings
 
 KEY = "s3cret-token-value"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.beir import read_corpus, read_qrels, read_queries
-from app.main import create_app
+from app.api.app import create_app
+from app.ops.beir import read_corpus, read_qrels, read_queries
 from app.settings import Settings
 from tests.conftest import assert_problem, shared_dataset
 

@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
+from app.api.schemas.search import SearchHit
 from app.calibrators import Profile, QueryEvidence, fit_profile
-from app.schemas.search import SearchHit
 from app.service import _cut
 
 

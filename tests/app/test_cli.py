@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from app.cli import main
-from app.main import create_app
+from app.api.app import create_app
+from app.ops.cli import main
 from app.settings import Settings
 from tests.app.live import ThreadServer
 

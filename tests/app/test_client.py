@@ -365,7 +365,7 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, embedder):
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("client-data"))
@@ -459,7 +459,7 @@ def test_real_connection_refused_is_typed():
 
 def test_real_auth(tmp_path, embedder):
     """With NORMCAL_API_KEY set the key is required."""
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "auth", api_key="s3cret")
@@ -514,7 +514,7 @@ async def test_async_client_against_the_app(app):
 async def test_real_payload_too_large_is_typed(tmp_path, embedder):
     from asgi_lifespan import LifespanManager
 
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Limits, Settings
 
     settings = Settings(data_dir=tmp_path / "d", limits=Limits(max_body_bytes=2048))

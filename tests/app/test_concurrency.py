@@ -21,8 +21,8 @@ import httpx
 import pytest
 from asgi_lifespan import LifespanManager
 
-from app.main import create_app
-from app.registry import Collection
+from app.api.app import create_app
+from app.collections.registry import Collection
 from app.settings import Settings
 
 MIN_ACKED = 96  # documents acknowledged; writers stop once every goal is met

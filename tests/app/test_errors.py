@@ -7,7 +7,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
+from app.api.app import create_app
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 
@@ -206,7 +206,7 @@ def test_request_id_is_echoed(small):
 
 
 def test_internal_errors_do_not_leak(small, monkeypatch):
-    from app.registry import CollectionRegistry
+    from app.collections.registry import CollectionRegistry
 
     def boom(self, name):
         raise RuntimeError("secret internals /etc/passwd")

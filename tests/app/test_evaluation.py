@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.calibrators import QueryEvidence
-from app.evaluation import (
+from app.ops.evaluation import (
     AUTO,
     EvalOptions,
     _query_folds,
@@ -194,11 +194,11 @@ def scifact_slice(tmp_path: Path, n_queries: int = 30, n_extra: int = 40) -> Pat
 def test_cli_eval_on_a_real_scifact_slice(
     tmp_path: Path, embedder, monkeypatch, capsys
 ) -> None:
-    import app.lifespan
-    from app.cli import main
+    import app.api.lifespan
+    from app.ops.cli import main
 
     data = scifact_slice(tmp_path)
-    monkeypatch.setattr(app.lifespan, "load_embedder", lambda _settings: embedder)
+    monkeypatch.setattr(app.api.lifespan, "load_embedder", lambda _settings: embedder)
     out = tmp_path / "report.json"
     args = [
         "eval",

@@ -21,7 +21,7 @@ from asgi_lifespan import LifespanManager
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.main import create_app
+from app.api.app import create_app
 from app.settings import Limits, Settings
 from tests.app.server import ServerProcess
 from tests.conftest import assert_problem

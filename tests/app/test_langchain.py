@@ -31,7 +31,7 @@ DOCS = [
 
 def test_service_and_client_do_not_import_langchain():
     code = (
-        "import sys, app.main, app.client, app.integrations, app.cli; "
+        "import sys, app.api.app, app.client, app.integrations, app.ops.cli; "
         "assert 'langchain_core' not in sys.modules, 'langchain imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -39,7 +39,7 @@ def test_service_and_client_do_not_import_langchain():
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, embedder):
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("lc-data"))

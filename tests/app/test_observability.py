@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.main import create_app
-from app.observability import JsonFormatter
+from app.api.app import create_app
+from app.ops.observability import JsonFormatter
 from app.settings import Settings
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.main import create_app
+from app.api.app import create_app
 from app.settings import Settings
 from tests.app.live import ThreadServer
 

@@ -24,7 +24,7 @@ from schemathesis.checks import (
 )
 from schemathesis.python import asgi
 
-from app.main import create_app
+from app.api.app import create_app
 from app.settings import Limits, Settings
 
 COLLECTION = "kb"

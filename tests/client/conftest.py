@@ -9,7 +9,7 @@ from tests.app.live import ThreadServer
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, embedder):
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("client-data"))

@@ -23,7 +23,7 @@ SERVER_ONLY_ROUTES = {("GET", "/metrics")}
 
 @pytest.fixture(scope="module")
 def openapi(tmp_path_factory) -> dict[str, Any]:
-    from app.main import create_app
+    from app.api.app import create_app
     from app.settings import Settings
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("contract"))

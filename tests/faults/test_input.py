@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.app import create_app
+from app.api.schemas.calibrators import MAX_RELEVANCE
 from app.client import Judgment, NormcalClient
-from app.main import create_app
-from app.schemas.calibrators import MAX_RELEVANCE
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 

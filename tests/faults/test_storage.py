@@ -25,11 +25,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.app import create_app
+from app.collections.registry import CollectionRegistry
+from app.collections.store import build_store
 from app.exceptions import NotFoundError
-from app.main import create_app
-from app.registry import CollectionRegistry
 from app.settings import Settings
-from app.store import build_store
 from tests.app.corpus import CORPUS, QUERIES
 from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
@@ -207,14 +207,14 @@ def test_interrupted_create_leaves_whole_collection_or_none(tmp_path, embedder):
 
 def test_create_never_writes_a_partial_file(tmp_path, monkeypatch):
     """Schema and meta are one transaction under a temporary name: a failure leaves nothing."""
-    import app.store
+    import app.collections.store
 
     def crash(*_args: object) -> None:
         raise KeyboardInterrupt  # stands in for the process dying mid-transaction
 
     registry = CollectionRegistry(tmp_path / "data", model_name=MODEL, dim=384)
     registry.load()
-    monkeypatch.setattr(app.store, "_write_meta", crash)
+    monkeypatch.setattr(app.collections.store, "_write_meta", crash)
     with pytest.raises(KeyboardInterrupt):
         registry.create("kb")
     assert list((tmp_path / "data").iterdir()) == []
@@ -364,19 +364,23 @@ def test_full_disk_gives_507_and_writes_nothing(tmp_path, embedder):
 
 
 def test_injected_enospc_gives_507_and_writes_nothing(client, settings, monkeypatch):
-    import app.store
+    import app.collections.store
 
     def no_space(*_args: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     _filled(client, "kb")
     with monkeypatch.context() as m:
-        m.setattr(app.store, "_seqs_by_id", no_space)  # inside the upsert transaction
+        m.setattr(
+            app.collections.store, "_seqs_by_id", no_space
+        )  # inside the upsert transaction
         docs = [{"id": "new", "text": "a new document"}, {"id": "paris", "text": "x"}]
         r = client.put("/v1/collections/kb/documents", json={"documents": docs})
         assert_problem(r, 507)
     with monkeypatch.context() as m:
-        m.setattr(app.store.os, "fsync", no_space)  # create: after the commit
+        m.setattr(
+            app.collections.store.os, "fsync", no_space
+        )  # create: after the commit
         assert_problem(client.post("/v1/collections", json={"name": "other"}), 507)
     info = client.get("/v1/collections/kb").json()
     assert (info["documents"], info["indexed"]) == (len(DOCS), len(DOCS))

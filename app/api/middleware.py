@@ -8,7 +8,7 @@ import uuid
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import render_problem
+from app.api.errors import render_problem
 from app.exceptions import PayloadTooLargeError
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

@@ -10,10 +10,10 @@ from typing import TypedDict
 from fastapi import FastAPI
 
 from app.calibrators import load_default_profile
+from app.collections.registry import CollectionRegistry
 from app.concurrency import CpuPool
 from app.embedding import Embedder, SentenceTransformerEmbedder
-from app.observability import Metrics
-from app.registry import CollectionRegistry
+from app.ops.observability import Metrics
 from app.service import Service
 from app.settings import Settings
 

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import render_problem
+from app.api.errors import render_problem
 from app.exceptions import UnauthorizedError
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
+from app.api.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 
 # Grades are labels, stored as SQLite integers; int32 is far more than any scale needs.
 MAX_RELEVANCE = 2**31 - 1

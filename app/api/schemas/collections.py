@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.registry import COLLECTION_NAME_PATTERN
-from app.schemas.common import ListEnvelope, RequestModel
+from app.api.schemas.common import ListEnvelope, RequestModel
+from app.collections.registry import COLLECTION_NAME_PATTERN
 
 
 class CollectionCreate(RequestModel):

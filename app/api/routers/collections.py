@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from app.deps import ServiceDep
-from app.errors import PROBLEM_RESPONSES
-from app.routers.params import CollectionName
-from app.schemas.collections import CollectionCreate, CollectionInfo, CollectionList
+from app.api.deps import ServiceDep
+from app.api.errors import PROBLEM_RESPONSES
+from app.api.routers.params import CollectionName
+from app.api.schemas.collections import CollectionCreate, CollectionInfo, CollectionList
 
 router = APIRouter(
     prefix="/collections", tags=["collections"], responses=PROBLEM_RESPONSES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from app.schemas.common import DocumentId, Metadata, MetadataIn, RequestModel, Text
+from app.api.schemas.common import DocumentId, Metadata, MetadataIn, RequestModel, Text
 
 
 class DocumentIn(RequestModel):

@@ -645,7 +645,7 @@ def run_eval(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Embed, retrieve and evaluate one BEIR-layout dataset (``normcal eval``)."""
-    from app.beir import embed_corpus, read_qrels, read_queries, retrieve
+    from app.ops.beir import embed_corpus, read_qrels, read_queries, retrieve
 
     opts = options or EvalOptions()
     say = progress or (lambda _msg: None)

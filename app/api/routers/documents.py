@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from app.deps import ServiceDep
-from app.errors import PROBLEM_RESPONSES
-from app.routers.params import CollectionName, DocumentIdParam
-from app.schemas.documents import DocumentOut, UpsertRequest, UpsertResponse
+from app.api.deps import ServiceDep
+from app.api.errors import PROBLEM_RESPONSES
+from app.api.routers.params import CollectionName, DocumentIdParam
+from app.api.schemas.documents import DocumentOut, UpsertRequest, UpsertResponse
 
 router = APIRouter(
     prefix="/collections/{name}/documents",

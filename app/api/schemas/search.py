@@ -6,8 +6,8 @@ from typing import Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.schemas.collections import CalibratorRef
-from app.schemas.common import Filter, Metadata, Probability, RequestModel, Text
+from app.api.schemas.collections import CalibratorRef
+from app.api.schemas.common import Filter, Metadata, Probability, RequestModel, Text
 
 
 class SearchRequest(RequestModel):

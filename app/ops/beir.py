@@ -153,7 +153,7 @@ def retrieve(
     depth: int,
 ) -> Retrieval:
     """Exact cosine top-``depth`` (FAISS flat inner product) for the given queries."""
-    from app.index import VectorIndex
+    from app.collections.index import VectorIndex
 
     index = VectorIndex(corpus.vectors.shape[1])
     index.add(np.arange(len(corpus.ids), dtype=np.int64), corpus.vectors)

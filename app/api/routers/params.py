@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Path
 
-from app.registry import COLLECTION_NAME_PATTERN
-from app.schemas.common import DOCUMENT_ID_PATTERN
+from app.api.schemas.common import DOCUMENT_ID_PATTERN
+from app.collections.registry import COLLECTION_NAME_PATTERN
 
 CollectionName = Annotated[
     str, Path(pattern=COLLECTION_NAME_PATTERN, description="collection name")

@@ -1,4 +1,4 @@
-"""The application factory: ``uvicorn --factory app.main:create_app``."""
+"""The application factory: ``uvicorn --factory app.api.app:create_app``."""
 
 from __future__ import annotations
 
@@ -6,13 +6,11 @@ from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
-from app.auth import ApiKeyMiddleware, bearer_scheme, public_paths
-from app.embedding import Embedder
-from app.errors import install_error_handlers
-from app.lifespan import make_lifespan
-from app.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from app.observability import AccessLogMiddleware, Metrics, RouteTemplates
-from app.routers import (
+from app.api.auth import ApiKeyMiddleware, bearer_scheme, public_paths
+from app.api.errors import install_error_handlers
+from app.api.lifespan import make_lifespan
+from app.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from app.api.routers import (
     calibrators,
     collections,
     documents,
@@ -21,6 +19,8 @@ from app.routers import (
     metrics,
     search,
 )
+from app.embedding import Embedder
+from app.ops.observability import AccessLogMiddleware, Metrics, RouteTemplates
 from app.settings import Settings
 
 

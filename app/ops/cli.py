@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 if TYPE_CHECKING:
+    from normcal_client import NormcalClient, NormcalError
     from pydantic import ValidationError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -32,11 +31,6 @@ def _batches(
         yield batch
 
 
-def _headers() -> dict[str, str]:
-    key = os.environ.get("NORMCAL_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service in this process.
 
@@ -45,9 +39,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     from pydantic import ValidationError
 
-    from app.main import create_app
-    from app.observability import configure_logging
-    from app.serving import serve
+    from app.api.app import create_app
+    from app.api.serving import serve
+    from app.ops.observability import configure_logging
     from app.settings import Settings
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -78,8 +72,22 @@ def _settings_errors(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _client(url: str, timeout: float) -> NormcalClient:
+    from normcal_client import NormcalClient
+
+    return NormcalClient(
+        url, api_key=os.environ.get("NORMCAL_API_KEY"), timeout=timeout
+    )
+
+
+def _fail(error: NormcalError) -> int:
+    """One line on stderr for an error the server (or the network) reported."""
+    print(f"normcal: {error}", file=sys.stderr)
+    return 1
+
+
 def ingest_documents(
-    client: httpx.Client,
+    client: NormcalClient,
     collection: str,
     docs: list[dict[str, Any]],
     *,
@@ -92,15 +100,10 @@ def ingest_documents(
     """
     from tqdm import tqdm
 
-    created = client.post("/v1/collections", json={"name": collection})
-    if created.status_code not in (201, 409):
-        created.raise_for_status()
+    client.create_collection(collection, exist_ok=True)
 
     def put(batch: list[dict[str, Any]]) -> int:
-        response = client.put(
-            f"/v1/collections/{collection}/documents", json={"documents": batch}
-        )
-        response.raise_for_status()
+        client.upsert_documents(collection, batch, batch_size=len(batch))
         return len(batch)
 
     started = time.perf_counter()
@@ -115,17 +118,18 @@ def ingest_documents(
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Upsert a BEIR corpus into a collection through the HTTP API."""
-    from app.beir import read_corpus
+    from normcal_client import NormcalError
+
+    from app.ops.beir import read_corpus
 
     docs = list(read_corpus(Path(args.data_dir), args.limit))
-    with httpx.Client(base_url=args.url, headers=_headers(), timeout=600) as client:
+    with _client(args.url, timeout=600) as client:
         try:
             elapsed = ingest_documents(
                 client, args.collection, docs, batch_size=args.batch_size
             )
-        except httpx.HTTPStatusError as error:
-            print(f"error: {error.response.text}", file=sys.stderr)
-            return 1
+        except NormcalError as error:
+            return _fail(error)
     rate = len(docs) / elapsed if elapsed > 0 else float("inf")
     print(
         f"ingested {len(docs)} documents into {args.collection!r} "
@@ -136,9 +140,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     """Fit a calibrator on the server from a BEIR split's qrels."""
+    from normcal_client import NormcalError
     from tqdm import tqdm
 
-    from app.beir import read_qrels, read_queries
+    from app.ops.beir import read_qrels, read_queries
 
     data_dir = Path(args.data_dir)
     queries = read_queries(data_dir)
@@ -149,39 +154,35 @@ def cmd_fit(args: argparse.Namespace) -> int:
         if q in queries
         for d, r in docs.items()
     ]
-    body: dict[str, Any] = {
-        "judgments": judgments,
-        "method": args.method,
-        "k": args.k,
-        "abstain_target": args.abstain_target,
-        "allow_reorder": args.allow_reorder,
-    }
     with (
-        httpx.Client(base_url=args.url, headers=_headers(), timeout=3600) as client,
+        _client(args.url, timeout=3600) as client,
         ThreadPoolExecutor(1) as pool,
         tqdm(desc=f"fitting on {len(qrels)} queries", unit="s", file=sys.stderr) as bar,
     ):
         future = pool.submit(
-            client.post, f"/v1/collections/{args.collection}/calibrators", json=body
+            client.fit_calibrator,
+            args.collection,
+            judgments,
+            method=args.method,
+            k=args.k,
+            abstain_target=args.abstain_target,
+            allow_reorder=args.allow_reorder,
         )
         while not future.done():  # the fit is one request: show that it is alive
             time.sleep(1.0)
             bar.update(1)
-        response = future.result()
-    if response.status_code != 201:
-        print(f"error {response.status_code}: {response.text}", file=sys.stderr)
-        return 1
-    info = response.json()
+        try:
+            info = future.result()
+        except NormcalError as error:
+            return _fail(error)
     print(
-        f"calibrator {info['id']} ({info['method']}, active={info['active']}) "
-        f"on {info['report']['n_queries']} queries"
+        f"calibrator {info.id} ({info.method}, active={info.active}) "
+        f"on {info.report['n_queries']} queries"
     )
     print("| method | NLL | Brier | ECE | AUROC |\n|---|---|---|---|---|")
-    for name, m in info["cv"].items():
-        print(
-            f"| {name} | {m['nll']:.4f} | {m['brier']:.4f} | {m['ece']:.4f} | {m['auroc']:.3f} |"
-        )
-    print(f"norm lift: {info['norm_lift'].get('reason', '')}")
+    for name, m in info.cv.items():
+        print(f"| {name} | {m.nll:.4f} | {m.brier:.4f} | {m.ece:.4f} | {m.auroc:.3f} |")
+    print(f"norm lift: {info.norm_lift.get('reason', '')}")
     return 0
 
 
@@ -189,8 +190,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
 
-    from app.evaluation import EvalOptions, method_table, run_eval
-    from app.lifespan import load_embedder
+    from app.api.lifespan import load_embedder
+    from app.ops.evaluation import EvalOptions, method_table, run_eval
     from app.settings import Settings
     from calibration import CalibrationError
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel, Field
 
-from app.auth import token_matches
-from app.deps import ServiceDep
+from app.api.auth import token_matches
+from app.api.deps import ServiceDep
 
 router = APIRouter(tags=["health"])
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 from fastapi.responses import HTMLResponse
 
-from app.deps import ServiceDep
-from app.errors import PROBLEM_RESPONSES
-from app.report import reliability_png, report_html
-from app.routers.params import CollectionName
-from app.schemas.calibrators import (
+from app.api.deps import ServiceDep
+from app.api.errors import PROBLEM_RESPONSES
+from app.api.report import reliability_png, report_html
+from app.api.routers.params import CollectionName
+from app.api.schemas.calibrators import (
     CalibratorInfo,
     CalibratorList,
     FeedbackRequest,

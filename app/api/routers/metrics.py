@@ -2,17 +2,17 @@
 
 Its labels name every collection and calibrator, so when the server has an API key
 the scrape must send it too (``Authorization: Bearer``), unless the operator sets
-``NORMCAL_PUBLIC_METRICS=true``; see :mod:`app.auth`.
+``NORMCAL_PUBLIC_METRICS=true``; see :mod:`app.api.auth`.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from app.auth import bearer_scheme
-from app.deps import ServiceDep
+from app.api.auth import bearer_scheme
+from app.api.deps import ServiceDep
 from app.exceptions import NotFoundError
-from app.observability import METRICS_CONTENT_TYPE
+from app.ops.observability import METRICS_CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
 

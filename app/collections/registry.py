@@ -29,16 +29,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.calibrators import Profile
-from app.concurrency import RWLock
-from app.exceptions import (
-    CollectionUnavailableError,
-    ConflictError,
-    InvalidRequestError,
-    NotFoundError,
-    StorageUnavailableError,
-)
-from app.index import IndexType, VectorIndex
-from app.store import (
+from app.collections.index import IndexType, VectorIndex
+from app.collections.store import (
     CollectionStore,
     MetadataValue,
     NewDocument,
@@ -48,6 +40,14 @@ from app.store import (
     build_store,
     inspect_store,
     storage_errors,
+)
+from app.concurrency import RWLock
+from app.exceptions import (
+    CollectionUnavailableError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StorageUnavailableError,
 )
 
 logger = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from app.collections.registry import CollectionRegistry
     from app.embedding import Embedder, EmbeddingBatch, InputType
-    from app.registry import CollectionRegistry
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("normcal.access")
@@ -252,7 +252,7 @@ class RouteTemplates:
 class AccessLogMiddleware:
     """One structured access-log line and one metrics observation per request.
 
-    Sits inside :class:`~app.middleware.RequestIdMiddleware`, so the request id is
+    Sits inside :class:`~app.api.middleware.RequestIdMiddleware`, so the request id is
     known; a request that ends in an unhandled exception is logged as status 500
     before the exception travels on to the 500 handler.
     """

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import ServiceDep
-from app.errors import PROBLEM_RESPONSES
-from app.schemas.embed import Embedding, EmbedRequest, EmbedResponse
+from app.api.deps import ServiceDep
+from app.api.errors import PROBLEM_RESPONSES
+from app.api.schemas.embed import Embedding, EmbedRequest, EmbedResponse
 
 router = APIRouter(prefix="/embed", tags=["embed"], responses=PROBLEM_RESPONSES)
 

@@ -1,0 +1,1 @@
+"""The HTTP layer: FastAPI factory, lifespan, middleware, auth, errors, routers, schemas."""

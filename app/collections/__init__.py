@@ -1,0 +1,1 @@
+"""Collections: SQLite store (the truth), FAISS index (derived), and their registry."""

@@ -1,0 +1,1 @@
+"""Operations: the CLI, logging and metrics, offline evaluation on BEIR data."""
