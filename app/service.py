@@ -22,7 +22,6 @@ from app.api.schemas.calibrators import (
 from app.api.schemas.collections import CalibratorRef, CollectionInfo
 from app.api.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
-from app.calibrators import Profile, QueryEvidence, fit_profile
 from app.collections.registry import Collection, CollectionRegistry, Hit
 from app.collections.store import NewDocument
 from app.concurrency import CpuPool
@@ -30,6 +29,7 @@ from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.settings import Settings
+from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
 
 logger = logging.getLogger(__name__)
 
@@ -310,6 +310,7 @@ class Service:
     def _info(self, collection: Collection, profile: Profile) -> CalibratorInfo:
         active = self._profile_for(collection)
         report = profile.report
+        abstain = None if report.abstain is None else to_jsonable(report.abstain)
         return CalibratorInfo(
             id=profile.id,
             collection=None if profile.default else collection.name,
@@ -318,10 +319,10 @@ class Service:
             active=active is not None and active.id == profile.id,
             default=profile.default,
             reorders_hits=profile.reorders_hits,
-            cv={m: MethodMetrics(**v) for m, v in report.get("cv", {}).items()},
-            norm_lift=report.get("norm_lift", {}),
-            abstain=report.get("abstain"),
-            report=report,
+            cv={m: MethodMetrics(**to_jsonable(s)) for m, s in report.cv.items()},
+            norm_lift=to_jsonable(report.norm_lift),
+            abstain=abstain,
+            report=report.to_jsonable(),
         )
 
 

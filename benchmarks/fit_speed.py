@@ -29,8 +29,8 @@ import numpy as np
 # Run from a checkout without installing: make the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.calibrators import fit_profile
 from calibration import PlattCalibrator, select_calibrator, simulate_judgments
+from calibration.profile import fit_profile
 from tests.app.test_calibrators_unit import synthetic_evidence
 
 # The list world of tests/calibration/conftest.py.

@@ -12,8 +12,7 @@ IntArray: TypeAlias = NDArray[np.int64]
 BoolArray: TypeAlias = NDArray[np.bool_]
 
 Regime: TypeAlias = Literal["confidence", "conflict", "flat"]
-RegimeOption: TypeAlias = Literal["auto", "confidence", "conflict", "flat"]
-PriorWidth: TypeAlias = Literal["auto", "fixed", "tight", "wide", "flat"]
+PriorWidth: TypeAlias = Literal["auto", "fixed", "tight", "wide", "none"]
 MethodName: TypeAlias = Literal["platt", "isotonic", "nt", "nt-list"]
 BinStrategy: TypeAlias = Literal["uniform", "quantile"]
 
@@ -26,5 +25,4 @@ __all__ = [
     "MethodName",
     "PriorWidth",
     "Regime",
-    "RegimeOption",
 ]

@@ -6,7 +6,7 @@ A payload is strict JSON (no NaN/Infinity literals)::
      "params": {...get_params()...}, "state": {"coef_": {"__ndarray__": [...],
      "dtype": "float64", "shape": [6]}, ...}}
 
-Dataclasses (``AbstainPolicy``, ``SelectionResult``) store ``"fields"`` instead of
+Dataclasses (``AbstainPolicy``, ``SelectionResult``, ``FitReport``) store ``"fields"`` instead of
 params/state. Floats are written with ``repr`` precision, so a round trip restores
 every array bit for bit and ``predict_proba`` is identical. Non-finite floats are
 encoded as ``{"__float__": "nan" | "inf" | "-inf"}``. ``SelectionResult`` keeps its
@@ -35,6 +35,7 @@ from calibration.models import (
     PlattCalibrator,
 )
 from calibration.query import AbstainPolicy, QueryConfidenceModel
+from calibration.report import FitReport, QueryLevelReport
 from calibration.selection import MethodScores, NormLift, SelectionResult
 
 __all__ = ["FORMAT_VERSION", "dumps", "from_dict", "loads", "to_dict"]
@@ -98,6 +99,8 @@ _DATACLASSES: dict[str, type[Any]] = {
     "MethodScores": MethodScores,
     "NormLift": NormLift,
     "ReliabilityCurve": ReliabilityCurve,
+    "FitReport": FitReport,
+    "QueryLevelReport": QueryLevelReport,
 }
 
 
@@ -146,7 +149,7 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
     Parameters
     ----------
-    obj : calibrator, NormReference, QueryConfidenceModel, AbstainPolicy or SelectionResult
+    obj : calibrator, NormReference, QueryConfidenceModel or a report dataclass
         Fitted object.
 
     Returns

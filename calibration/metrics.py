@@ -22,6 +22,8 @@ from calibration._validation import as_float_1d
 from calibration.exceptions import InvalidInputError
 
 __all__ = [
+    "BINNING",
+    "Binning",
     "ReliabilityCurve",
     "TercileReliability",
     "auroc",
@@ -33,6 +35,38 @@ __all__ = [
 ]
 
 NLL_EPS = 1e-15
+
+
+@dataclass(frozen=True)
+class Binning:
+    """A binning protocol of reliability curves and ECE.
+
+    Every reported ECE and reliability diagram uses :data:`BINNING`, so numbers from
+    the fit report, ``normcal eval`` and the report page are comparable.
+    """
+
+    n_bins: int
+    strategy: BinStrategy
+
+    @property
+    def label(self) -> str:
+        """Human-readable name, e.g. ``"15 equal-mass bins"``."""
+        kind = "equal-mass" if self.strategy == "quantile" else "equal-width"
+        return f"{self.n_bins} {kind} bins"
+
+    def curve(self, y_true: ArrayLike, y_prob: ArrayLike) -> ReliabilityCurve:
+        """:func:`reliability_curve` with this protocol."""
+        return reliability_curve(
+            y_true, y_prob, n_bins=self.n_bins, strategy=self.strategy
+        )
+
+    def ece(self, y_true: ArrayLike, y_prob: ArrayLike) -> float:
+        """:func:`expected_calibration_error` with this protocol."""
+        return self.curve(y_true, y_prob).ece
+
+
+BINNING = Binning(n_bins=15, strategy="quantile")
+"""The protocol of theory.md §4.7: 15 equal-mass (quantile) bins."""
 
 
 def _check(y_true: ArrayLike, y_prob: ArrayLike) -> tuple[FloatArray, FloatArray]:
@@ -88,7 +122,7 @@ def reliability_curve(
     y_true: ArrayLike,
     y_prob: ArrayLike,
     *,
-    n_bins: int = 15,
+    n_bins: int = BINNING.n_bins,
     strategy: BinStrategy = "uniform",
 ) -> ReliabilityCurve:
     """Bin predictions and compare mean prediction with observed frequency.
@@ -142,7 +176,7 @@ def expected_calibration_error(
     y_true: ArrayLike,
     y_prob: ArrayLike,
     *,
-    n_bins: int = 15,
+    n_bins: int = BINNING.n_bins,
     strategy: BinStrategy = "uniform",
 ) -> float:
     r"""Compute the ECE :math:`\sum_b \frac{n_b}{n}|\bar y_b - \bar p_b|`.
@@ -157,7 +191,7 @@ def expected_calibration_error(
         Number of bins.
     strategy : {"uniform", "quantile"}, default="uniform"
         ``"uniform"`` for equal-width bins, ``"quantile"`` for equal-mass bins
-        (the protocol of theory.md §4.7 uses 15 equal-mass bins).
+        (:data:`BINNING` is the protocol of theory.md §4.7).
 
     Returns
     -------

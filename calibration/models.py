@@ -67,6 +67,20 @@ NT_PARAMS: tuple[str, ...] = (
 )
 LIST_PARAMS: tuple[str, ...] = ("delta_rank", "delta_gap", "delta_len_q", "delta_len_d")
 _N_TEMP = 3  # alpha, gamma_q, gamma_d multiply the temperature features [1, lq, ld]
+
+
+def _at(*names: str) -> list[int]:
+    """Positions of named parameters in the parameter vector (NT, then list terms)."""
+    order = NT_PARAMS + LIST_PARAMS
+    return [order.index(n) for n in names]
+
+
+_NORM_TERMS = _at("gamma_q", "gamma_d", "beta_q", "beta_d")
+_DOC_SIDE = _at("gamma_d", "beta_d")  # terms that can reorder one query's hits
+_LENGTH_SHIFTS = _at("delta_len_q", "delta_len_d")
+(_DELTA_RANK,) = _at("delta_rank")
+(_DELTA_GAP,) = _at("delta_gap")
+(_DELTA_LEN_D,) = _at("delta_len_d")
 # exp() of a log-temperature beyond this only happens in line-search probes; capping it
 # keeps the objective finite instead of overflowing.
 _MAX_LOG_TEMP = 30.0
@@ -621,10 +635,10 @@ class _NTBase(_Calibrator):
         sd = np.concatenate([sd6, np.full(n_list, list_sd)])
         free = np.ones(mu.shape[0], dtype=bool)
         if width == "fixed":
-            free[[1, 2, 4, 5]] = False
+            free[_NORM_TERMS] = False
         if self.query_side_only:
-            mu[[2, 5]] = 0.0
-            free[[2, 5]] = False
+            mu[_DOC_SIDE] = 0.0
+            free[_DOC_SIDE] = False
         self._extra_free(free)
         lower = np.full(mu.shape[0], -np.inf)
         upper = np.full(mu.shape[0], np.inf)
@@ -700,7 +714,7 @@ class _NTBase(_Calibrator):
         _check_fitted(self, "coef_")
         return {
             n: (float(getattr(self, f"{n}_")), float(getattr(self, f"{n}_sd_")))
-            for n in ("gamma_q", "gamma_d", "beta_q", "beta_d")
+            for n in (NT_PARAMS[i] for i in _NORM_TERMS)
         }
 
 
@@ -858,16 +872,16 @@ class ListAwareCalibrator(_NTBase):
 
     def _extra_free(self, free: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
         if not self.use_norms:
-            free[[1, 2, 4, 5]] = False
+            free[_NORM_TERMS] = False
         if not self.use_length:
-            free[[8, 9]] = False
+            free[_LENGTH_SHIFTS] = False
         if self.query_side_only:
-            free[9] = False
+            free[_DELTA_LEN_D] = False
 
     def _extra_bounds(self, lower: FloatArray) -> None:
-        if self.query_side_only:
-            lower[6] = 0.0
-            lower[7] = -1.0
+        if self.query_side_only:  # hits keep their cosine order
+            lower[_DELTA_RANK] = 0.0
+            lower[_DELTA_GAP] = -1.0
 
     def fit(
         self, X: ArrayLike, y: ArrayLike, groups: ArrayLike | None = None

@@ -41,6 +41,8 @@ __all__ = [
     "QueryConfidenceModel",
     "cross_fit_query_confidence",
     "fit_abstain_policy",
+    "noisy_or",
+    "noisy_or_by_query",
     "query_features",
     "query_table",
 ]
@@ -49,6 +51,16 @@ QUERY_FEATURES: tuple[str, ...] = ("logit_max_p", "logit_noisy_or", "spread", "e
 """Columns of the query feature matrix."""
 
 _P_CLIP = 1e-6
+
+
+def noisy_or(p: FloatArray) -> float:
+    """P(at least one relevant) if the hits were independent: ``1 - prod(1 - p)``."""
+    return float(-np.expm1(np.sum(np.log1p(-np.clip(p, 0.0, 1.0 - 1e-12)))))
+
+
+def noisy_or_by_query(p: FloatArray, groups: IntArray) -> FloatArray:
+    """Noisy-OR per query, in sorted group order (as :func:`query_table`)."""
+    return np.array([noisy_or(p[groups == g]) for g in np.unique(groups)])
 
 
 def query_features(probabilities: ArrayLike, ell_q: float = 0.0) -> FloatArray:
@@ -72,9 +84,9 @@ def query_features(probabilities: ArrayLike, ell_q: float = 0.0) -> FloatArray:
     p = np.clip(as_float_1d(probabilities, "probabilities"), _P_CLIP, 1 - _P_CLIP)
     if p.shape[0] == 0:
         raise InvalidInputError("probabilities is empty.", field="probabilities")
-    noisy_or = np.clip(-np.expm1(np.sum(np.log1p(-p))), _P_CLIP, 1 - _P_CLIP)
+    any_hit = np.clip(noisy_or(p), _P_CLIP, 1 - _P_CLIP)
     return np.array(
-        [logit(p.max()), logit(noisy_or), float(p.std()), float(ell_q)],
+        [logit(p.max()), logit(any_hit), float(p.std()), float(ell_q)],
         dtype=np.float64,
     )
 

@@ -25,17 +25,16 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import GroupKFold
 
-from calibration._typing import ArrayLike, FloatArray, IntArray
+from calibration._typing import ArrayLike, FloatArray, IntArray, MethodName
 from calibration._validation import as_float_2d, as_groups, as_labels, require_queries
 from calibration.exceptions import InvalidInputError, SingleClassError
 from calibration.features import ELL_D, ELL_Q, FEATURES
 from calibration.metrics import (
+    BINNING,
     ReliabilityCurve,
     auroc,
     brier_score,
-    expected_calibration_error,
     negative_log_likelihood,
-    reliability_curve,
 )
 from calibration.models import (
     IsotonicCalibrator,
@@ -64,6 +63,113 @@ _GAMMA_RULE_FROM = 200
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One model :func:`select_calibrator` cross-validates.
+
+    Attributes
+    ----------
+    name : str
+        Key in reports (``cv`` scores, ``NormLift.variants`` methods); stored
+        reports use these names, so they never change.
+    family : str
+        Wire method it belongs to (``METHODS``).
+    norm_terms : bool
+        Uses the residual-norm terms (needs norm signal in ``X``).
+    length_terms : bool
+        Uses the length shifts (list models only).
+    prior_width : str
+        NT prior width.
+    min_queries : int
+        Only tried with at least this many labelled queries.
+    candidate : bool
+        May stand for its wire method (else it only feeds the norm-lift report or
+        is a norm-free counterpart).
+    lift_key : str or None
+        Key in ``NormLift.variants`` (the decomposition of the list model).
+    note : str or None
+        Note recorded when this variant stands for its method.
+    """
+
+    name: str
+    family: MethodName
+    norm_terms: bool = False
+    length_terms: bool = True
+    prior_width: str = "auto"
+    min_queries: int = 0
+    candidate: bool = False
+    lift_key: str | None = None
+    note: str | None = None
+
+    def available(self, has_norms: bool, n_queries: int) -> bool:
+        """Whether this variant is tried on data with/without norms and this size."""
+        return (has_norms or not self.norm_terms) and n_queries >= self.min_queries
+
+    def template(self, **kw: Any) -> _Calibrator:
+        """An unfitted estimator (``kw``: ``probe_rho``, ``query_side_only``)."""
+        if self.family == "platt":
+            return PlattCalibrator()
+        if self.family == "isotonic":
+            return IsotonicCalibrator()
+        if self.family == "nt":
+            return NormTemperedCalibrator(prior_width=self.prior_width, **kw)
+        return ListAwareCalibrator(
+            use_norms=self.norm_terms,
+            use_length=self.length_terms,
+            prior_width=self.prior_width,
+            **kw,
+        )
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("platt", "platt", candidate=True),
+    Variant("isotonic", "isotonic", candidate=True),
+    Variant("nt-list/none", "nt-list", length_terms=False, lift_key="none"),
+    Variant("nt-list/length", "nt-list", lift_key="length"),
+    Variant("nt", "nt", norm_terms=True, candidate=True),
+    Variant(
+        "nt-list/residual",
+        "nt-list",
+        norm_terms=True,
+        length_terms=False,
+        lift_key="residual",
+    ),
+    Variant(
+        "nt-list/length+residual",
+        "nt-list",
+        norm_terms=True,
+        candidate=True,
+        lift_key="length+residual",
+    ),
+    Variant(
+        "nt/wide",
+        "nt",
+        norm_terms=True,
+        prior_width="wide",
+        min_queries=_WIDE_FROM,
+        candidate=True,
+        note="nt: the wide prior won in CV (>= 200 labelled queries).",
+    ),
+    Variant(
+        "nt-list/wide",
+        "nt-list",
+        norm_terms=True,
+        prior_width="wide",
+        min_queries=_WIDE_FROM,
+        candidate=True,
+    ),
+)
+"""Every model tried, in the order candidates are compared."""
+_VARIANTS = {v.name: v for v in VARIANTS}
+_NORM_FAMILIES = ("nt", "nt-list")
+_NORM_FREE = {  # what a family serves without norm terms
+    "platt": "platt",
+    "isotonic": "isotonic",
+    "nt": "platt",
+    "nt-list": "nt-list/length",
+}
+
+
+@dataclass(frozen=True)
 class MethodScores:
     """Out-of-fold metrics of one method.
 
@@ -73,7 +179,7 @@ class MethodScores:
         Method name (``"platt"``, ``"isotonic"``, ``"nt"``, ``"nt-list"`` or a lift
         variant such as ``"nt-list/length"``).
     nll, brier, ece, auroc : float
-        OOF NLL (nats per pair), Brier score, ECE with 15 equal-mass bins, AUROC.
+        OOF NLL (nats per pair), Brier score, ECE (``BINNING``), AUROC.
     """
 
     method: str
@@ -141,7 +247,7 @@ class SelectionResult:
     n_queries, n_pairs, n_splits : int
         Data size and folds.
     reliability : ReliabilityCurve
-        OOF reliability curve of the chosen method (15 equal-mass bins).
+        OOF reliability curve of the chosen method (``BINNING``).
     oof_proba : ndarray of shape (n_pairs,)
         OOF probabilities of the chosen method (for query-level fitting).
     notes : tuple of str
@@ -275,7 +381,7 @@ def _scores(method: str, y: FloatArray, p: FloatArray) -> MethodScores:
         method=method,
         nll=negative_log_likelihood(y, p),
         brier=brier_score(y, p),
-        ece=expected_calibration_error(y, p, n_bins=15, strategy="quantile"),
+        ece=BINNING.ece(y, p),
         auroc=auroc(y, p),
     )
 
@@ -343,89 +449,35 @@ def select_calibrator(
     notes: list[str] = []
     has_norms = bool(np.any(Xa[:, [ELL_Q, ELL_D]] != 0.0))
     kw: dict[str, Any] = {"probe_rho": probe_rho, "query_side_only": query_side_only}
-
-    def list_model(norms: bool, length: bool) -> ListAwareCalibrator:
-        return ListAwareCalibrator(use_norms=norms, use_length=length, **kw)
-
-    templates: dict[str, _Calibrator] = {
-        "platt": PlattCalibrator(),
-        "isotonic": IsotonicCalibrator(),
-        "nt-list/none": list_model(False, False),
-        "nt-list/length": list_model(False, True),
-    }
-    if has_norms:
-        templates["nt"] = NormTemperedCalibrator(**kw)
-        templates["nt-list/residual"] = list_model(True, False)
-        templates["nt-list/length+residual"] = list_model(True, True)
-        if n_queries >= _WIDE_FROM:
-            templates["nt/wide"] = NormTemperedCalibrator(prior_width="wide", **kw)
-            templates["nt-list/wide"] = ListAwareCalibrator(prior_width="wide", **kw)
-    else:
+    if not has_norms:
         notes.append("Norm columns are all zero (unit-norm model?): no norm terms.")
-
+    variants = [v for v in VARIANTS if v.available(has_norms, n_queries)]
+    templates = {v.name: v.template(**kw) for v in variants}
     oof = {k: _oof(t, Xa, yv, codes, folds) for k, t in templates.items()}
     scores = {k: _scores(k, yv, p) for k, p in oof.items()}
 
-    # Resolve each wire method to the variant that represents it.
-    chosen_variant: dict[str, str] = {"platt": "platt", "isotonic": "isotonic"}
-    if has_norms:
-        nt_key = "nt"
-        if "nt/wide" in scores and scores["nt/wide"].nll < scores["nt"].nll:
-            nt_key = "nt/wide"
-            notes.append("nt: the wide prior won in CV (>= 200 labelled queries).")
-        ntl_key = "nt-list/length+residual"
-        if (
-            "nt-list/wide" in scores
-            and scores["nt-list/wide"].nll < scores[ntl_key].nll
-        ):
-            ntl_key = "nt-list/wide"
-        chosen_variant["nt"] = nt_key
-        chosen_variant["nt-list"] = ntl_key
-    else:
-        chosen_variant["nt"] = "platt"
-        chosen_variant["nt-list"] = "nt-list/length"
-
+    chosen_variant = {m: _representative(m, variants, scores) for m in METHODS}
+    notes += [n for v in chosen_variant.values() if (n := _VARIANTS[v].note)]
     cv = {m: _rename(scores[chosen_variant[m]], m) for m in METHODS}
 
     # Norm lift: best norm-aware family vs its norm-free counterpart.
-    if has_norms:
-        fam = min(("nt", "nt-list"), key=lambda m: scores[chosen_variant[m]].nll)
-    else:
-        fam = "nt-list"
-    free_key = "platt" if fam == "nt" else "nt-list/length"
-    with_key = chosen_variant[fam]
-    norm_signal = has_norms and scores[with_key].nll < scores[free_key].nll
-    if not has_norms:
-        reason = "No norm signal: norm columns are constant (unit-norm embeddings)."
-    elif norm_signal:
-        reason = f"{fam} with norm terms beat its norm-free counterpart in grouped CV."
-    else:
-        reason = f"{fam} with norm terms did not beat its norm-free counterpart."
-
-    norm_est: _NTBase | None = None
-    terms: dict[str, tuple[float, float]] = {}
-    if has_norms:
-        norm_est = _refit(templates[with_key], Xa, yv, codes)
-        terms = norm_est.norm_terms()
-        if (
-            norm_signal
-            and n_queries >= _GAMMA_RULE_FROM
-            and norm_est.prior_width_ != "fixed"
-            and all(abs(v) < 2 * sd for v, sd in terms.values())
-        ):
-            norm_signal = False
-            reason = (
-                "Every fitted norm term is within 2 posterior SD of zero with "
-                f"{n_queries} labelled queries: the norm adds nothing here."
-            )
+    fam = (
+        min(_NORM_FAMILIES, key=lambda m: scores[chosen_variant[m]].nll)
+        if has_norms
+        else _NORM_FAMILIES[-1]
+    )
+    with_key, free_key = chosen_variant[fam], _NORM_FREE[fam]
+    lift = _norm_lift(
+        fam, with_key, free_key, scores, has_norms, n_queries, templates, Xa, yv, codes
+    )
+    norm_est = lift.estimator
 
     # Served variant per method after the norm fallback.
     served = dict(chosen_variant)
-    if not norm_signal:
-        served["nt"] = "platt" if has_norms else served["nt"]
-        served["nt-list"] = "nt-list/length"
+    if not lift.result.norm_signal:
+        served.update({f: _NORM_FREE[f] for f in _NORM_FAMILIES})
         if has_norms:
-            notes.append(f"Norm fallback: {reason}")
+            notes.append(f"Norm fallback: {lift.result.reason}")
     if method == "auto":
         method = min(METHODS, key=lambda m: scores[served[m]].nll)
         if method != "platt" and not _clear_gain(
@@ -443,21 +495,78 @@ def select_calibrator(
         est: _Calibrator = norm_est
     else:
         est = _refit(templates[key], Xa, yv, codes)
-    uses_norms = key in {
-        "nt",
-        "nt/wide",
-        "nt-list/residual",
-        "nt-list/length+residual",
-        "nt-list/wide",
-    }
-    variants = {
-        "none": scores["nt-list/none"],
-        "length": scores["nt-list/length"],
-    }
+    return SelectionResult(
+        estimator=est,
+        method=method,
+        uses_norms=_VARIANTS[key].norm_terms,
+        cv=cv,
+        norm_lift=lift.result,
+        n_queries=n_queries,
+        n_pairs=int(Xa.shape[0]),
+        n_splits=n_splits,
+        reliability=BINNING.curve(yv, oof[key]),
+        oof_proba=oof[key],
+        notes=tuple(notes),
+    )
+
+
+def _representative(
+    family: str, variants: list[Variant], scores: dict[str, MethodScores]
+) -> str:
+    """The variant that stands for a wire method: its best candidate, else norm-free.
+
+    Candidates are tried in table order and a later one must be strictly better, so
+    a wide prior replaces the default one only when it wins.
+    """
+    candidates = [v.name for v in variants if v.family == family and v.candidate]
+    if not candidates:
+        return _NORM_FREE[family]
+    return min(candidates, key=lambda name: scores[name].nll)
+
+
+@dataclass(frozen=True)
+class _Lift:
+    result: NormLift
+    estimator: _NTBase | None  # the norm-aware model refitted on all data
+
+
+def _norm_lift(
+    fam: str,
+    with_key: str,
+    free_key: str,
+    scores: dict[str, MethodScores],
+    has_norms: bool,
+    n_queries: int,
+    templates: dict[str, _Calibrator],
+    X: FloatArray,
+    y: FloatArray,
+    codes: IntArray,
+) -> _Lift:
+    """Whether norm terms earn their place (module docstring), and their estimates."""
+    norm_signal = has_norms and scores[with_key].nll < scores[free_key].nll
+    if not has_norms:
+        reason = "No norm signal: norm columns are constant (unit-norm embeddings)."
+    elif norm_signal:
+        reason = f"{fam} with norm terms beat its norm-free counterpart in grouped CV."
+    else:
+        reason = f"{fam} with norm terms did not beat its norm-free counterpart."
+    norm_est: _NTBase | None = None
+    terms: dict[str, tuple[float, float]] = {}
     if has_norms:
-        variants["residual"] = scores["nt-list/residual"]
-        variants["length+residual"] = scores["nt-list/length+residual"]
-    lift = NormLift(
+        norm_est = _refit(templates[with_key], X, y, codes)
+        terms = norm_est.norm_terms()
+        if (
+            norm_signal
+            and n_queries >= _GAMMA_RULE_FROM
+            and norm_est.prior_width_ != "fixed"
+            and all(abs(v) < 2 * sd for v, sd in terms.values())
+        ):
+            norm_signal = False
+            reason = (
+                "Every fitted norm term is within 2 posterior SD of zero with "
+                f"{n_queries} labelled queries: the norm adds nothing here."
+            )
+    result = NormLift(
         base_method=fam,
         nll_with=scores[with_key].nll,
         nll_without=scores[free_key].nll,
@@ -466,21 +575,13 @@ def select_calibrator(
         norm_signal=norm_signal,
         reason=reason,
         terms=terms,
-        variants=variants,
+        variants={
+            v.lift_key: scores[v.name]
+            for v in VARIANTS
+            if v.lift_key is not None and v.name in scores
+        },
     )
-    return SelectionResult(
-        estimator=est,
-        method=method,
-        uses_norms=uses_norms,
-        cv=cv,
-        norm_lift=lift,
-        n_queries=n_queries,
-        n_pairs=int(Xa.shape[0]),
-        n_splits=n_splits,
-        reliability=reliability_curve(yv, oof[key], n_bins=15, strategy="quantile"),
-        oof_proba=oof[key],
-        notes=tuple(notes),
-    )
+    return _Lift(result, norm_est)
 
 
 def _clear_gain(

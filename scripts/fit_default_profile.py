@@ -24,9 +24,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main() -> int:
     from app.api.lifespan import load_embedder
-    from app.calibrators import default_profile_path, fit_profile
     from app.ops.beir import embed_corpus, read_qrels, read_queries, retrieve
+    from app.profiles import default_profile_path
     from app.settings import Settings
+    from calibration.profile import fit_profile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -63,12 +64,10 @@ def main() -> int:
     out = default_profile_path(embedder.model_name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile.to_json(), indent=1, sort_keys=True) + "\n")
-    cv = profile.report["cv"]
+    cv = profile.report.cv
     print(f"wrote {out.relative_to(REPO)}: method {profile.method}")
     for name, m in cv.items():
-        print(
-            f"  {name:9s} nll {m['nll']:.4f} brier {m['brier']:.4f} ece {m['ece']:.4f}"
-        )
+        print(f"  {name:9s} nll {m.nll:.4f} brier {m.brier:.4f} ece {m.ece:.4f}")
     return 0
 
 

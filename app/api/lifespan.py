@@ -9,11 +9,11 @@ from typing import TypedDict
 
 from fastapi import FastAPI
 
-from app.calibrators import load_default_profile
 from app.collections.registry import CollectionRegistry
 from app.concurrency import CpuPool
 from app.embedding import Embedder, SentenceTransformerEmbedder
 from app.ops.observability import Metrics
+from app.profiles import load_default_profile
 from app.service import Service
 from app.settings import Settings
 

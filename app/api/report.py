@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from typing import Any
 
-from app.calibrators import Profile
+from calibration.profile import BINNING, Profile
 
 
 def reliability_png(profile: Profile) -> bytes:
@@ -16,10 +17,10 @@ def reliability_png(profile: Profile) -> bytes:
     matplotlib.use("Agg")  # headless; set before pyplot is imported
     from matplotlib.figure import Figure
 
-    curve = profile.report.get("reliability") or {}
-    predicted = curve.get("mean_predicted") or []
-    observed = curve.get("observed_frequency") or []
-    counts = curve.get("counts") or []
+    curve = profile.report.reliability
+    predicted = curve.mean_predicted.tolist()
+    observed = curve.observed_frequency.tolist()
+    counts = curve.counts.tolist()
     fig = Figure(figsize=(5.5, 6.0), dpi=100)
     top, bottom = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
     top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
@@ -33,7 +34,7 @@ def reliability_png(profile: Profile) -> bytes:
     top.set_title(f"Reliability — calibrator {profile.id} ({profile.method})")
     top.legend(loc="upper left")
     bottom.bar(predicted, counts, width=0.02, color="tab:blue")
-    bottom.set_xlabel("predicted P(relevant), 15 equal-mass bins")
+    bottom.set_xlabel(f"predicted P(relevant), {BINNING.label}")
     bottom.set_ylabel("pairs")
     bottom.set_xlim(0, 1)
     fig.tight_layout()
@@ -43,7 +44,7 @@ def reliability_png(profile: Profile) -> bytes:
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
@@ -55,26 +56,26 @@ def report_html(profile: Profile, png_url: str, collection: str | None) -> str:
     r = profile.report
     rows = "\n".join(
         f'<tr class="method{" chosen" if name == profile.method else ""}">'
-        f"<td>{html.escape(name)}</td><td>{_fmt(m.get('nll'))}</td>"
-        f"<td>{_fmt(m.get('brier'))}</td><td>{_fmt(m.get('ece'))}</td>"
-        f"<td>{_fmt(m.get('auroc'), 3)}</td></tr>"
-        for name, m in (r.get("cv") or {}).items()
+        f"<td>{html.escape(name)}</td><td>{_fmt(m.nll)}</td>"
+        f"<td>{_fmt(m.brier)}</td><td>{_fmt(m.ece)}</td>"
+        f"<td>{_fmt(m.auroc, 3)}</td></tr>"
+        for name, m in r.cv.items()
     )
-    lift = r.get("norm_lift") or {}
+    lift = r.norm_lift
     terms = "".join(
-        f"<li>{html.escape(k)} = {_fmt(v[0], 3)} ± {_fmt(v[1], 3)}</li>"
-        for k, v in (lift.get("terms") or {}).items()
+        f"<li>{html.escape(k)} = {_fmt(v, 3)} ± {_fmt(sd, 3)}</li>"
+        for k, (v, sd) in lift.terms.items()
     )
-    abstain = r.get("abstain")
+    abstain = r.abstain
     if abstain:
         guarantee = (
-            f"Answer when confidence ≥ {_fmt(abstain['threshold'], 3)}: with probability "
-            f"≥ {_fmt(1 - abstain['delta'], 2)}, at most {_fmt(abstain['target_risk'], 2)} "
-            f"of answered queries have no relevant hit in the top {r.get('k')} "
-            f"({abstain['method']}, {abstain['n_calibration']} held-out queries, "
-            f"coverage {_fmt(abstain['coverage'], 3)}, empirical risk "
-            f"{_fmt(abstain['empirical_risk'], 3)})."
-            if abstain.get("certified")
+            f"Answer when confidence ≥ {_fmt(abstain.threshold, 3)}: with probability "
+            f"≥ {_fmt(1 - abstain.delta, 2)}, at most {_fmt(abstain.target_risk, 2)} "
+            f"of answered queries have no relevant hit in the top {r.k} "
+            f"({abstain.method}, {abstain.n_calibration} held-out queries, "
+            f"coverage {_fmt(abstain.coverage, 3)}, empirical risk "
+            f"{_fmt(abstain.empirical_risk, 3)})."
+            if abstain.certified
             else "No threshold could be certified at this target with these judgments; "
             "search abstains when confidence < 0.5."
         )
@@ -98,22 +99,22 @@ tr.chosen {{ font-weight: bold; background: #eef; }}
 <body>
 <h1>Calibrator {html.escape(profile.id)}</h1>
 <p>{where}; model <code>{html.escape(profile.model)}</code>; chosen method
-<b id="chosen">{html.escape(profile.method)}</b>; {r.get("n_queries")} judged queries,
-{r.get("n_pairs")} pairs (top {r.get("k")}), {r.get("n_positive")} relevant.
+<b id="chosen">{html.escape(profile.method)}</b>; {r.n_queries} judged queries,
+{r.n_pairs} pairs (top {r.k}), {r.n_positive} relevant.
 {"Probabilities may reorder hits." if profile.reorders_hits else "Probabilities never reorder hits."}</p>
 <h2>Reliability (held-out, grouped by query)</h2>
 <img id="reliability" src="{html.escape(png_url)}" alt="reliability diagram" width="550"
  onload="this.dataset.naturalWidth = this.naturalWidth">
-<h2>Methods (5-fold grouped cross-validation)</h2>
+<h2>Methods ({r.n_splits}-fold grouped cross-validation)</h2>
 <table id="methods"><thead><tr><th>method</th><th>NLL</th><th>Brier</th><th>ECE</th>
 <th>AUROC</th></tr></thead><tbody>
 {rows}
 </tbody></table>
 <h2>Norm lift</h2>
-<p id="norm-lift">{html.escape(str(lift.get("reason", "")))}
-NLL {_fmt(lift.get("nll_without"))} → {_fmt(lift.get("nll_with"))},
-Brier {_fmt(lift.get("brier_without"))} → {_fmt(lift.get("brier_with"))}
-(base family {html.escape(str(lift.get("base_method", "")))}).</p>
+<p id="norm-lift">{html.escape(lift.reason)}
+NLL {_fmt(lift.nll_without)} → {_fmt(lift.nll_with)},
+Brier {_fmt(lift.brier_without)} → {_fmt(lift.brier_with)}
+(base family {html.escape(lift.base_method)}).</p>
 <ul>{terms}</ul>
 <h2>Abstain guarantee</h2>
 <p id="abstain">{guarantee}</p>

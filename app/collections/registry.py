@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.calibrators import Profile
 from app.collections.index import IndexType, VectorIndex
 from app.collections.store import (
     CollectionStore,
@@ -49,6 +48,7 @@ from app.exceptions import (
     NotFoundError,
     StorageUnavailableError,
 )
+from calibration.profile import Profile
 
 logger = logging.getLogger(__name__)
 

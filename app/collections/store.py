@@ -50,7 +50,7 @@ _SCHEMA = (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
     method TEXT NOT NULL,
-    profile TEXT NOT NULL                    -- app.calibrators.Profile.to_json()
+    profile TEXT NOT NULL                    -- calibration.profile.Profile.to_json()
 )""",
     """CREATE TABLE judgments (      -- feedback kept for the next fit
     n INTEGER PRIMARY KEY AUTOINCREMENT,

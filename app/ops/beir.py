@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.calibrators import QueryEvidence
 from app.embedding import Embedder
+from calibration.profile import QueryEvidence
 
 logger = logging.getLogger(__name__)
 

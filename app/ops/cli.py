@@ -191,9 +191,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
     from app.api.lifespan import load_embedder
-    from app.ops.evaluation import EvalOptions, method_table, run_eval
+    from app.ops.evaluation import method_table, run_eval
     from app.settings import Settings
     from calibration import CalibrationError
+    from calibration.evaluation import EvalOptions
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     options = EvalOptions(

@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from app.api.schemas.search import SearchHit
-from app.calibrators import Profile, QueryEvidence, fit_profile
+from app.profiles import default_profile_path, load_default_profile
 from app.service import _cut
+from calibration import FORMAT_VERSION, UnsupportedFormatError
+from calibration.profile import Profile, QueryEvidence, fit_profile
+from calibration.report import FitReport
 
 
 def synthetic_evidence(
@@ -52,13 +55,140 @@ def profile() -> Profile:
 
 def test_profile_reports_every_method(profile):
     report = profile.report
-    assert set(report["cv"]) == {"platt", "isotonic", "nt", "nt-list"}
-    assert profile.method in report["cv"]
-    assert report["n_queries"] == 300 and report["n_pairs"] == 6000
-    for metrics in report["cv"].values():
-        assert 0 <= metrics["brier"] <= 0.25 and 0 <= metrics["ece"] <= 1
+    assert set(report.cv) == {"platt", "isotonic", "nt", "nt-list"}
+    assert profile.method in report.cv
+    assert report.n_queries == 300 and report.n_pairs == 6000
+    for metrics in report.cv.values():
+        assert 0 <= metrics.brier <= 0.25 and 0 <= metrics.ece <= 1
     assert not profile.reorders_hits  # the service default never reorders
-    json.dumps(report)  # JSON-able throughout
+    json.dumps(report.to_jsonable(), allow_nan=False)  # JSON-able throughout
+
+
+# Captured on branch i11-layout (before the bridge moved into calibration/): the same
+# data and fit must choose the same method and give the same numbers.
+SCORE_ARGS = (5.0, 12, np.linspace(0.8, 0.3, 10), np.full(10, 3.1), np.full(10, 120))
+REFERENCE_FIT = (
+    "nt-list",
+    [
+        0.9472123372635364,
+        0.8472387600395579,
+        0.6628692545516172,
+        0.4243980619042634,
+        0.22186516331679906,
+        0.1010642266091637,
+        0.04299801594276619,
+        0.01781011222696703,
+        0.007319421247122636,
+        0.0030069569673316678,
+    ],
+    0.9989817376436332,
+)
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+EVIDENCE_COSINES = np.array([0.71, 0.64, 0.58, 0.52, 0.41])
+EVIDENCE_DOC_NORMS = np.array([3.0, 2.7, 3.4, 2.9, 3.1])
+EVIDENCE_DOC_TOKENS = np.array([80, 120, 200, 60, 256])
+REFERENCE_DEFAULT = {  # (query norm, tokens): (probabilities, confidence)
+    (4.2, 9): (
+        [
+            0.6080336490383886,
+            0.21182131250434394,
+            0.06831218482982462,
+            0.022211537650545326,
+            0.003667968379872796,
+        ],
+        0.9305964072436702,
+    ),
+    (5.0, 14): (
+        [
+            0.610305972216594,
+            0.2134191468772242,
+            0.06892214700746385,
+            0.02241977075249448,
+            0.003703013950343961,
+        ],
+        0.9552896225632859,
+    ),
+    (6.1, 30): (
+        [
+            0.6142143366331014,
+            0.2161959317793685,
+            0.06998616642325593,
+            0.022783454024569334,
+            0.0037642516426575263,
+        ],
+        0.9827653336773582,
+    ),
+}
+
+
+def test_fit_chooses_and_scores_as_before_the_move(profile):
+    method, probabilities, confidence = REFERENCE_FIT
+    scored = profile.score(*SCORE_ARGS)
+    assert profile.method == method
+    np.testing.assert_allclose(scored.probabilities, probabilities, rtol=1e-9)
+    assert scored.confidence == pytest.approx(confidence, rel=1e-9)
+
+
+def _score_reference_evidence(profile):
+    return {
+        key: profile.score(
+            *key, EVIDENCE_COSINES, EVIDENCE_DOC_NORMS, EVIDENCE_DOC_TOKENS
+        )
+        for key in REFERENCE_DEFAULT
+    }
+
+
+def test_shipped_default_profile_scores_as_before_the_move():
+    profile = load_default_profile(DEFAULT_MODEL)
+    assert profile is not None and profile.default
+    for key, scored in _score_reference_evidence(profile).items():
+        probabilities, confidence = REFERENCE_DEFAULT[key]
+        np.testing.assert_allclose(scored.probabilities, probabilities, rtol=1e-12)
+        assert scored.confidence == pytest.approx(confidence, rel=1e-12)
+        assert not scored.abstain
+
+
+def test_shipped_default_profile_of_the_untyped_report_format_loads():
+    """The shipped JSON (format 1) keeps its report dict; it reads back unchanged."""
+    data = json.loads(default_profile_path(DEFAULT_MODEL).read_text(encoding="utf-8"))
+    assert data["format"] == 1 and "format_version" not in data["report"]
+    profile = Profile.from_json(data)
+    assert isinstance(profile.report, FitReport)
+    assert profile.report.to_jsonable() == data["report"]
+    assert (
+        profile.report.cv[profile.method].nll
+        == data["report"]["cv"][profile.method]["nll"]
+    )
+    # written in today's format and read again, it scores identically
+    again = Profile.from_json(json.loads(json.dumps(profile.to_json())))
+    for key, scored in _score_reference_evidence(again).items():
+        np.testing.assert_array_equal(
+            scored.probabilities, _score_reference_evidence(profile)[key].probabilities
+        )
+    assert again.report.to_jsonable() == data["report"]
+
+
+def test_stored_profile_of_the_untyped_report_format_loads(profile):
+    """A profile stored before reports were typed: format 1, report a plain dict."""
+    stored = json.loads(json.dumps(profile.to_json()))
+    stored |= {"format": 1, "report": profile.report.to_jsonable()}
+    old = Profile.from_json(json.loads(json.dumps(stored)))
+    a, b = profile.score(*SCORE_ARGS), old.score(*SCORE_ARGS)
+    np.testing.assert_array_equal(a.probabilities, b.probabilities)
+    assert a.confidence == b.confidence and a.abstain == b.abstain
+    assert old.report.to_jsonable() == stored["report"]
+    assert (
+        old.report.norm_lift.variants.keys() == profile.report.norm_lift.variants.keys()
+    )
+
+
+def test_stored_report_is_versioned(profile):
+    stored = profile.to_json()["report"]
+    assert stored["class"] == "FitReport" and stored["format_version"] == FORMAT_VERSION
+    with pytest.raises(UnsupportedFormatError):
+        Profile.from_json(
+            profile.to_json() | {"report": stored | {"format_version": 99}}
+        )
 
 
 def test_scores_are_probabilities_and_keep_cosine_order(profile):
@@ -81,12 +211,10 @@ def test_json_round_trip_scores_identically(profile):
     a, b = profile.score(*args), again.score(*args)
     np.testing.assert_array_equal(a.probabilities, b.probabilities)
     assert a.confidence == b.confidence and a.abstain == b.abstain
-    assert again.report == json.loads(json.dumps(profile.report))
+    assert again.report.to_jsonable() == profile.report.to_jsonable()
 
 
 def test_unsupported_profile_format_is_rejected(profile):
-    from calibration import UnsupportedFormatError
-
     data = profile.to_json() | {"format": 99}
     with pytest.raises(UnsupportedFormatError):
         Profile.from_json(data)

@@ -9,21 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.calibrators import QueryEvidence
-from app.ops.evaluation import (
+from app.ops.evaluation import method_table, summary_table
+from calibration import NormReference
+from calibration.evaluation import (
     AUTO,
     EvalOptions,
     _query_folds,
     ece_noise_floor,
     evaluate_calibration,
-    method_table,
     ndcg_at_k,
     nested_cv,
     recall_at_k,
     retrieval_metrics,
-    summary_table,
 )
-from calibration import NormReference
+from calibration.profile import QueryEvidence
 from tests.conftest import shared_dataset
 
 REQUIRED_KEYS = {

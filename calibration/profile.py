@@ -1,52 +1,68 @@
-"""Calibration profiles: the bridge from retrieval evidence to ``calibration/`` maths.
+"""Calibration profiles: the bridge from retrieval evidence to probabilities.
 
 A :class:`Profile` is everything search needs to turn one query's hit list into
 probabilities: the norm references of both sides (same model), the pair calibrator,
-the query-level confidence model and the abstain policy, plus the fit report. It is
-stored as versioned JSON (``calibration.io``), never pickled.
+the query-level confidence model and the abstain policy, plus the typed
+:class:`~calibration.report.FitReport`. It is stored as versioned JSON
+(:mod:`calibration.io`), never pickled.
 
 :func:`fit_profile` is the one fitting path, shared by ``POST .../calibrators``, the
-default-profile script and ``normcal eval``.
+default-profile script and ``normcal eval``. Storing profiles and loading the shipped
+default ones is the service's business (``app.profiles``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import re
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
-from calibration import (
-    AbstainPolicy,
-    InsufficientDataError,
+from calibration.exceptions import InsufficientDataError, UnsupportedFormatError
+from calibration.features import (
+    ELL_Q,
     NormReference,
+    pair_features,
+    stack_pair_features,
+)
+from calibration.io import from_dict, to_dict
+from calibration.metrics import BINNING, auroc, reliability_by_tercile
+from calibration.query import (
+    AbstainPolicy,
     QueryConfidenceModel,
-    SelectionResult,
-    auroc,
     cross_fit_query_confidence,
     fit_abstain_policy,
-    from_dict,
-    pair_features,
+    noisy_or,
+    noisy_or_by_query,
     query_features,
     query_table,
-    reliability_by_tercile,
-    select_calibrator,
-    stack_pair_features,
-    to_dict,
 )
-from calibration.features import ELL_Q
+from calibration.report import FitReport, QueryLevelReport, to_jsonable
+from calibration.selection import SelectionResult, select_calibrator
 
-PROFILE_FORMAT = 1
+__all__ = [
+    "BINNING",
+    "MIN_QUERIES_PER_OUTCOME",
+    "PROFILE_FORMAT",
+    "Profile",
+    "QueryEvidence",
+    "Scored",
+    "build_features",
+    "fit_profile",
+    "labels_of",
+    "query_model_is_supported",
+    "query_reference",
+    "single_threaded_blas",
+    "to_jsonable",
+]
+
+PROFILE_FORMAT = 2  # 2: the report is a versioned FitReport; 1: an untyped dict
+_READABLE_FORMATS = (1, 2)
 FALLBACK_ABSTAIN_THRESHOLD = 0.5  # used when no threshold could be certified
 # A query-level model needs this many queries with, and without, a relevant hit; with
 # fewer, its held-out AUROC fell below that of the noisy-OR of the hit probabilities.
@@ -126,7 +142,7 @@ class Profile:
     estimator: Any
     query_model: QueryConfidenceModel | None
     abstain_policy: AbstainPolicy | None
-    report: dict[str, Any] = field(default_factory=dict)
+    report: FitReport
     created_at: float = field(default_factory=time.time)
     default: bool = False
 
@@ -188,15 +204,13 @@ class Profile:
             "abstain_policy": (
                 None if self.abstain_policy is None else to_dict(self.abstain_policy)
             ),
-            "report": self.report,
+            "report": to_dict(self.report),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Profile:
-        """Inverse of :meth:`to_json`."""
-        from calibration import UnsupportedFormatError
-
-        if data.get("format") != PROFILE_FORMAT:
+        """Inverse of :meth:`to_json`; reads the untyped reports of older profiles."""
+        if data.get("format") not in _READABLE_FORMATS:
             raise UnsupportedFormatError(
                 f"calibration profile format {data.get('format')!r} is not supported"
             )
@@ -215,13 +229,10 @@ class Profile:
                 if data["abstain_policy"] is None
                 else from_dict(data["abstain_policy"])
             ),
-            report=dict(data.get("report", {})),
+            report=_load_report(data["report"]),
             created_at=float(data["created_at"]),
             default=bool(data.get("default", False)),
         )
-
-
-PROFILES_DIR = Path(__file__).parent / "profiles"
 
 
 def single_threaded_blas() -> threadpool_limits:
@@ -231,21 +242,6 @@ def single_threaded_blas() -> threadpool_limits:
     (measured 10x slower on a busy 2-core machine).
     """
     return threadpool_limits(limits=1, user_api="blas")
-
-
-def default_profile_path(model_name: str) -> Path:
-    """Where the shipped default profile of a model lives (``app/profiles/``)."""
-    slug = re.sub(r"[^a-z0-9._-]+", "-", model_name.rsplit("/", 1)[-1].lower())
-    return PROFILES_DIR / f"{slug}.json"
-
-
-def load_default_profile(model_name: str) -> Profile | None:
-    """The shipped default profile of ``model_name``, if there is one."""
-    path = default_profile_path(model_name)
-    if not path.exists():
-        return None
-    profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
-    return profile if profile.model == model_name else None
 
 
 def fit_profile(
@@ -291,12 +287,10 @@ def fit_profile(
     calibration.CalibrationError
         Too few queries, single-class labels, bad values (HTTP 422).
     """
-    query_ref = NormReference().fit(
-        np.array([e.norm for e in evidence]), np.array([e.n_tokens for e in evidence])
-    )
+    query_ref = query_reference(evidence)
     doc_ref = NormReference().fit(doc_norms, doc_tokens)
     X, groups = build_features(evidence, query_ref, doc_ref)
-    y = np.concatenate([_labels(e) for e in evidence if len(e.scores)])
+    y = labels_of(evidence)
     started = time.perf_counter()
     with single_threaded_blas():
         selection = select_calibrator(
@@ -310,29 +304,29 @@ def fit_profile(
         query_model, policy, query_report = _fit_query_level(
             selection, X, y, groups, abstain_target, abstain_delta, n_splits
         )
-    report = {
-        "requested_method": method,
-        "allow_reorder": allow_reorder,
-        "n_queries": selection.n_queries,
-        "n_pairs": selection.n_pairs,
-        "n_positive": int(y.sum()),
-        "n_splits": n_splits,
-        "k": int(max(len(e.scores) for e in evidence)),
-        "uses_norms": selection.uses_norms,
-        "cv": {m: to_jsonable(s) for m, s in selection.cv.items()},
-        "norm_lift": to_jsonable(selection.norm_lift),
-        "reliability": to_jsonable(selection.reliability),
-        "reliability_by_norm_tercile": to_jsonable(
+    report = FitReport(
+        requested_method=method,
+        allow_reorder=allow_reorder,
+        n_queries=selection.n_queries,
+        n_pairs=selection.n_pairs,
+        n_positive=int(y.sum()),
+        n_splits=n_splits,
+        k=int(max(len(e.scores) for e in evidence)),
+        uses_norms=selection.uses_norms,
+        cv=dict(selection.cv),
+        norm_lift=selection.norm_lift,
+        reliability=selection.reliability,
+        reliability_by_norm_tercile=to_jsonable(
             reliability_by_tercile(y, selection.oof_proba, X[:, ELL_Q])
         ),
-        "query_level": query_report,
-        "abstain": None if policy is None else to_jsonable(policy),
-        "query_ref": {"unit_norm": bool(query_ref.unit_norm_)},
-        "doc_ref": {"unit_norm": bool(doc_ref.unit_norm_)},
-        "notes": list(selection.notes),
-        "fit_seconds": time.perf_counter() - started,
-        **(extra_report or {}),
-    }
+        query_level=query_report,
+        abstain=policy,
+        query_unit_norm=bool(query_ref.unit_norm_),
+        doc_unit_norm=bool(doc_ref.unit_norm_),
+        notes=tuple(selection.notes),
+        fit_seconds=time.perf_counter() - started,
+        extra=dict(extra_report or {}),
+    )
     return Profile(
         id=profile_id or uuid.uuid4().hex[:12],
         method=selection.method,
@@ -346,10 +340,46 @@ def fit_profile(
     )
 
 
-def _labels(evidence: QueryEvidence) -> FloatArray:
-    if evidence.labels is None:
+def query_reference(evidence: Sequence[QueryEvidence]) -> NormReference:
+    """The query-side norm reference, fitted on the judged queries themselves."""
+    return NormReference().fit(
+        np.array([e.norm for e in evidence]), np.array([e.n_tokens for e in evidence])
+    )
+
+
+def labels_of(evidence: Sequence[QueryEvidence]) -> FloatArray:
+    """Pair labels in :func:`build_features` row order.
+
+    Raises
+    ------
+    ValueError
+        Some evidence is unlabelled (fitting and evaluation need labels).
+    """
+    labels = [e.labels for e in evidence if len(e.scores)]
+    if any(y is None for y in labels):
         raise ValueError("fitting needs labelled evidence")
-    return evidence.labels
+    return np.concatenate([y for y in labels if y is not None])
+
+
+def query_model_is_supported(hit: FloatArray, n_splits: int) -> bool:
+    """Whether enough queries of each outcome back a query-level model.
+
+    ``hit`` is 1.0 per query with a relevant hit in the top k. Below
+    :data:`MIN_QUERIES_PER_OUTCOME` (or ``n_splits``) queries of either outcome, the
+    noisy-OR of the hit probabilities serves confidence instead.
+    """
+    n_hit = int(hit.sum())
+    return min(n_hit, len(hit) - n_hit) >= max(MIN_QUERIES_PER_OUTCOME, n_splits)
+
+
+def _load_report(data: dict[str, Any]) -> FitReport:
+    """A stored report: versioned (``calibration.io``) or the untyped dict of format 1."""
+    if "format_version" in data:
+        report = from_dict(data)
+        if not isinstance(report, FitReport):
+            raise UnsupportedFormatError("a profile's report must be a FitReport")
+        return report
+    return FitReport.from_jsonable(data)
 
 
 def _fit_query_level(
@@ -360,7 +390,7 @@ def _fit_query_level(
     abstain_target: float | None,
     abstain_delta: float,
     n_splits: int,
-) -> tuple[QueryConfidenceModel | None, AbstainPolicy | None, dict[str, Any]]:
+) -> tuple[QueryConfidenceModel | None, AbstainPolicy | None, QueryLevelReport]:
     """Query confidence from out-of-fold pair probabilities, and the abstain policy.
 
     The policy is certified on held-out confidences: cross-fitted ones of the query
@@ -370,52 +400,26 @@ def _fit_query_level(
     Q, hit, _ = query_table(selection.oof_proba, groups, X[:, ELL_Q], y)
     assert hit is not None
     n_hit = int(hit.sum())
-    report: dict[str, Any] = {"n_queries": len(hit), "with_relevant_in_top_k": n_hit}
     model = None
-    if min(n_hit, len(hit) - n_hit) >= max(MIN_QUERIES_PER_OUTCOME, n_splits):
+    if query_model_is_supported(hit, n_splits):
         held_out = cross_fit_query_confidence(Q, hit, n_splits=n_splits)
         model = QueryConfidenceModel().fit(Q, hit)
-        report["confidence"] = "query-level logistic model (cross-fitted)"
+        how = "query-level logistic model (cross-fitted)"
     else:
         held_out = noisy_or_by_query(selection.oof_proba, groups)
-        report["confidence"] = (
+        how = (
             "noisy-OR of the hit probabilities: fewer than "
             f"{MIN_QUERIES_PER_OUTCOME} queries with (or without) a relevant hit"
         )
-    report["auroc"] = auroc(hit, held_out) if 0 < n_hit < len(hit) else None
+    report = QueryLevelReport(
+        n_queries=len(hit),
+        with_relevant_in_top_k=n_hit,
+        confidence=how,
+        auroc=auroc(hit, held_out) if 0 < n_hit < len(hit) else None,
+    )
     policy = None
     if abstain_target is not None:
         policy = fit_abstain_policy(
             held_out, hit, target_risk=abstain_target, delta=abstain_delta
         )
     return model, policy, report
-
-
-def noisy_or(p: FloatArray) -> float:
-    """P(at least one relevant) if the hits were independent: ``1 - prod(1 - p)``."""
-    return float(-np.expm1(np.sum(np.log1p(-np.clip(p, 0.0, 1.0 - 1e-12)))))
-
-
-def noisy_or_by_query(p: FloatArray, groups: NDArray[np.int64]) -> FloatArray:
-    """Noisy-OR per query, in sorted group order (as ``query_table``)."""
-    return np.array([noisy_or(p[groups == g]) for g in np.unique(groups)])
-
-
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses, arrays and numpy scalars to JSON values (NaN/inf to None)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: to_jsonable(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-        }
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [to_jsonable(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -1,0 +1,614 @@
+"""Honest evaluation of the whole fitting procedure (the maths of ``normcal eval``).
+
+Pure functions of labelled :class:`~calibration.profile.QueryEvidence`; reading a
+dataset, embedding and printing tables is ``app.ops.evaluation``. Evaluates:
+
+* **Retrieval**: nDCG@10 (graded gains, trec_eval's linear gain and log2 discount) and
+  Recall@100 over the judged queries with at least one relevant document.
+* **Calibration** of the top-``k`` pairs of every judged query, either under an outer
+  ``n_splits``-fold split *by query* (nested: inside each training fold the query
+  :class:`~calibration.NormReference` is refitted on the training queries and
+  ``select_calibrator(method="auto")`` runs on the training fold only; the document
+  reference is label-free, so it is fitted once on the whole corpus), or by fitting
+  on one split and evaluating on another (``fit_evidence``). Fixed methods are the
+  method's default template fitted on the same training data. Metrics (ECE with
+  ``BINNING``, Brier, NLL, AUROC) are computed on the pooled held-out pairs.
+* The **norm lift** (gamma +- sd) from ``select_calibrator`` on all fitting data,
+  **reliability by query-ell tercile** (Platt vs auto), a **few-label curve** and the
+  **query-level confidence AUROC** (cross-fitted).
+
+The main mode is the service's: ``query_side_only=True`` (probabilities never reorder
+hits). ``auto+reorder`` additionally evaluates document-side norm terms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from calibration.exceptions import SingleClassError
+from calibration.features import ELL_Q, NormReference
+from calibration.metrics import (
+    BINNING,
+    auroc,
+    brier_score,
+    negative_log_likelihood,
+    reliability_by_tercile,
+)
+from calibration.profile import (
+    QueryEvidence,
+    build_features,
+    labels_of,
+    query_model_is_supported,
+    query_reference,
+    single_threaded_blas,
+)
+from calibration.query import (
+    QueryConfidenceModel,
+    cross_fit_query_confidence,
+    noisy_or_by_query,
+    query_table,
+)
+from calibration.report import to_jsonable
+from calibration.selection import METHODS, make_calibrator, select_calibrator
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+Progress = Callable[[str], None]
+
+AUTO = "auto"
+AUTO_REORDER = "auto+reorder"
+MIN_HELD_OUT_QUERIES = 10
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """Knobs of an evaluation run.
+
+    Attributes
+    ----------
+    k : int
+        Top-k hits per query that form the calibration pairs.
+    depth : int
+        Retrieval depth for Recall (at least ``k``).
+    n_splits : int
+        Outer folds (and inner folds of ``select_calibrator``).
+    few_label_sizes : tuple of int
+        Numbers of labelled queries of the few-label curve.
+    few_label_draws : int
+        Random draws per size.
+    reorder : bool
+        Also evaluate ``auto`` with document-side terms (``auto+reorder``).
+    seed : int
+        Seed of the fold assignment and the few-label draws.
+    """
+
+    k: int = 20
+    depth: int = 100
+    n_splits: int = 5
+    few_label_sizes: tuple[int, ...] = (10, 30, 100)
+    few_label_draws: int = 5
+    reorder: bool = True
+    seed: int = 0
+
+
+# -- retrieval metrics ------------------------------------------------------------------
+def ndcg_at_k(ranked: Sequence[str], judged: Mapping[str, int], k: int = 10) -> float:
+    """nDCG@k with graded gains (``rel``) and ``1/log2(rank + 1)`` discount.
+
+    The ideal ranking uses every judged document with relevance > 0, retrieved or not.
+    Returns ``nan`` when the query has no relevant document.
+    """
+    ideal = sorted((g for g in judged.values() if g > 0), reverse=True)[:k]
+    if not ideal:
+        return float("nan")
+    dcg = sum(
+        max(judged.get(d, 0), 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k])
+    )
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    return dcg / idcg
+
+
+def recall_at_k(
+    ranked: Sequence[str], judged: Mapping[str, int], k: int = 100
+) -> float:
+    """Fraction of relevant (> 0) documents in the top ``k``; ``nan`` if none exist."""
+    relevant = {d for d, g in judged.items() if g > 0}
+    if not relevant:
+        return float("nan")
+    return len(relevant.intersection(ranked[:k])) / len(relevant)
+
+
+def retrieval_metrics(
+    ranked: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    *,
+    ndcg_k: int = 10,
+    recall_k: int = 100,
+) -> dict[str, Any]:
+    """Mean nDCG@10 and Recall@100 over queries with at least one relevant document."""
+    ndcg = [ndcg_at_k(ranked[q], qrels.get(q, {}), ndcg_k) for q in ranked]
+    recall = [recall_at_k(ranked[q], qrels.get(q, {}), recall_k) for q in ranked]
+    scored = [v for v in ndcg if not math.isnan(v)]
+    return {
+        f"ndcg@{ndcg_k}": float(np.mean(scored)) if scored else None,
+        f"recall@{recall_k}": (
+            float(np.nanmean(recall)) if scored else None  # same queries as nDCG
+        ),
+        "n_queries": len(ranked),
+        "n_queries_with_relevant": len(scored),
+    }
+
+
+# -- calibration ------------------------------------------------------------------------
+def _metrics(y: FloatArray, p: FloatArray) -> dict[str, float]:
+    return {
+        "ece": BINNING.ece(y, p),
+        "brier": brier_score(y, p),
+        "nll": negative_log_likelihood(y, p),
+        "auroc": auroc(y, p),
+    }
+
+
+def ece_noise_floor(p: FloatArray, n_sims: int = 100, seed: int = 0) -> float:
+    """Mean ECE of a *perfectly calibrated* predictor with these probabilities.
+
+    Labels are drawn from ``p`` itself, so any ECE above zero is sampling noise of
+    the ``BINNING`` estimate at this number of pairs: a measured ECE near this floor
+    is as good as the data can show.
+    """
+    rng = np.random.default_rng(seed)
+    return float(
+        np.mean(
+            [
+                BINNING.ece((rng.uniform(size=p.shape) < p).astype(float), p)
+                for _ in range(n_sims)
+            ]
+        )
+    )
+
+
+def _pairs(
+    evidence: Sequence[QueryEvidence], query_ref: NormReference, doc_ref: NormReference
+) -> tuple[FloatArray, FloatArray, IntArray]:
+    X, groups = build_features(evidence, query_ref, doc_ref)
+    return X, labels_of(evidence), groups
+
+
+@dataclass
+class _Fitted:
+    """Predictions of every method on held-out pairs, from one training set."""
+
+    proba: dict[str, FloatArray]
+    chosen: str
+    chosen_reorder: str | None
+    confidence: FloatArray | None  # auto's query confidence per held-out query
+
+
+def _fit_predict(
+    train: Sequence[QueryEvidence],
+    test: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    options: EvalOptions,
+    *,
+    with_confidence: bool = False,
+) -> _Fitted:
+    """Fit every method on ``train`` (query ref included) and predict ``test``."""
+    query_ref = query_reference(train)
+    X_tr, y_tr, g_tr = _pairs(train, query_ref, doc_ref)
+    X_te, _, g_te = _pairs(test, query_ref, doc_ref)
+    proba: dict[str, FloatArray] = {}
+    for method in METHODS:
+        try:
+            est = make_calibrator(method, query_side_only=True).fit(X_tr, y_tr, g_tr)
+            proba[method] = est.predict_proba(X_te)
+        except SingleClassError:
+            proba[method] = np.full(len(X_te), np.clip(y_tr.mean(), 1e-4, 1 - 1e-4))
+    n_splits = min(options.n_splits, len(train))
+    sel = select_calibrator(
+        X_tr, y_tr, g_tr, method=AUTO, n_splits=n_splits, query_side_only=True
+    )
+    proba[AUTO] = sel.estimator.predict_proba(X_te)
+    chosen_reorder = None
+    if options.reorder:
+        sel_r = select_calibrator(
+            X_tr, y_tr, g_tr, method=AUTO, n_splits=n_splits, query_side_only=False
+        )
+        proba[AUTO_REORDER] = sel_r.estimator.predict_proba(X_te)
+        chosen_reorder = sel_r.method
+    confidence = None
+    if with_confidence:
+        Q_tr, hit, _ = query_table(sel.oof_proba, g_tr, X_tr[:, ELL_Q], y_tr)
+        assert hit is not None
+        if 0 < hit.sum() < len(hit):
+            model = QueryConfidenceModel().fit(Q_tr, hit)
+            Q_te, _, _ = query_table(proba[AUTO], g_te, X_te[:, ELL_Q])
+            confidence = model.predict_proba(Q_te)
+    return _Fitted(proba, sel.method, chosen_reorder, confidence)
+
+
+def _offsets(evidence: Sequence[QueryEvidence]) -> IntArray:
+    return np.concatenate([[0], np.cumsum([len(e.scores) for e in evidence])]).astype(
+        np.int64
+    )
+
+
+def _rows(offsets: IntArray, queries: Sequence[int] | IntArray) -> IntArray:
+    return np.concatenate(
+        [np.arange(offsets[q], offsets[q + 1]) for q in queries]
+    ).astype(np.int64)
+
+
+def _query_folds(n_queries: int, n_splits: int, seed: int) -> list[IntArray]:
+    """Shuffled, near-equal folds of query indices (grouped by construction)."""
+    order = np.random.default_rng(seed).permutation(n_queries)
+    return [np.sort(f).astype(np.int64) for f in np.array_split(order, n_splits)]
+
+
+def nested_cv(
+    evidence: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    options: EvalOptions,
+    progress: Progress | None = None,
+) -> tuple[dict[str, FloatArray], list[str], list[str]]:
+    """Held-out probabilities of every method for every pair, by outer folds of queries.
+
+    Returns
+    -------
+    proba : dict
+        ``{method: ndarray of shape (n_pairs,)}`` in evidence order.
+    chosen, chosen_reorder : list of str
+        ``auto``'s choice per outer fold (and with reordering allowed).
+    """
+    offsets = _offsets(evidence)
+    proba: dict[str, FloatArray] = {}
+    chosen: list[str] = []
+    chosen_reorder: list[str] = []
+    folds = _query_folds(len(evidence), options.n_splits, options.seed)
+    with single_threaded_blas():
+        _run_folds(
+            evidence,
+            doc_ref,
+            options,
+            folds,
+            offsets,
+            proba,
+            chosen,
+            chosen_reorder,
+            progress,
+        )
+    return proba, chosen, chosen_reorder
+
+
+def _run_folds(
+    evidence: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    options: EvalOptions,
+    folds: list[IntArray],
+    offsets: IntArray,
+    proba: dict[str, FloatArray],
+    chosen: list[str],
+    chosen_reorder: list[str],
+    progress: Progress | None,
+) -> None:
+    n_pairs = int(offsets[-1])
+    for i, test_q in enumerate(folds):
+        if progress is not None:
+            progress(f"outer fold {i + 1}/{len(folds)}")
+        train_q = np.setdiff1d(np.arange(len(evidence)), test_q)
+        fitted = _fit_predict(
+            [evidence[q] for q in train_q],
+            [evidence[q] for q in test_q],
+            doc_ref,
+            options,
+        )
+        rows = _rows(offsets, test_q)
+        for method, p in fitted.proba.items():
+            proba.setdefault(method, np.full(n_pairs, np.nan))[rows] = p
+        chosen.append(fitted.chosen)
+        if fitted.chosen_reorder is not None:
+            chosen_reorder.append(fitted.chosen_reorder)
+
+
+def _draw_train(
+    rng: np.random.Generator,
+    candidates: IntArray,
+    n: int,
+    has_positive: FloatArray,
+) -> IntArray | None:
+    """``n`` random queries with at least one relevant pair (both classes present)."""
+    for _ in range(50):
+        pick = np.sort(rng.choice(candidates, size=n, replace=False))
+        if 0 < has_positive[pick].sum():
+            return pick.astype(np.int64)
+    return None
+
+
+def few_label_curve(
+    pool: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    options: EvalOptions,
+    *,
+    test: Sequence[QueryEvidence] | None = None,
+    full_auto_proba: FloatArray | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Fit auto and Platt on ``n`` labelled queries; evaluate on held-out queries.
+
+    With ``test`` (fit-split mode) every draw is evaluated on ``test`` and the
+    full-data reference is auto fitted on the whole ``pool``. Otherwise the held-out
+    queries are the rest of ``pool`` and the reference is ``full_auto_proba`` (the
+    nested-CV predictions of auto) on the same held-out pairs.
+    """
+    with single_threaded_blas():
+        return _few_label_curve(
+            pool,
+            doc_ref,
+            options,
+            test=test,
+            full_auto_proba=full_auto_proba,
+            progress=progress,
+        )
+
+
+def _few_label_curve(
+    pool: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    options: EvalOptions,
+    *,
+    test: Sequence[QueryEvidence] | None,
+    full_auto_proba: FloatArray | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(options.seed + 1)
+    has_pos = np.array([float(labels_of([e]).max()) for e in pool])
+    offsets = _offsets(pool)
+    full_test_brier = full_test_nll = None
+    options_no_reorder = EvalOptions(
+        k=options.k, n_splits=options.n_splits, reorder=False, seed=options.seed
+    )
+    if test is not None:
+        y_test = labels_of(test)
+        full = _fit_predict(pool, test, doc_ref, options_no_reorder)
+        full_test_brier = brier_score(y_test, full.proba[AUTO])
+        full_test_nll = negative_log_likelihood(y_test, full.proba[AUTO])
+    out: dict[str, Any] = {
+        "held_out": "test split" if test is not None else "the other queries",
+        "draws": options.few_label_draws,
+        "full_data": None
+        if test is None
+        else {"auto": {"brier": full_test_brier, "nll": full_test_nll}},
+        "sizes": {},
+    }
+    for n in options.few_label_sizes:
+        if test is None and len(pool) - n < MIN_HELD_OUT_QUERIES:
+            out["sizes"][str(n)] = {"skipped": f"only {len(pool)} judged queries"}
+            continue
+        if test is not None and n > len(pool):
+            out["sizes"][str(n)] = {"skipped": f"only {len(pool)} fitting queries"}
+            continue
+        if progress is not None:
+            progress(f"few-label n={n}")
+        rows: dict[str, list[float]] = {
+            k: []
+            for k in ("auto_brier", "auto_nll", "platt_brier", "platt_nll", "ratio")
+        }
+        for _ in range(options.few_label_draws):
+            train_q = _draw_train(rng, np.arange(len(pool)), n, has_pos)
+            if train_q is None:
+                continue
+            if test is None:
+                test_q = np.setdiff1d(np.arange(len(pool)), train_q)
+                held = [pool[q] for q in test_q]
+                assert full_auto_proba is not None
+                ref = full_auto_proba[_rows(offsets, test_q)]
+            else:
+                held = list(test)
+            fitted = _fit_predict(
+                [pool[q] for q in train_q], held, doc_ref, options_no_reorder
+            )
+            y = labels_of(held)
+            b_auto = brier_score(y, fitted.proba[AUTO])
+            rows["auto_brier"].append(b_auto)
+            rows["auto_nll"].append(negative_log_likelihood(y, fitted.proba[AUTO]))
+            rows["platt_brier"].append(brier_score(y, fitted.proba["platt"]))
+            rows["platt_nll"].append(negative_log_likelihood(y, fitted.proba["platt"]))
+            full_b = full_test_brier if test is not None else brier_score(y, ref)
+            assert full_b is not None
+            rows["ratio"].append(b_auto / full_b)
+        out["sizes"][str(n)] = {
+            "n_draws": len(rows["ratio"]),
+            "auto": {
+                "brier": _mean(rows["auto_brier"]),
+                "brier_sd": _sd(rows["auto_brier"]),
+                "nll": _mean(rows["auto_nll"]),
+            },
+            "platt": {
+                "brier": _mean(rows["platt_brier"]),
+                "brier_sd": _sd(rows["platt_brier"]),
+                "nll": _mean(rows["platt_nll"]),
+            },
+            # auto's Brier with n labels / auto's Brier with all labels, same pairs
+            "auto_brier_vs_full": _mean(rows["ratio"]),
+            "auto_brier_vs_full_max": max(rows["ratio"]) if rows["ratio"] else None,
+        }
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def _sd(values: list[float]) -> float | None:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def _query_level(
+    p: FloatArray,
+    groups: IntArray,
+    ell_q: FloatArray,
+    y: FloatArray,
+    options: EvalOptions,
+    confidence: FloatArray | None = None,
+) -> dict[str, Any]:
+    """AUROC of query confidence for "any relevant hit in the top k"."""
+    Q, hit, _ = query_table(p, groups, ell_q, y)
+    assert hit is not None
+    max_p = np.array([p[groups == q].max() for q in range(len(hit))])
+    out: dict[str, Any] = {
+        "n_queries": len(hit),
+        "with_relevant_in_top_k": int(hit.sum()),
+        "auroc": None,
+        "auroc_max_probability": None,
+    }
+    n_min = int(min(hit.sum(), len(hit) - hit.sum()))
+    if n_min == 0:
+        out["note"] = "every query has the same outcome: AUROC undefined"
+        return out
+    out["auroc_max_probability"] = auroc(hit, max_p)
+    if confidence is not None:  # fitted on the fitting split, applied to the test
+        out["auroc"] = auroc(hit, confidence)
+        out["how"] = "query model fitted on the fitting split"
+    elif query_model_is_supported(hit, options.n_splits):
+        held = cross_fit_query_confidence(
+            Q, hit, n_splits=options.n_splits, random_state=options.seed
+        )
+        out["auroc"] = auroc(hit, held)
+        out["how"] = (
+            f"{options.n_splits}-fold cross-fitted on held-out pair probabilities"
+        )
+    else:  # what the service serves then (calibration.profile._fit_query_level)
+        out["auroc"] = auroc(hit, noisy_or_by_query(p, groups))
+        out["how"] = (
+            "noisy-OR of held-out hit probabilities (too few queries of one outcome)"
+        )
+    return out
+
+
+def evaluate_calibration(
+    evidence: Sequence[QueryEvidence],
+    doc_norms: FloatArray,
+    doc_tokens: IntArray,
+    options: EvalOptions | None = None,
+    *,
+    fit_evidence: Sequence[QueryEvidence] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Calibration part of ``normcal eval`` (module docstring), JSON-able.
+
+    Parameters
+    ----------
+    evidence : sequence of QueryEvidence
+        Labelled top-k evidence of the evaluated queries.
+    doc_norms, doc_tokens : ndarray
+        Unlabelled corpus sample for the document-side NormReference.
+    options : EvalOptions or None
+        Defaults if None.
+    fit_evidence : sequence of QueryEvidence or None
+        Fit on these queries and evaluate on ``evidence`` instead of nested CV.
+    progress : callable or None
+        Receives short progress messages.
+    """
+    with single_threaded_blas():
+        return _evaluate_calibration(
+            evidence, doc_norms, doc_tokens, options, fit_evidence, progress
+        )
+
+
+def _evaluate_calibration(
+    evidence: Sequence[QueryEvidence],
+    doc_norms: FloatArray,
+    doc_tokens: IntArray,
+    options: EvalOptions | None,
+    fit_evidence: Sequence[QueryEvidence] | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    opts = options or EvalOptions()
+    evidence = [e for e in evidence if len(e.scores)]
+    doc_ref = NormReference().fit(doc_norms, doc_tokens)
+    y = labels_of(evidence)
+    groups = np.repeat(
+        np.arange(len(evidence), dtype=np.int64), [len(e.scores) for e in evidence]
+    )
+    # ell_q per pair from a label-free reference on all evaluated queries (terciles only)
+    ell_q = build_features(evidence, query_reference(evidence), doc_ref)[0][:, ELL_Q]
+    confidence = None
+    if fit_evidence is None:
+        protocol = f"{opts.n_splits}-fold nested cross-validation grouped by query"
+        proba, chosen_folds, chosen_reorder_folds = nested_cv(
+            evidence, doc_ref, opts, progress
+        )
+        fit_pool = list(evidence)
+    else:
+        fit_pool = [e for e in fit_evidence if len(e.scores)]
+        protocol = "fit on the fitting split, evaluated on the test split"
+        if progress is not None:
+            progress("fitting on the fitting split")
+        fitted = _fit_predict(fit_pool, evidence, doc_ref, opts, with_confidence=True)
+        proba, confidence = fitted.proba, fitted.confidence
+        chosen_folds = [fitted.chosen]
+        chosen_reorder_folds = (
+            [] if fitted.chosen_reorder is None else [fitted.chosen_reorder]
+        )
+    methods = {m: _metrics(y, p) for m, p in proba.items()}
+
+    if progress is not None:
+        progress("norm lift on all fitting data")
+    X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
+    n_inner = min(opts.n_splits, len(fit_pool))
+    sel = select_calibrator(
+        X_all, y_all, g_all, method=AUTO, n_splits=n_inner, query_side_only=True
+    )
+    lift: dict[str, Any] = to_jsonable(sel.norm_lift)
+    if opts.reorder:
+        sel_r = select_calibrator(
+            X_all, y_all, g_all, method=AUTO, n_splits=n_inner, query_side_only=False
+        )
+        lift["reorder"] = to_jsonable(sel_r.norm_lift)
+
+    terciles = {
+        m: to_jsonable(reliability_by_tercile(y, proba[m], ell_q))
+        for m in ("platt", AUTO)
+    }
+    for t in terciles.values():
+        t.pop("curves", None)
+
+    few = few_label_curve(
+        fit_pool,
+        doc_ref,
+        opts,
+        test=None if fit_evidence is None else evidence,
+        full_auto_proba=proba[AUTO] if fit_evidence is None else None,
+        progress=progress,
+    )
+    platt_brier = methods["platt"]["brier"]
+    return {
+        "protocol": protocol,
+        "k": opts.k,
+        "n_queries": len(evidence),
+        "n_pairs": len(y),
+        "n_positive": int(y.sum()),
+        "n_fit_queries": len(fit_pool),
+        "methods": methods,
+        "chosen": sel.method,
+        "chosen_per_fold": chosen_folds,
+        "chosen_reorder": None if not opts.reorder else sel_r.method,
+        "chosen_reorder_per_fold": chosen_reorder_folds,
+        "ece_noise_floor": {m: ece_noise_floor(proba[m]) for m in ("platt", AUTO)},
+        "auto_vs_platt": {
+            "brier_change_pct": 100.0 * (methods[AUTO]["brier"] / platt_brier - 1.0),
+            "nll_change_pct": 100.0
+            * (methods[AUTO]["nll"] / methods["platt"]["nll"] - 1.0),
+        },
+        "norm_lift": lift,
+        "reliability_by_norm_tercile": terciles,
+        "few_label": few,
+        "query_level": _query_level(
+            proba[AUTO], groups, ell_q, y, opts, confidence=confidence
+        ),
+    }
