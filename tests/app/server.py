@@ -21,6 +21,21 @@ from typing import IO
 
 import httpx
 
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_SRC = REPO / "clients" / "python" / "src"
+
+
+def source_env(**extra: str) -> dict[str, str]:
+    """``os.environ`` for a Python subprocess that imports this checkout.
+
+    pytest's ``pythonpath`` setting (which puts ``clients/python/src`` on the path)
+    reaches only the test process; a child sees ``normcal_client`` only when the
+    venv was installed from this tree. This puts the checkout and the client's
+    sources first, so a child imports what the test imports.
+    """
+    paths = [str(REPO), str(CLIENT_SRC), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **extra}
+
 
 @contextmanager
 def refused_port() -> Iterator[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import threading
 
 import httpx
@@ -218,8 +219,6 @@ def test_requests_carry_auth_accept_and_quoted_paths():
 
 
 def test_fit_sends_only_given_options_and_every_server_field():
-    import json
-
     answer = {
         "id": "c1", "collection": "kb", "method": "platt", "created_at": 1.0,
         "active": True, "default": False, "reorders_hits": True, "cv": {},
@@ -246,6 +245,125 @@ def test_fit_sends_only_given_options_and_every_server_field():
         "abstain_delta": 0.05, "activate": False, "include_feedback": False,
         "allow_reorder": True,
     }  # fmt: skip
+
+
+def test_retry_after_values_parse():
+    parse = normcal_client.parse_retry_after
+    assert parse("3") == 3.0 and parse(" 0.5 ") == 0.5
+    assert parse(None) is None and parse("soon") is None
+    past = email.utils.formatdate(1_000_000.0, usegmt=True)
+    assert parse(past, now=1_000_030.0) == 0.0  # a date gone by: no wait
+
+
+def test_retry_policy_validates():
+    with pytest.raises(ValueError, match="max_attempts"):
+        RetryPolicy(max_attempts=0)
+    for field in ("backoff", "max_backoff", "max_retry_after", "jitter"):
+        with pytest.raises(ValueError, match="negative"):
+            RetryPolicy(**{field: -1})
+
+
+def test_backoff_is_capped_and_retry_after_is_bounded():
+    policy = RetryPolicy(backoff=1.0, max_backoff=3.0, max_retry_after=5, jitter=0)
+    assert [policy.delay(n, None) for n in range(5)] == [1.0, 2.0, 3.0, 3.0, 3.0]
+    assert policy.delay(0, 3600.0) == 5.0  # a server asking for an hour gets 5 s
+    jittery = RetryPolicy(backoff=1.0, jitter=0.5)
+    assert all(1.0 <= jittery.delay(0, None) <= 1.5 for _ in range(50))
+
+
+def test_a_retried_request_resends_the_same_body():
+    handler = Recorder(*[problem(429)] * 4)
+    nc, sleeps = mock(handler)
+    with pytest.raises(Overloaded):
+        nc.search("kb", "q", k=3)
+    assert len(sleeps) == 3 and len(handler.requests) == 4
+    assert {r.content for r in handler.requests} == {handler.requests[0].content}
+
+
+@pytest.mark.parametrize("status", [400, 404, 409, 413, 422, 500])
+def test_other_errors_are_not_retried(status):
+    handler = Recorder(problem(status))
+    nc, sleeps = mock(handler)
+    with pytest.raises(NormcalError):
+        nc.list_collections()
+    assert sleeps == [] and len(handler.requests) == 1
+
+
+def test_one_attempt_raises_with_the_servers_retry_after():
+    handler = Recorder(problem(503, "overloaded", {"Retry-After": "1"}))
+    nc, sleeps = mock(handler, retry=NO_RETRY)
+    with pytest.raises(Overloaded) as caught:
+        nc.healthz()
+    assert caught.value.retry_after == 1.0 and sleeps == []
+
+
+def test_connect_errors_exhaust_the_attempts_then_raise():
+    handler = Recorder(*[httpx.ConnectError("refused")] * 4)
+    nc, sleeps = mock(handler)
+    with pytest.raises(ConnectionFailed) as caught:
+        nc.healthz()
+    assert caught.value.status == 0 and caught.value.response is None  # no answer
+    assert len(handler.requests) == 4 and len(sleeps) == 3
+
+
+def test_wait_until_ready_polls_until_200():
+    ready = {"status": "ready", "model": "m", "dim": 384, "collections": 0}
+    handler = Recorder(
+        httpx.ConnectError("refused"),
+        problem(503, "starting"),
+        httpx.Response(200, json=ready),
+    )
+    nc, sleeps = mock(handler)
+    assert nc.wait_until_ready(timeout=30, interval=0.25).dim == 384
+    assert sleeps == [0.25, 0.25]
+
+
+@pytest.mark.anyio
+async def test_async_client_retries_with_its_async_sleep():
+    ready = {"status": "ready", "model": "m", "dim": 384, "collections": 0}
+    handler = Recorder(
+        problem(503, "overloaded", {"Retry-After": "3"}),
+        problem(429, "too-many"),
+        httpx.Response(200, json=ready),
+    )
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    async with AsyncNormcalClient(
+        "http://normcal.test",
+        transport=httpx.MockTransport(handler),
+        retry=RetryPolicy(jitter=0.0),
+        sleep=sleep,
+    ) as anc:
+        assert (await anc.readyz()).collections == 0
+    assert sleeps == [3.0, 1.0]  # Retry-After, then backoff * 2**1
+
+
+def test_search_sends_only_given_options():
+    hit = {"id": "1", "score": 0.5, "probability": None, "norm": 4.0, "n_tokens": 3}
+    hit["metadata"] = {}
+    result = {"query": {"norm": 3.0, "n_tokens": 5, "truncated": False}, "hits": [hit]}
+    handler = Recorder(
+        httpx.Response(200, json=result),
+        httpx.Response(200, json={"results": [result, result]}),
+    )
+    nc, _ = mock(handler)
+    one = nc.search("kb", "q", k=3, min_probability=0.2)
+    assert one.hits[0].probability is None and one.abstain is None
+    assert json.loads(handler.requests[0].content) == {
+        "query": "q",
+        "k": 3,
+        "include_text": False,
+        "min_probability": 0.2,
+    }
+    assert len(nc.search_batch("kb", ["a", "b"], target_precision=0.9)) == 2
+    assert json.loads(handler.requests[1].content) == {
+        "queries": ["a", "b"],
+        "include_text": False,
+        "target_precision": 0.9,
+    }
 
 
 # --------------------------------------------------------------------------- real
@@ -331,11 +449,12 @@ def test_real_calibrators_and_feedback(nc):
 
 
 def test_real_connection_refused_is_typed():
-    from tests.app.server import free_port
+    from tests.app.server import refused_port
 
-    url = f"http://127.0.0.1:{free_port()}"
-    with NormcalClient(url, retry=NO_RETRY) as c, pytest.raises(ConnectionFailed):
-        c.healthz()
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        with NormcalClient(url, retry=NO_RETRY) as c, pytest.raises(ConnectionFailed):
+            c.healthz()
 
 
 def test_shared_client_across_threads(nc):
@@ -376,3 +495,93 @@ async def test_async_client_against_the_live_server(live):
             await anc.get_document("async", "missing")
         await anc.delete_documents("async", ["python", "missing"], missing_ok=True)
         assert (await anc.get_collection("async")).documents == 4
+
+
+def test_real_embed_returns_unit_vectors_and_raw_norms(nc):
+    out = nc.embed(["hello world", "a much longer sentence about norms"], "query")
+    assert out.dim == 384 and len(out.data) == 2
+    assert all(abs(sum(x * x for x in e.embedding) - 1) < 1e-3 for e in out.data)
+    assert all(e.norm > 0 and not e.truncated for e in out.data)
+
+
+def test_real_bad_documents_and_missing_collections_are_typed(nc):
+    nc.create_collection("bad", exist_ok=True)
+    with pytest.raises(InvalidRequest) as caught:
+        nc.upsert_documents("bad", [{"id": "1", "text": "   "}])
+    assert caught.value.status == 422
+    assert nc.get_collection("bad").documents == 0  # and nothing was stored
+    with pytest.raises(NotFound):
+        nc.search("does-not-exist", "q")
+
+
+def test_real_auth(tmp_path, embedder):
+    """With NORMCAL_API_KEY set, no key and a wrong key are 401; the key works."""
+    from app.api.app import create_app
+    from app.settings import Settings
+    from tests.app.live import ThreadServer
+
+    settings = Settings(data_dir=tmp_path / "auth", api_key="s3cret")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        for key in (None, "wrong"):
+            with NormcalClient(server.url, api_key=key, retry=NO_RETRY) as other:
+                with pytest.raises(Unauthorized) as caught:
+                    other.list_collections()
+                assert caught.value.status == 401
+                # /readyz is public but hides the count: the model must accept that
+                assert other.readyz().collections is None
+        with NormcalClient(server.url, api_key="s3cret") as authed:
+            assert authed.list_collections() == []
+            assert authed.readyz().collections == 0
+
+
+@pytest.mark.anyio
+async def test_async_client_through_asgi(app):
+    """The async client on an in-process ASGI transport, lifespan running."""
+    from asgi_lifespan import LifespanManager
+
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with AsyncNormcalClient("http://normcal", transport=transport) as anc:
+            assert (await anc.wait_until_ready(timeout=10)).dim == 384
+            await anc.create_collection("akb")
+            with pytest.raises(Conflict):
+                await anc.create_collection("akb")
+            await anc.create_collection("akb", exist_ok=True)
+            assert (await anc.upsert_documents("akb", DOCS)).upserted == 5
+            result = await anc.search("akb", QUERIES["aspirin"], k=2, include_text=True)
+            assert result.hits[0].id == "aspirin"
+            assert result.hits[0].text == CORPUS["aspirin"]
+            assert (await anc.get_document("akb", "faiss")).id == "faiss"
+            assert (await anc.embed(["x y z"])).dim == 384
+            assert [c.name for c in await anc.list_collections()] == ["akb"]
+            await anc.delete_document("akb", "faiss")
+            with pytest.raises(NotFound):
+                await anc.get_document("akb", "faiss")
+            with pytest.raises(InvalidRequest):
+                await anc.search("akb", "q", k=0)
+            await anc.delete_collection("akb")
+            assert await anc.list_collections() == []
+
+
+@pytest.mark.anyio
+async def test_real_payload_too_large_is_typed(tmp_path, embedder):
+    """A body past max_body_bytes is a typed 413; smaller batches of it fit."""
+    from asgi_lifespan import LifespanManager
+
+    from app.api.app import create_app
+    from app.settings import Limits, Settings
+
+    settings = Settings(data_dir=tmp_path / "d", limits=Limits(max_body_bytes=2048))
+    app = create_app(settings, embedder=embedder)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with AsyncNormcalClient("http://normcal", transport=transport) as anc:
+            await anc.create_collection("big")
+            with pytest.raises(PayloadTooLarge) as caught:
+                await anc.upsert_documents("big", [{"id": "1", "text": "x" * 5000}])
+            assert caught.value.status == 413
+            docs = [{"id": str(i), "text": "y" * 500} for i in range(6)]
+            ack = await anc.upsert_documents("big", docs, batch_size=2)
+            assert (
+                ack.upserted == 6 and (await anc.get_collection("big")).documents == 6
+            )

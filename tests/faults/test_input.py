@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from normcal_client import Judgment, NormcalClient
 
 from app.api.app import create_app
 from app.api.schemas.calibrators import MAX_RELEVANCE
-from app.client import Judgment, NormcalClient
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 
@@ -387,7 +387,7 @@ def test_strict_types_still_take_legitimate_json(kb):
     # The Python client's own models send what the strict server accepts.
     client = NormcalClient("http://testserver", http_client=kb)
     sent = client.feedback("kb", [Judgment(query="q", document_id="rome", relevance=1)])
-    assert sent["total"] == 4
+    assert sent.total == 4
     r = kb.post(
         "/v1/collections/kb/calibrators",
         json={"method": "platt", "k": 3, "abstain_target": None, "activate": False},

@@ -62,6 +62,7 @@ from normcal_client._models import (
     SearchHit,
     SearchRequest,
     SearchResult,
+    UnavailableCollection,
     UpsertRequest,
     UpsertResponse,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "ServerError",
     "ServiceUnavailable",
     "Unauthorized",
+    "UnavailableCollection",
     "UpsertRequest",
     "UpsertResponse",
     "__version__",

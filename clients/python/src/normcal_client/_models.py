@@ -116,13 +116,25 @@ class Health(ResponseModel):
     status: str
 
 
+class UnavailableCollection(ResponseModel):
+    """A quarantined collection in the readiness detail."""
+
+    name: str
+    reason: str
+
+
 class Readiness(ResponseModel):
-    """``GET /readyz``: the model is loaded and collections are open."""
+    """``GET /readyz``: ``ready``, or ``degraded`` when some collections could not open.
+
+    ``collections`` is ``None`` for anonymous callers when the server has an API key.
+    """
 
     status: str
     model: str
     dim: int
-    collections: int
+    reasons: list[str] = []
+    collections: int | None = None
+    unavailable: list[UnavailableCollection] | None = None
 
 
 class Embedding(ResponseModel):
@@ -152,16 +164,22 @@ class CalibratorRef(ResponseModel):
 
 
 class CollectionInfo(ResponseModel):
-    """A collection's description."""
+    """A collection's description.
+
+    A quarantined collection (its files could not be opened when the server started)
+    is listed with ``status="unavailable"``, a ``reason`` and no other fields.
+    """
 
     name: str
-    description: str
-    model: str
-    dim: int
-    index_type: str
-    documents: int
-    indexed: int
-    created_at: float
+    status: Literal["ready", "unavailable"] = "ready"
+    reason: str | None = None
+    description: str | None = None
+    model: str | None = None
+    dim: int | None = None
+    index_type: str | None = None
+    documents: int | None = None
+    indexed: int | None = None
+    created_at: float | None = None
     calibrator: CalibratorRef | None = None
 
 
