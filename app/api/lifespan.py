@@ -9,7 +9,7 @@ from typing import TypedDict
 
 from fastapi import FastAPI
 
-from app.calibrators import load_default_profile
+from app.calibrators import Profile, load_default_profile
 from app.collections.registry import CollectionRegistry
 from app.concurrency import CpuPool
 from app.embedding import Embedder, SentenceTransformerEmbedder
@@ -51,6 +51,7 @@ def make_lifespan(
             settings.data_dir,
             model_name=model.model_name,
             dim=model.dim,
+            load_calibrator=Profile.from_json,
             index_type=settings.index_type,
             hnsw_m=settings.hnsw_m,
             ef_search=settings.hnsw_ef_search,
