@@ -1,7 +1,9 @@
 """The service's use cases, independent of HTTP: embed, collections, documents, search.
 
-Routers translate HTTP into calls here; the CLI and benchmarks call the same methods
-in-process. Every CPU-bound step runs in the bounded pool.
+Routers translate HTTP into calls here and touch nothing else: not the embedder, the
+registry or the pool. The service reaches collections only through the methods of
+``Collection`` and ``CollectionRegistry``, never their store. Every CPU-bound step
+runs in the bounded pool.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from app.api.schemas.calibrators import (
 )
 from app.api.schemas.collections import CalibratorRef, CollectionInfo
 from app.api.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
+from app.api.schemas.embed import Embedding, EmbedResponse
+from app.api.schemas.health import Readiness, UnavailableCollection
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.collections.registry import Collection, CollectionRegistry, Hit
 from app.collections.store import NewDocument
@@ -28,6 +32,7 @@ from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
+from app.ops.report import reliability_png
 from app.settings import Settings
 from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
 
@@ -43,19 +48,65 @@ class Service:
 
     settings: Settings
     embedder: Embedder
-    registry: CollectionRegistry
+    registry: CollectionRegistry[Profile]
     pool: CpuPool
     default_profile: Profile | None = None
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
 
+    # -- health -----------------------------------------------------------------------
+    def readiness(self, *, detailed: bool) -> Readiness:
+        """Whether the service can take writes; ``status`` is ``"not ready"`` if not.
+
+        Only a ``detailed`` answer (for a caller holding the API key, or when there
+        is none) counts and names collections and says which path is unwritable.
+        """
+        storage = self.registry.storage_problem()
+        broken = self.registry.unavailable()
+        reasons: list[str] = []
+        if storage is not None:
+            reasons.append(storage if detailed else "the data dir is not writable")
+        if broken:
+            reasons.append(f"{len(broken)} collection(s) unavailable")
+        answer = Readiness(
+            status="not ready" if storage else "degraded" if broken else "ready",
+            model=self.embedder.model_name,
+            dim=self.embedder.dim,
+            reasons=reasons,
+        )
+        if detailed:
+            answer.collections = len(self.registry.names())
+            answer.unavailable = [
+                UnavailableCollection(name=u.name, reason=u.reason) for u in broken
+            ]
+        return answer
+
+    def render_metrics(self) -> bytes:
+        """The Prometheus exposition (404 when the app was built without metrics)."""
+        if self.metrics is None:
+            raise NotFoundError("endpoint", "/metrics")
+        return self.metrics.render()
+
     # -- embedding --------------------------------------------------------------------
-    async def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+    async def embed(self, texts: list[str], input_type: InputType) -> EmbedResponse:
         """Embed texts after checking the batch and text limits."""
         lim = self.settings.limits
         limits.check_count("texts", texts, lim.max_texts_per_request)
         limits.check_texts("texts", texts, lim)
-        return await self.pool.run(self.embedder.embed, texts, input_type)
+        batch = await self.pool.run(self.embedder.embed, texts, input_type)
+        return EmbedResponse(
+            data=[
+                Embedding(
+                    embedding=batch.vectors[i].tolist(),
+                    norm=float(batch.norms[i]),
+                    n_tokens=int(batch.n_tokens[i]),
+                    truncated=bool(batch.truncated[i]),
+                )
+                for i in range(len(batch))
+            ],
+            model=self.embedder.model_name,
+            dim=self.embedder.dim,
+        )
 
     # -- collections ------------------------------------------------------------------
     def create_collection(self, name: str, description: str) -> CollectionInfo:
@@ -69,7 +120,7 @@ class Service:
         """Describe a collection (503 if it is quarantined)."""
         return self._describe(self.registry.get(name))
 
-    def _describe(self, collection: Collection) -> CollectionInfo:
+    def _describe(self, collection: Collection[Profile]) -> CollectionInfo:
         documents, indexed = collection.counts()
         meta = collection.meta
         return CollectionInfo(
@@ -77,7 +128,7 @@ class Service:
             description=str(meta.get("description", "")),
             model=str(meta["model"]),
             dim=int(meta["dim"]),
-            index_type=collection.index.kind,
+            index_type=collection.index_type,
             documents=documents,
             indexed=indexed,
             created_at=float(meta["created_at"]),
@@ -257,6 +308,10 @@ class Service:
             return default
         return collection.calibrator(calibrator_id)
 
+    async def reliability_png(self, name: str, calibrator_id: str) -> bytes:
+        """A calibrator's reliability diagram (drawing it is CPU work for the pool)."""
+        return await self.pool.run(reliability_png, self.profile(name, calibrator_id))
+
     async def activate_calibrator(
         self, name: str, calibrator_id: str
     ) -> CalibratorInfo:
@@ -277,7 +332,9 @@ class Service:
         )
         return len(judgments), total
 
-    def _check_documents_exist(self, collection: Collection, ids: list[str]) -> None:
+    def _check_documents_exist(
+        self, collection: Collection[Profile], ids: list[str]
+    ) -> None:
         unknown = collection.missing(ids)
         if unknown:
             shown = ", ".join(repr(i) for i in unknown[:5])
@@ -288,7 +345,7 @@ class Service:
                 field="judgments",
             )
 
-    def _profile_for(self, collection: Collection) -> Profile | None:
+    def _profile_for(self, collection: Collection[Profile]) -> Profile | None:
         if collection.profile is not None:
             return collection.profile
         default = self.default_profile
@@ -307,7 +364,9 @@ class Service:
             reorders_hits=profile.reorders_hits,
         )
 
-    def _info(self, collection: Collection, profile: Profile) -> CalibratorInfo:
+    def _info(
+        self, collection: Collection[Profile], profile: Profile
+    ) -> CalibratorInfo:
         active = self._profile_for(collection)
         report = profile.report
         abstain = None if report.abstain is None else to_jsonable(report.abstain)

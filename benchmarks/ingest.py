@@ -32,8 +32,8 @@ from normcal_client import NormcalClient  # noqa: E402
 
 from app.ops.beir import read_corpus  # noqa: E402
 from app.ops.cli import ingest_documents  # noqa: E402
+from app.ops.process import ServerProcess  # noqa: E402
 from app.settings import default_model_path  # noqa: E402
-from tests.app.server import ServerProcess  # noqa: E402
 
 DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -37,7 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.app.server import ServerProcess  # noqa: E402
+from app.ops.process import ServerProcess  # noqa: E402
 
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 MAX_CHARS = 600  # passages of ~100-150 tokens: realistic RAG chunks

@@ -16,6 +16,7 @@ from app.ops.observability import Metrics
 from app.profiles import load_default_profile
 from app.service import Service
 from app.settings import Settings
+from calibration.profile import Profile
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def make_lifespan(
             settings.data_dir,
             model_name=model.model_name,
             dim=model.dim,
+            load_calibrator=Profile.from_json,
             index_type=settings.index_type,
             hnsw_m=settings.hnsw_m,
             ef_search=settings.hnsw_ef_search,

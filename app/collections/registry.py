@@ -7,6 +7,11 @@ takes the write lock too: in-flight work finishes first, later calls get 404.
 
 A file that cannot be opened at start-up is *quarantined*: left untouched, reported
 as unavailable (503 on every use), and removed only by an explicit drop.
+
+Calibrators are stored as JSON; storage knows nothing of how they are fitted or
+scored. The registry's owner passes ``load_calibrator`` (``Profile.from_json``), so a
+collection's methods return the owner's calibrator type, typed, and keep the active
+one decoded in memory for search.
 """
 
 from __future__ import annotations
@@ -19,15 +24,16 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from app.api.schemas.common import COLLECTION_NAME_PATTERN
 from app.collections.index import IndexType, VectorIndex
 from app.collections.store import (
     CollectionStore,
@@ -48,12 +54,9 @@ from app.exceptions import (
     NotFoundError,
     StorageUnavailableError,
 )
-from calibration.profile import Profile
 
 logger = logging.getLogger(__name__)
 
-# Names become file names: letters, digits, '_' and '-', starting with a letter or digit.
-COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _NAME_RE = re.compile(COLLECTION_NAME_PATTERN)
 _SUFFIX = ".sqlite3"
 _BUILDING = ".creating-"  # ".NAME.creating-RANDOM.sqlite3": never matches a name
@@ -65,6 +68,29 @@ RESERVED_NAMES = frozenset(
 )
 REQUIRED_META = ("name", "model", "dim", "created_at")
 DIR_MODE = 0o700
+
+
+class StoredCalibrator(Protocol):
+    """What storage needs of a calibrator: its id, its method, its JSON."""
+
+    @property
+    def id(self) -> str:
+        """Unique id, the key it is stored and activated under."""
+        ...
+
+    @property
+    def method(self) -> str:
+        """Calibration method, stored beside the JSON for listings."""
+        ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON that ``load_calibrator`` turns back into the object."""
+        ...
+
+
+C = TypeVar("C", bound=StoredCalibrator)
+# Turns a stored calibrator's JSON back into the owner's object.
+CalibratorLoader = Callable[[dict[str, Any]], C]
 
 
 @dataclass(frozen=True)
@@ -88,35 +114,53 @@ class Unavailable:
         return CollectionUnavailableError(self.name, str(self.path), self.reason)
 
 
-class Collection:
+class Collection(Generic[C]):
     """One collection: durable store, derived index, and the lock that binds them.
 
     Every method holds the lock and checks ``closed`` under it, so a call racing a
     drop either completes before the store closes or raises ``NotFoundError``.
     """
 
-    def __init__(self, name: str, store: CollectionStore, index: VectorIndex) -> None:
+    def __init__(
+        self,
+        name: str,
+        store: CollectionStore,
+        index: VectorIndex,
+        load_calibrator: CalibratorLoader[C],
+    ) -> None:
         self.name = name
         self._store = store
         self.index = index
+        self._load_calibrator = load_calibrator
         self.lock = RWLock()
         self.closed = False
         self.meta: dict[str, Any] = store.get_meta()
         active = self.meta.get("active_calibrator")
         # Replaced by one assignment on activation: a search reads it once, so it
         # sees either the old calibrator or the new one, never a mix.
-        self.profile: Profile | None = self.calibrator(active) if active else None
+        self.profile: C | None = self.calibrator(active) if active else None
 
     @classmethod
     def open(
-        cls, name: str, store: CollectionStore, *, kind: IndexType, **index_args: int
-    ) -> Collection:
+        cls,
+        name: str,
+        store: CollectionStore,
+        load_calibrator: CalibratorLoader[C],
+        *,
+        kind: IndexType,
+        **index_args: int,
+    ) -> Collection[C]:
         """Open a stored collection and rebuild its index from SQLite."""
         meta = store.get_meta()
         index = VectorIndex(int(meta["dim"]), kind=kind, **index_args)
         for seqs, vectors in store.iter_vectors():
             index.add(seqs, vectors)
-        return cls(name, store, index)
+        return cls(name, store, index, load_calibrator)
+
+    @property
+    def index_type(self) -> IndexType:
+        """The kind of FAISS index serving the collection (``flat`` or ``hnsw``)."""
+        return self.index.kind
 
     @contextmanager
     def _reading(self) -> Iterator[CollectionStore]:
@@ -206,21 +250,21 @@ class Collection:
         with self._reading() as store:
             return store.norm_sample()
 
-    def calibrator(self, calibrator_id: str) -> Profile:
+    def calibrator(self, calibrator_id: str) -> C:
         """Load a stored calibrator (``NotFoundError`` if absent)."""
         with self._reading() as store:
             data = store.load_calibrator(calibrator_id)
         if data is None:
             raise NotFoundError("calibrator", calibrator_id)
-        return Profile.from_json(data)
+        return self._load_calibrator(data)
 
-    def calibrators(self) -> list[Profile]:
+    def calibrators(self) -> list[C]:
         """Every stored calibrator, oldest first."""
         with self._reading() as store:
             stored = store.list_calibrators()
-        return [Profile.from_json(d) for d in stored]
+        return [self._load_calibrator(d) for d in stored]
 
-    def add_calibrator(self, profile: Profile, *, activate: bool) -> None:
+    def add_calibrator(self, profile: C, *, activate: bool) -> None:
         """Store a fitted calibrator; activating it is part of the same commit."""
         with self._reading() as store:
             store.save_calibrator(
@@ -230,7 +274,7 @@ class Collection:
             self.meta["active_calibrator"] = profile.id
             self.profile = profile
 
-    def activate(self, calibrator_id: str) -> Profile:
+    def activate(self, calibrator_id: str) -> C:
         """Make a stored calibrator the active one."""
         profile = self.calibrator(calibrator_id)
         self.set_meta(active_calibrator=calibrator_id)
@@ -250,12 +294,13 @@ class Collection:
             self._store.close()
 
 
-class CollectionRegistry:
+class CollectionRegistry(Generic[C]):
     """All collections under ``data_dir``, loaded at start-up.
 
     Names are unique case-insensitively (``Kb`` and ``kb`` would be one file on a
     case-insensitive volume). At most ``max_open`` SQLite connections stay open;
-    the others reopen on their next use.
+    the others reopen on their next use. ``load_calibrator`` decodes a stored
+    calibrator's JSON (see the module docstring).
     """
 
     def __init__(
@@ -264,6 +309,7 @@ class CollectionRegistry:
         *,
         model_name: str,
         dim: int,
+        load_calibrator: CalibratorLoader[C],
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
@@ -277,7 +323,8 @@ class CollectionRegistry:
         self._index_args = {"hnsw_m": hnsw_m, "ef_search": ef_search}
         self._synchronous = synchronous
         self._connections = OpenConnections(max_open)
-        self._collections: dict[str, Collection] = {}
+        self._load_calibrator = load_calibrator
+        self._collections: dict[str, Collection[C]] = {}
         self._unavailable: dict[str, Unavailable] = {}
         self._lock = threading.Lock()
 
@@ -317,7 +364,7 @@ class CollectionRegistry:
                 time.perf_counter() - started,
             )
 
-    def create(self, name: str, **extra_meta: Any) -> Collection:
+    def create(self, name: str, **extra_meta: Any) -> Collection[C]:
         """Create an empty collection (``ConflictError`` if the name is taken).
 
         The file is built complete under a temporary name, then renamed into place
@@ -345,12 +392,16 @@ class CollectionRegistry:
                 finally:
                     _remove_files(building)
             collection = Collection.open(
-                name, self._new_store(path), kind=self._kind, **self._index_args
+                name,
+                self._new_store(path),
+                self._load_calibrator,
+                kind=self._kind,
+                **self._index_args,
             )
             self._collections[name] = collection
             return collection
 
-    def get(self, name: str) -> Collection:
+    def get(self, name: str) -> Collection[C]:
         """Return a collection (404 if absent, 503 if quarantined)."""
         collection = self._collections.get(name)
         if collection is not None:
@@ -360,7 +411,7 @@ class CollectionRegistry:
             raise broken.error()
         raise NotFoundError("collection", name)
 
-    def get_compatible(self, name: str) -> Collection:
+    def get_compatible(self, name: str) -> Collection[C]:
         """Return a collection whose vectors come from the serving model.
 
         Vectors of another model are not comparable with this model's queries
@@ -426,7 +477,7 @@ class CollectionRegistry:
             self._collections.clear()
             self._unavailable.clear()
 
-    def _open(self, name: str, path: Path) -> Collection:
+    def _open(self, name: str, path: Path) -> Collection[C]:
         """Validate read-only, then open for writing (``UnusableStoreError``)."""
         meta = inspect_store(path)
         missing = [key for key in REQUIRED_META if key not in meta]
@@ -443,7 +494,9 @@ class CollectionRegistry:
             )
         store = self._new_store(path)
         try:
-            return Collection.open(name, store, kind=self._kind, **self._index_args)
+            return Collection.open(
+                name, store, self._load_calibrator, kind=self._kind, **self._index_args
+            )
         except Exception as error:  # any damage inside the data: quarantine it
             store.close()
             raise UnusableStoreError(f"cannot load: {error}") from error

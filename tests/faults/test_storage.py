@@ -30,6 +30,7 @@ from app.collections.registry import CollectionRegistry
 from app.collections.store import build_store
 from app.exceptions import NotFoundError
 from app.settings import Settings
+from calibration.profile import Profile
 from tests.app.corpus import CORPUS, QUERIES
 from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
@@ -212,7 +213,9 @@ def test_create_never_writes_a_partial_file(tmp_path, monkeypatch):
     def crash(*_args: object) -> None:
         raise KeyboardInterrupt  # stands in for the process dying mid-transaction
 
-    registry = CollectionRegistry(tmp_path / "data", model_name=MODEL, dim=384)
+    registry = CollectionRegistry(
+        tmp_path / "data", model_name=MODEL, dim=384, load_calibrator=Profile.from_json
+    )
     registry.load()
     monkeypatch.setattr(app.collections.store, "_write_meta", crash)
     with pytest.raises(KeyboardInterrupt):
@@ -274,7 +277,9 @@ def test_create_drop_race_gives_no_5xx(tmp_path):
 
 
 def test_dropped_collection_methods_raise_not_found(tmp_path, embedder):
-    registry = CollectionRegistry(tmp_path / "data", model_name=MODEL, dim=384)
+    registry = CollectionRegistry(
+        tmp_path / "data", model_name=MODEL, dim=384, load_calibrator=Profile.from_json
+    )
     registry.load()
     collection = registry.create("kb")
     registry.drop("kb")  # a request that looked it up just before still holds it
@@ -299,7 +304,9 @@ def _limit_fds() -> None:
 
 def test_500_collections_start_under_1024_fds(tmp_path, monkeypatch):
     data = tmp_path / "data"
-    registry = CollectionRegistry(data, model_name=MODEL, dim=384)
+    registry = CollectionRegistry(
+        data, model_name=MODEL, dim=384, load_calibrator=Profile.from_json
+    )
     registry.load()
     names = [f"kb{i:03d}" for i in range(500)]
     for name in names:
@@ -421,7 +428,9 @@ def test_readyz_hides_collections_from_anonymous_callers(tmp_path, embedder):
     data = tmp_path / "data"
     data.mkdir()
     (data / "acme-payroll.sqlite3").write_bytes(b"")
-    registry = CollectionRegistry(data, model_name=MODEL, dim=384)
+    registry = CollectionRegistry(
+        data, model_name=MODEL, dim=384, load_calibrator=Profile.from_json
+    )
     registry.load()
     registry.create("secret-kb")
     registry.close()

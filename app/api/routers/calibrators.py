@@ -7,7 +7,6 @@ from fastapi.responses import HTMLResponse
 
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
-from app.api.report import reliability_png, report_html
 from app.api.routers.params import CollectionName
 from app.api.schemas.calibrators import (
     CalibratorInfo,
@@ -16,6 +15,7 @@ from app.api.schemas.calibrators import (
     FeedbackResponse,
     FitRequest,
 )
+from app.ops.report import report_html
 
 router = APIRouter(
     prefix="/collections/{name}", tags=["calibrators"], responses=PROBLEM_RESPONSES
@@ -54,8 +54,7 @@ async def read_reliability_png(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> Response:
     """Reliability diagram of the calibrator's held-out probabilities."""
-    profile = service.profile(name, calibrator_id)
-    png = await service.pool.run(reliability_png, profile)
+    png = await service.reliability_png(name, calibrator_id)
     return Response(png, media_type="image/png")
 
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
-from app.api.schemas.embed import Embedding, EmbedRequest, EmbedResponse
+from app.api.schemas.embed import EmbedRequest, EmbedResponse
 
 router = APIRouter(prefix="/embed", tags=["embed"], responses=PROBLEM_RESPONSES)
 
@@ -16,17 +16,4 @@ async def create_embeddings(
     *, body: EmbedRequest, service: ServiceDep
 ) -> EmbedResponse:
     """Embed texts; each gets its unit vector, raw norm and token count."""
-    batch = await service.embed(body.texts, body.input_type)
-    return EmbedResponse(
-        data=[
-            Embedding(
-                embedding=batch.vectors[i].tolist(),
-                norm=float(batch.norms[i]),
-                n_tokens=int(batch.n_tokens[i]),
-                truncated=bool(batch.truncated[i]),
-            )
-            for i in range(len(batch))
-        ],
-        model=service.embedder.model_name,
-        dim=service.embedder.dim,
-    )
+    return await service.embed(body.texts, body.input_type)

@@ -11,7 +11,6 @@ from fastapi import APIRouter, Depends, Response
 
 from app.api.auth import bearer_scheme
 from app.api.deps import ServiceDep
-from app.exceptions import NotFoundError
 from app.ops.observability import METRICS_CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
@@ -24,6 +23,4 @@ router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
 )
 def read_metrics(service: ServiceDep) -> Response:
     """Prometheus metrics: requests, latency, embedding, index sizes, calibrators."""
-    if service.metrics is None:
-        raise NotFoundError("endpoint", "/metrics")
-    return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+    return Response(service.render_metrics(), media_type=METRICS_CONTENT_TYPE)

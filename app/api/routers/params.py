@@ -6,8 +6,7 @@ from typing import Annotated
 
 from fastapi import Path
 
-from app.api.schemas.common import DOCUMENT_ID_PATTERN
-from app.collections.registry import COLLECTION_NAME_PATTERN
+from app.api.schemas.common import COLLECTION_NAME_PATTERN, DOCUMENT_ID_PATTERN
 
 CollectionName = Annotated[
     str, Path(pattern=COLLECTION_NAME_PATTERN, description="collection name")

@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.common import ListEnvelope, RequestModel
-from app.collections.registry import COLLECTION_NAME_PATTERN
+from app.api.schemas.common import COLLECTION_NAME_PATTERN, ListEnvelope, RequestModel
 
 
 class CollectionCreate(RequestModel):

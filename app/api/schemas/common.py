@@ -29,6 +29,10 @@ Text = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
 # Not blank, and no NUL (C APIs, file names and logs cut a string at NUL).
 DOCUMENT_ID_PATTERN = r"^[^\x00]*[^\s\x00][^\x00]*$"
 DocumentId = Annotated[str, StringConstraints(pattern=DOCUMENT_ID_PATTERN)]
+# Names become file names: letters, digits, '_' and '-', starting with a letter or
+# digit. Declared here, with the wire types, so the schemas and the path parameters
+# use it without loading storage; the registry checks the same pattern.
+COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 MetadataScalar = str | int | float | bool | None
 Metadata = dict[str, Any]

@@ -1,0 +1,53 @@
+"""What an embedding backend gives the service: unit vectors *and* the raw norm.
+
+Cosine similarity discards the norm; normcal keeps it. The norm is the length of the
+pooled vector before the model's final ``Normalize`` module (theory.md §4.8). This
+module loads no model library: schemas, storage and tests import it freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+InputType = Literal["query", "document"]
+
+
+@dataclass(frozen=True)
+class EmbeddingBatch:
+    """Embeddings of a batch of texts, in input order.
+
+    Attributes
+    ----------
+    vectors : ndarray of shape (n, dim), float32
+        Unit vectors ``u = z / ||z||``.
+    norms : ndarray of shape (n,), float64
+        Raw norms ``r = ||z||`` of the pooled vectors before normalisation.
+    n_tokens : ndarray of shape (n,), int64
+        Tokens the model saw (special tokens included, after truncation).
+    truncated : ndarray of shape (n,), bool
+        Whether the text was longer than the model's maximum sequence length.
+    """
+
+    vectors: NDArray[np.float32]
+    norms: NDArray[np.float64]
+    n_tokens: NDArray[np.int64]
+    truncated: NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return int(self.norms.shape[0])
+
+
+class Embedder(Protocol):
+    """What the service needs from an embedding model."""
+
+    model_name: str
+    dim: int
+    max_seq_length: int
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed ``texts`` (blocking, CPU-bound); order is preserved."""
+        ...

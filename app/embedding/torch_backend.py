@@ -1,0 +1,111 @@
+"""The sentence-transformers (PyTorch) backend, with the model's ``Normalize`` removed.
+
+For all-MiniLM-L6-v2 the raw norm is the length of the mean-pooled token embedding.
+torch and sentence-transformers are imported when a model is loaded, not when this
+module is, so importing :mod:`app.embedding` stays cheap.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+
+import numpy as np
+from numpy.typing import NDArray
+
+from app.embedding.base import EmbeddingBatch, InputType
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model with its ``Normalize`` module removed.
+
+    Parameters
+    ----------
+    model_path : str
+        Local model directory (no hub download: ``HF_HUB_OFFLINE=1`` is forced).
+    model_name : str
+        Name reported in responses.
+    prompts : dict
+        Prefix per input type, e.g. ``{"query": "query: ", "document": "passage: "}``.
+    batch_size : int
+        Texts per forward pass; the library sorts texts by length within a call.
+    device : str
+        Torch device.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        model_name: str,
+        prompts: dict[InputType, str] | None = None,
+        batch_size: int = 32,
+        device: str = "cpu",
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.models import Normalize
+
+        model = SentenceTransformer(model_path, device=device, local_files_only=True)
+        modules = list(model)
+        if modules and isinstance(modules[-1], Normalize):
+            # Keep the pooled vector's length: rebuild the pipeline without Normalize.
+            model = SentenceTransformer(modules=modules[:-1], device=device)
+        self._model = model
+        # Token counting needs truncation and padding off; a fast tokenizer keeps
+        # those as mutable state that ``encode`` sets on every call from any pool
+        # thread. Counting on the shared one made concurrent encodes fail (ragged
+        # batches), so it gets its own copy, and a lock because it is stateful too.
+        self._counter = copy.deepcopy(model.tokenizer)
+        self._counter_lock = threading.Lock()
+        self.model_name = model_name
+        self.prompts: dict[InputType, str] = dict(prompts or {})
+        self.batch_size = batch_size
+        self.max_seq_length = int(model.max_seq_length or 512)
+        get_dim = getattr(model, "get_embedding_dimension", None) or (
+            model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
+        if dim is None:  # pragma: no cover - every pooled model reports it
+            raise ValueError(f"model at {model_path} does not report its dimension")
+        self.dim = int(dim)
+
+    def token_counts(self, texts: list[str]) -> NDArray[np.int64]:
+        """Untruncated token counts, special tokens included (thread-safe)."""
+        with self._counter_lock:
+            encoded = self._counter(
+                texts, add_special_tokens=True, truncation=False, verbose=False
+            )
+        return np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed texts; see :class:`EmbeddingBatch`."""
+        prefix = self.prompts.get(input_type, "")
+        inputs = [prefix + t for t in texts] if prefix else list(texts)
+        if not inputs:
+            return EmbeddingBatch(
+                np.zeros((0, self.dim), np.float32),
+                np.zeros(0),
+                np.zeros(0, np.int64),
+                np.zeros(0, bool),
+            )
+        raw = self._model.encode(
+            inputs,
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+            show_progress_bar=False,
+        )
+        z = np.asarray(raw, dtype=np.float64)
+        norms = np.linalg.norm(z, axis=1)
+        # A zero vector has no direction; keep it as zeros (cosine 0 with everything).
+        safe = np.where(norms > 0, norms, 1.0)
+        vectors = (z / safe[:, None]).astype(np.float32)
+        full = self.token_counts(inputs)
+        return EmbeddingBatch(
+            vectors=vectors,
+            norms=norms,
+            n_tokens=np.minimum(full, self.max_seq_length),
+            truncated=full > self.max_seq_length,
+        )
