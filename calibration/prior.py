@@ -135,12 +135,9 @@ def _map_logistic(
         loss = float(weight @ (np.logaddexp(0.0, z) - y * z) + 0.5 * prec @ (d * d))
         return loss, Z.T @ (weight * (expit(z) - y)) + prec * d
 
-    x0 = np.array(
-        [
-            min(max(m, lo if lo is not None else m), hi if hi is not None else m)
-            for m, (lo, hi) in zip(mean, bounds, strict=True)
-        ]
-    )
+    lower = [-np.inf if lo is None else lo for lo, _ in bounds]
+    upper = [np.inf if hi is None else hi for _, hi in bounds]
+    x0 = np.clip(mean, lower, upper)
     res = minimize(
         objective,
         x0,

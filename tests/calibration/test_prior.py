@@ -239,3 +239,16 @@ def test_norm_lift_keeps_a_strong_norm_signal():
     verdict = norm_lift_verdict(*_oof_pair(1.0))
     assert verdict.kept and verdict.verdict == "kept"
     assert verdict.nll_with < verdict.nll_without
+
+
+def test_prior_calibrator_plugs_into_grouped_cross_validation(prior):
+    """The sklearn contract select_calibrator relies on: clone, fit per fold, predict."""
+    from sklearn.base import clone
+
+    from calibration import cross_val_predict_grouped
+
+    X, y, g = domain(-1.0, 20, np.random.default_rng(9))
+    est = PriorCalibrator(prior=prior.to_dict())
+    assert clone(est).get_params() == est.get_params()
+    oof = cross_val_predict_grouped(est, X, y, g, n_splits=5)
+    assert oof.shape == y.shape and np.all((oof >= 0) & (oof <= 1))
