@@ -29,13 +29,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.calibrators import (
-    QueryEvidence,
-    build_features,
-    single_threaded_blas,
-    to_jsonable,
-)
-from app.evaluation import EvalOptions, _draw_train, nested_cv
 from calibration import (
     NormReference,
     PlattCalibrator,
@@ -52,7 +45,10 @@ from calibration import (
     norm_lift_verdict,
     query_table,
 )
+from calibration.evaluation import EvalOptions, _draw_train, nested_cv
 from calibration.prior import PRIOR_FEATURES
+from calibration.profile import QueryEvidence, build_features, single_threaded_blas
+from calibration.report import to_jsonable
 
 FloatArray = NDArray[np.float64]
 DATA = Path("/work/shared/data")
@@ -72,7 +68,7 @@ def _cache_file(cache: Path, model: str, name: str) -> Path:
 
 def build_cache(embedder: Any, name: str, data: Path, cache: Path) -> Path:
     """Embed one set with ``embedder`` and cache its top-``K`` evidence."""
-    from app.beir import embed_corpus, read_qrels, read_queries, retrieve
+    from app.ops.beir import embed_corpus, read_qrels, read_queries, retrieve
 
     path = _cache_file(cache, embedder.model_name, name)
     if path.exists():
@@ -332,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sets", nargs="+", default=list(SETS))
     args = parser.parse_args(argv)
-    from app.lifespan import load_embedder
+    from app.api.lifespan import load_embedder
     from app.settings import Settings
 
     settings = Settings()
