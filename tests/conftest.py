@@ -1,4 +1,10 @@
-"""Shared fixtures: the real bundled model (loaded once), settings, app and client."""
+"""Shared fixtures: the embedder, settings, app and client; markers by what a test needs.
+
+``embedder`` is the real bundled model (loaded once per session) unless the module
+is marked ``fake_embedder``, which gets the deterministic :class:`tests.fakes.HashEmbedder`.
+Tests that end up with the real model are marked ``model`` at collection, so
+``pytest -m "not model"`` runs everything that needs no model at all.
+"""
 
 from __future__ import annotations
 
@@ -25,13 +31,39 @@ def clean_environ() -> Iterator[None]:
     os.environ.update(saved)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that gets the real model ``model``; server tests are slow."""
+    for item in items:
+        if _uses_real_model(item):
+            item.add_marker(pytest.mark.model)
+        if item.get_closest_marker("server") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
+def _uses_real_model(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    if "real_embedder" in names:
+        return True
+    return "embedder" in names and item.get_closest_marker("fake_embedder") is None
+
+
 @pytest.fixture(scope="session")
-def embedder():
+def real_embedder():
     """The real all-MiniLM-L6-v2 embedder, loaded once per test session."""
     from app.api.lifespan import load_embedder
     from app.settings import Settings
 
     return load_embedder(Settings())
+
+
+@pytest.fixture(scope="module")
+def embedder(request: pytest.FixtureRequest):
+    """The embedder the module asked for: the fake if marked ``fake_embedder``."""
+    if request.node.get_closest_marker("fake_embedder") is not None:
+        from tests.fakes import HashEmbedder
+
+        return HashEmbedder()
+    return request.getfixturevalue("real_embedder")
 
 
 @pytest.fixture

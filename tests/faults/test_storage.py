@@ -110,6 +110,7 @@ def _broken_files(data: Path, good: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.server
 def test_broken_files_are_quarantined_untouched_and_healthy_ones_served(
     tmp_path, embedder
 ):
@@ -164,6 +165,7 @@ def test_broken_files_are_quarantined_untouched_and_healthy_ones_served(
         server.stop()
 
 
+@pytest.mark.server
 def test_interrupted_create_leaves_whole_collection_or_none(tmp_path, embedder):
     """kill -9 while collections are being created: every file on restart is whole."""
     data = tmp_path / "data"
@@ -223,6 +225,7 @@ def test_create_never_writes_a_partial_file(tmp_path, monkeypatch):
     registry.close()
 
 
+@pytest.mark.server
 def test_create_drop_race_gives_no_5xx(tmp_path):
     server = ServerProcess(tmp_path / "data").start()
     statuses: dict[str, Counter[int]] = {}
@@ -297,6 +300,7 @@ def _limit_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
 
+@pytest.mark.server
 def test_500_collections_start_under_1024_fds(tmp_path, monkeypatch):
     data = tmp_path / "data"
     registry = CollectionRegistry(data, model_name=MODEL, dim=384)
