@@ -32,11 +32,13 @@ def clean_environ() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that gets the real model ``model``; server tests are slow."""
+    """Mark every test that gets the real model ``model``; a server test loads it
+    too, in its subprocess, and is slow."""
     for item in items:
-        if _uses_real_model(item):
+        server = item.get_closest_marker("server") is not None
+        if server or _uses_real_model(item):
             item.add_marker(pytest.mark.model)
-        if item.get_closest_marker("server") is not None:
+        if server:
             item.add_marker(pytest.mark.slow)
 
 
