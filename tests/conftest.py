@@ -91,10 +91,13 @@ def client(app):
 
 
 def shared_dataset(name: str) -> Path:
-    """Path of a staged dataset, or skip when ``../shared/data`` is absent."""
+    """Path of a staged dataset, or skip when it is absent: the suite passes
+    without the data; CI sets ``NORMCAL_SHARED_DATA`` so these tests run."""
     path = SHARED_DATA / name
     if not (path / "corpus.jsonl").exists():
-        pytest.skip(f"{path} not available (tests read ../shared/data when present)")
+        pytest.skip(
+            f"{path} not available (set NORMCAL_SHARED_DATA; default ../shared/data)"
+        )
     return path
 
 

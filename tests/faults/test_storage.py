@@ -341,6 +341,7 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow  # fills a real tmpfs to the last byte
 def test_full_disk_gives_507_and_writes_nothing(tmp_path, embedder):
     with _tmpfs(tmp_path / "disk", "2m") as disk:
         data = disk / "data"
