@@ -12,7 +12,7 @@ DATA_DIR ?= ./data
 # avoids the multi-GB CUDA build.
 TORCH_PIP_ARGS ?=
 
-.PHONY: install run test lint fmt bench clean
+.PHONY: install run test test-fast lint fmt bench clean
 
 install: $(VENV)/.installed
 
@@ -27,8 +27,15 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	HF_HUB_OFFLINE=1 $(BIN)/normcal serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
 
+# Everything (CI runs this). Tests that read ../shared/data (or $$NORMCAL_SHARED_DATA)
+# skip when it is absent.
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+# The edit-test loop: everything but the tests marked slow (subprocess servers,
+# durability, concurrency, real-data fits, the fresh-venv install).
+test-fast: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,4 +1,10 @@
-"""Shared fixtures: the real bundled model (loaded once), settings, app and client."""
+"""Shared fixtures: the embedder, settings, app and client; markers by what a test needs.
+
+``embedder`` is the real bundled model (loaded once per session) unless the module
+is marked ``fake_embedder``, which gets the deterministic :class:`tests.fakes.HashEmbedder`.
+Tests that end up with the real model are marked ``model`` at collection, so
+``pytest -m "not model"`` runs everything that needs no model at all.
+"""
 
 from __future__ import annotations
 
@@ -25,13 +31,41 @@ def clean_environ() -> Iterator[None]:
     os.environ.update(saved)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that gets the real model ``model``; a server test loads it
+    too, in its subprocess, and is slow."""
+    for item in items:
+        server = item.get_closest_marker("server") is not None
+        if server or _uses_real_model(item):
+            item.add_marker(pytest.mark.model)
+        if server:
+            item.add_marker(pytest.mark.slow)
+
+
+def _uses_real_model(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    if "real_embedder" in names:
+        return True
+    return "embedder" in names and item.get_closest_marker("fake_embedder") is None
+
+
 @pytest.fixture(scope="session")
-def embedder():
+def real_embedder():
     """The real all-MiniLM-L6-v2 embedder, loaded once per test session."""
     from app.api.lifespan import load_embedder
     from app.settings import Settings
 
     return load_embedder(Settings())
+
+
+@pytest.fixture(scope="module")
+def embedder(request: pytest.FixtureRequest):
+    """The embedder the module asked for: the fake if marked ``fake_embedder``."""
+    if request.node.get_closest_marker("fake_embedder") is not None:
+        from tests.fakes import HashEmbedder
+
+        return HashEmbedder()
+    return request.getfixturevalue("real_embedder")
 
 
 @pytest.fixture
@@ -57,10 +91,13 @@ def client(app):
 
 
 def shared_dataset(name: str) -> Path:
-    """Path of a staged dataset, or skip when ``../shared/data`` is absent."""
+    """Path of a staged dataset, or skip when it is absent: the suite passes
+    without the data; CI sets ``NORMCAL_SHARED_DATA`` so these tests run."""
     path = SHARED_DATA / name
     if not (path / "corpus.jsonl").exists():
-        pytest.skip(f"{path} not available (tests read ../shared/data when present)")
+        pytest.skip(
+            f"{path} not available (set NORMCAL_SHARED_DATA; default ../shared/data)"
+        )
     return path
 
 

@@ -209,6 +209,7 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
     raise AssertionError("/readyz never answered 200")
 
 
+@pytest.mark.server
 def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
     entry = instr("ENTRYPOINT")[-1]
     assert json.loads(entry) == ["/usr/local/bin/normcal-entrypoint"]
@@ -256,6 +257,7 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
 # ------------------------------------------------------------------ example client
 
 
+@pytest.mark.slow
 def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
     from app.api.app import create_app
     from app.settings import Settings
@@ -299,6 +301,7 @@ def readme_section(title: str) -> str:
     return text[start : end if end != -1 else None]
 
 
+@pytest.mark.slow
 def test_readme_python_examples_run(tmp_path, embedder):
     """The "Use from Python / LangChain" snippets run, in order, against a server."""
     from app.api.app import create_app

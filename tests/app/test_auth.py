@@ -11,6 +11,9 @@ from app.api.app import create_app
 from app.api.auth import token_matches
 from app.settings import Settings
 
+# What the model makes of a text does not matter here: the deterministic fake.
+pytestmark = pytest.mark.fake_embedder
+
 KEY = "s3cret-token-value"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

@@ -10,6 +10,9 @@ from app.ops.beir import read_corpus, read_qrels, read_queries
 from app.settings import Settings
 from tests.conftest import assert_problem, shared_dataset
 
+# A scifact slice ingested, then calibrators fitted on it: minutes, not seconds.
+pytestmark = pytest.mark.slow
+
 N_QUERIES = 40
 N_DISTRACTORS = 160
 

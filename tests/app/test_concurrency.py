@@ -67,6 +67,7 @@ class ThreadRecordingEmbedder:
                 self.finished += 1
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_parallel_upserts_and_searches_stay_consistent(
     tmp_path, embedder, monkeypatch

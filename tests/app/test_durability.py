@@ -6,6 +6,7 @@ import sqlite3
 import threading
 
 import httpx
+import pytest
 
 from tests.app.server import ServerProcess
 
@@ -26,6 +27,7 @@ def _batch(i: int) -> list[dict]:
     ]
 
 
+@pytest.mark.server
 def test_acknowledged_upserts_survive_kill_9(tmp_path):
     server = ServerProcess(tmp_path / "data").start()
     acked: list[int] = []

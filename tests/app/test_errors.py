@@ -11,6 +11,9 @@ from app.api.app import create_app
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 
+# What the model makes of a text does not matter here: the deterministic fake.
+pytestmark = pytest.mark.fake_embedder
+
 LIMITS = Limits(
     max_texts_per_request=3,
     max_text_chars=40,

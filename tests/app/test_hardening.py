@@ -26,6 +26,9 @@ from app.settings import Limits, Settings
 from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
 
+# What the model makes of a text does not matter here: the deterministic fake.
+pytestmark = pytest.mark.fake_embedder
+
 BODY_CAP = 4096
 LIMITS = Limits(
     max_texts_per_request=3,
@@ -212,7 +215,7 @@ def test_no_file_is_created_outside_the_data_dir(small, data_dir):
 
 # -- overload: the pool refuses instead of queueing forever ----------------------------
 class GatedEmbedder:
-    """The real embedder whose first call waits for ``release``: that call holds the
+    """An embedder whose first call waits for ``release``: that call holds the
     pool's only slot for as long as the test needs, whatever the machine's speed."""
 
     def __init__(self, inner):
@@ -278,6 +281,7 @@ def _until(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> 
         time.sleep(0.05)
 
 
+@pytest.mark.server
 def test_sigterm_finishes_in_flight_request_and_closes_sqlite(tmp_path):
     """The upsert is held in flight by the test itself (half its body sent), so
     SIGTERM provably lands while it runs, whatever the machine's speed."""

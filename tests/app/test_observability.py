@@ -13,6 +13,9 @@ from app.api.app import create_app
 from app.ops.observability import JsonFormatter
 from app.settings import Settings
 
+# What the model makes of a text does not matter here: the deterministic fake.
+pytestmark = pytest.mark.fake_embedder
+
 
 def _samples(client) -> dict[tuple[str, tuple], float]:
     r = client.get("/metrics")

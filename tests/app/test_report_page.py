@@ -58,6 +58,7 @@ def _run(chromium: str, tmp_path: Path, *args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_report_page_renders_in_chromium(chromium, tmp_path, embedder):
     settings = Settings(data_dir=tmp_path / "data")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:

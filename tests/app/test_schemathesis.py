@@ -1,7 +1,8 @@
 """Property-based fuzzing of the app against its own OpenAPI schema (schemathesis).
 
-Real app in-process (real model, FAISS, SQLite), a pre-created collection so that
-path parameters can hit something, small limits so that embedding stays cheap.
+Real app in-process (FAISS, SQLite; the deterministic fake embedder, since the
+schema and not the model is under test), a pre-created collection so that path
+parameters can hit something, and small limits.
 Properties: never a 5xx; responses conform to the schema; every 4xx is problem+json
 carrying the request id in ``instance``.
 """
@@ -26,6 +27,7 @@ from schemathesis.python import asgi
 
 from app.api.app import create_app
 from app.settings import Limits, Settings
+from tests.fakes import HashEmbedder
 
 COLLECTION = "kb"
 LIMITS = Limits(
@@ -41,12 +43,12 @@ LIMITS = Limits(
 )
 
 
-# Built at import: schemathesis needs the schema to generate the test cases. The
-# model loads when the lifespan starts (on the first call), not here.
+# Built at import: schemathesis needs the schema to generate the test cases.
 # Only a path: the lifespan creates it, so collecting the tests leaves nothing behind.
 _DATA_DIR = Path(tempfile.gettempdir()) / f"normcal-fuzz-{uuid.uuid4().hex}"
 APP = create_app(
-    Settings(data_dir=_DATA_DIR, limits=LIMITS, worker_threads=2, api_key=None)
+    Settings(data_dir=_DATA_DIR, limits=LIMITS, worker_threads=2, api_key=None),
+    embedder=HashEmbedder(),
 )
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 

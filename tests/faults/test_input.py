@@ -10,6 +10,8 @@ are sent as raw JSON text where Python's encoder cannot write them (``NaN``,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,19 +23,36 @@ from app.api.schemas.calibrators import MAX_RELEVANCE
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 
+# What the model makes of a text does not matter here: the deterministic fake.
+pytestmark = pytest.mark.fake_embedder
+
 DOCS = "/v1/collections/kb/documents"
 SEARCH = "/v1/collections/kb/search"
 INT64_MAX = 2**63 - 1
 DEPTH = Limits().max_metadata_depth  # the shipped default
 
 
-@pytest.fixture
-def kb(client: TestClient) -> TestClient:
-    """The real app with one collection, ``kb``, holding one document, ``seed``."""
+def _with_kb(client: TestClient) -> TestClient:
+    """The app with one collection, ``kb``, holding one document, ``seed``."""
     assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
     seed = {"id": "seed", "text": "Paris is the capital of France.", "metadata": {}}
     assert client.put(DOCS, json={"documents": [seed]}).status_code == 200
     return client
+
+
+@pytest.fixture
+def kb(client: TestClient) -> TestClient:
+    """The real app (fake embedder) with the collection ``kb``."""
+    return _with_kb(client)
+
+
+@pytest.fixture
+def model_kb(tmp_path: Path, real_embedder: Any) -> Iterator[TestClient]:
+    """``kb`` served by the real model, whose default profile answers
+    ``min_probability``."""
+    settings = Settings(data_dir=tmp_path / "model-kb")
+    with TestClient(create_app(settings, embedder=real_embedder)) as client:
+        yield _with_kb(client)
 
 
 def _raw(c: TestClient, method: str, path: str, body: str) -> Any:
@@ -363,7 +382,9 @@ def test_wire_types_are_strict(kb, path, body, field):
     _assert_nothing_judged(kb)
 
 
-def test_strict_types_still_take_legitimate_json(kb):
+def test_strict_types_still_take_legitimate_json(model_kb):
+    """The real model: ``min_probability`` needs its default profile."""
+    kb = model_kb
     # An int where a float is expected, a Literal, lists, nested models.
     r = kb.post(
         SEARCH,

@@ -28,6 +28,7 @@ SHORT = ["a cat", "what is the capital of France?", "normcal keeps the raw norm"
 LONG = [" ".join(f"word{i}" for i in range(n)) for n in (300, 700)]  # > 256 tokens
 
 
+@pytest.mark.slow
 def test_concurrent_embed_and_token_counting_do_not_interfere(embedder):
     """Defect 4: counting tokens (no truncation, no padding) while other threads
     encode made ``embed`` raise "Unable to create tensor"; results must also match."""
@@ -122,6 +123,7 @@ def closed_by_server(sock: socket.socket) -> bool:
             return True
 
 
+@pytest.mark.server
 def test_unfinished_request_heads_are_closed_by_the_header_timeout(
     slow_client_server,
 ):
@@ -133,6 +135,7 @@ def test_unfinished_request_heads_are_closed_by_the_header_timeout(
     assert httpx.get(f"{server.url}/healthz", timeout=WAIT).status_code == 200
 
 
+@pytest.mark.server
 def test_trickling_a_head_byte_by_byte_does_not_extend_the_deadline(
     slow_client_server,
 ):
@@ -153,6 +156,7 @@ def test_trickling_a_head_byte_by_byte_does_not_extend_the_deadline(
             pytest.fail("a trickled head kept the connection open")
 
 
+@pytest.mark.server
 def test_a_body_that_stops_half_way_is_closed_by_the_body_timeout(slow_client_server):
     """64 never-finished 8 MiB bodies grew RSS by 500 MB: bodies have a deadline."""
     server, _ = slow_client_server
@@ -172,6 +176,7 @@ def test_a_body_that_stops_half_way_is_closed_by_the_body_timeout(slow_client_se
     assert listed["count"] == 0, "nothing was created from the unfinished body"
 
 
+@pytest.mark.server
 def test_idle_connection_flood_past_the_fd_limit_neither_wedges_nor_floods_the_log(
     slow_client_server,
 ):
@@ -196,6 +201,7 @@ def poll_healthz(client: httpx.Client, want: int) -> None:
     pytest.fail(f"/healthz never answered {want}")
 
 
+@pytest.mark.server
 def test_connections_past_the_cap_get_503_and_the_fd_limit_is_raised(tmp_path):
     """At the cap every connection is served; one more and requests get 503 (not a
     hang); when connections go away, service resumes. The server also raised its
@@ -232,6 +238,7 @@ def test_connections_past_the_cap_get_503_and_the_fd_limit_is_raised(tmp_path):
 # ---------------------------------------------------------------- API keys that cannot work
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("key", ["", "  padded-key "])
 def test_serve_refuses_an_empty_or_padded_api_key(tmp_path, key):
     """An empty NORMCAL_API_KEY silently disabled auth; a padded one never matched."""

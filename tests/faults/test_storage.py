@@ -111,6 +111,7 @@ def _broken_files(data: Path, good: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.server
 def test_broken_files_are_quarantined_untouched_and_healthy_ones_served(
     tmp_path, embedder
 ):
@@ -165,6 +166,7 @@ def test_broken_files_are_quarantined_untouched_and_healthy_ones_served(
         server.stop()
 
 
+@pytest.mark.server
 def test_interrupted_create_leaves_whole_collection_or_none(tmp_path, embedder):
     """kill -9 while collections are being created: every file on restart is whole."""
     data = tmp_path / "data"
@@ -226,6 +228,7 @@ def test_create_never_writes_a_partial_file(tmp_path, monkeypatch):
     registry.close()
 
 
+@pytest.mark.server
 def test_create_drop_race_gives_no_5xx(tmp_path):
     server = ServerProcess(tmp_path / "data").start()
     statuses: dict[str, Counter[int]] = {}
@@ -302,6 +305,7 @@ def _limit_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
 
+@pytest.mark.server
 def test_500_collections_start_under_1024_fds(tmp_path, monkeypatch):
     data = tmp_path / "data"
     registry = CollectionRegistry(
@@ -344,6 +348,7 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow  # fills a real tmpfs to the last byte
 def test_full_disk_gives_507_and_writes_nothing(tmp_path, embedder):
     with _tmpfs(tmp_path / "disk", "2m") as disk:
         data = disk / "data"
