@@ -190,6 +190,7 @@ def scifact_slice(tmp_path: Path, n_queries: int = 30, n_extra: int = 40) -> Pat
     return dst
 
 
+@pytest.mark.slow
 def test_cli_eval_on_a_real_scifact_slice(
     tmp_path: Path, embedder, monkeypatch, capsys
 ) -> None:

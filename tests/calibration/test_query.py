@@ -47,6 +47,7 @@ def test_query_model_is_calibrated_and_monotone_in_evidence():
         QueryConfidenceModel().predict_proba(Q)
 
 
+@pytest.mark.slow
 def test_abstain_guarantee_holds_on_fresh_data():
     # LTT guarantee: P(risk on fresh data > target) <= delta. Check the frequency.
     target, delta = 0.25, 0.1

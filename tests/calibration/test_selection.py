@@ -26,6 +26,7 @@ def auto_result(list_world):
     return select_calibrator(d.X, d.y, d.groups)
 
 
+@pytest.mark.slow
 def test_auto_reports_every_method(auto_result, list_world):
     # Its speed is measured by benchmarks/fit_speed.py, not asserted here.
     res = auto_result
@@ -62,6 +63,7 @@ def test_unit_norms_fall_back_to_norm_free(list_world):
     assert res.cv["nt"].nll == res.cv["platt"].nll
 
 
+@pytest.mark.slow
 def test_norm_free_world_does_not_keep_norm_terms():
     d = simulate_judgments(
         250, rng=4, gamma_q=0.0, gamma_d=0.0, beta_q=0.0, delta_gap=0.5
@@ -71,6 +73,7 @@ def test_norm_free_world_does_not_keep_norm_terms():
     assert not res.uses_norms
 
 
+@pytest.mark.slow
 def test_named_method_is_served(list_world):
     d = list_world
     res = select_calibrator(d.X, d.y, d.groups, method="nt", query_side_only=True)
@@ -121,6 +124,7 @@ def test_cross_val_predict_grouped_is_out_of_fold(list_world):
     np.testing.assert_array_equal(p, np.full(d.y.shape, 0.5))
 
 
+@pytest.mark.slow
 def test_nested_evaluation_selects_inside_each_training_fold(list_world):
     # The service's eval: outer grouped CV, selection inside each training fold.
     from sklearn.model_selection import GroupKFold
