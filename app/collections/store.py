@@ -362,22 +362,30 @@ class CollectionStore:
             return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def filter_seqs(self, where: dict[str, MetadataValue]) -> NDArray[np.int64]:
-        """Seqs of documents whose metadata equals ``where`` on every key."""
+        """Seqs of documents whose metadata equals ``where`` on every key.
+
+        Keys are matched through ``json_each`` rather than a JSON path: a path has no
+        escape for every character a key may hold (``"`` inside a quoted label), and a
+        key compared as a bound parameter needs none. JSON types are kept apart
+        (``true`` is not ``1``, ``"1"`` is not ``1``).
+        """
         clauses: list[str] = []
         params: list[str | int | float] = []
         for key, value in where.items():
-            path = '$."' + key.replace('"', '""') + '"'
             if value is None:
-                clauses.append("json_type(metadata, ?) = 'null'")
-                params.append(path)
+                kind = "'null'"
             else:
                 kind = {bool: "'true','false'", str: "'text'"}.get(
                     type(value), "'integer','real'"
                 )
-                clauses.append(
-                    f"json_type(metadata, ?) IN ({kind}) AND json_extract(metadata, ?) = ?"
-                )
-                params += [path, path, int(value) if isinstance(value, bool) else value]
+            match = f"m.key = ? AND m.type IN ({kind})"
+            params.append(key)
+            if value is not None:
+                match += " AND m.value = ?"
+                params.append(int(value) if isinstance(value, bool) else value)
+            clauses.append(
+                f"EXISTS (SELECT 1 FROM json_each(documents.metadata) AS m WHERE {match})"
+            )
         sql = "SELECT seq FROM documents"
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
