@@ -43,6 +43,7 @@ def pick(confidences: Sequence[float], turn: int) -> int:
     bins = [confidence_bin(c) for c in confidences]
     for step in range(len(BIN_ORDER)):
         wanted = BIN_ORDER[(turn + step) % len(BIN_ORDER)]
-        if wanted in bins:
-            return bins.index(wanted)
+        first = next((i for i, b in enumerate(bins) if b == wanted), None)
+        if first is not None:
+            return first
     raise AssertionError("every bin index lies in BIN_ORDER")  # pragma: no cover
