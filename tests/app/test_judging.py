@@ -81,7 +81,7 @@ def test_enabled_log_keeps_the_most_recent_queries_up_to_its_retention(kb):
     assert _next(kb)["query"] == "third query"  # the most recent one survived
 
 
-def test_repeats_are_counted_and_order_the_log(kb):
+def test_next_offers_a_logged_query_with_its_top_hits(kb):
     kb.put("/v1/collections/kb/query-log", json={"enabled": True, "retention": 5})
     _search(kb, QUERIES["paris"])
     _search(kb, QUERIES["python"], QUERIES["python"])
