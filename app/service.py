@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app import limits
+from app import judging, limits
 from app.api.schemas.calibrators import (
     CalibratorInfo,
     FitRequest,
@@ -25,6 +25,13 @@ from app.api.schemas.collections import CalibratorRef, CollectionInfo
 from app.api.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
 from app.api.schemas.embed import Embedding, EmbedResponse
 from app.api.schemas.health import Readiness, UnavailableCollection
+from app.api.schemas.judging import (
+    JudgingHit,
+    JudgingNext,
+    JudgingProgress,
+    QueryLogInfo,
+    QueryLogSettings,
+)
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.collections.registry import Collection, CollectionRegistry, Hit
 from app.collections.store import NewDocument
@@ -225,7 +232,9 @@ class Service:
             )
         batch = await self.pool.run(self.embedder.embed, texts, "query")
         hits = await self.pool.run(collection.search, batch.vectors, k, request.filter)
-        return await self.pool.run(_results, batch, hits, profile, request)
+        results = await self.pool.run(_results, batch, hits, profile, request)
+        await self._log_queries(collection, texts)
+        return results
 
     # -- calibrators ------------------------------------------------------------------
     async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
@@ -332,6 +341,103 @@ class Service:
         )
         return len(judgments), total
 
+    # -- judging loop ------------------------------------------------------------------
+    def query_log(self, name: str) -> QueryLogInfo:
+        """The collection's query log settings and size (off unless enabled)."""
+        collection = self.registry.get(name)
+        current = _query_log_settings(collection)
+        return QueryLogInfo(**current.model_dump(), entries=collection.query_log_size())
+
+    def set_query_log(self, name: str, body: QueryLogSettings) -> QueryLogInfo:
+        """Turn the query log on or off and set its retention (applied at once).
+
+        Turning it off stops recording; the logged queries stay judging candidates.
+        """
+        retention_limit = self.settings.limits.max_query_log_retention
+        limits.check_value("retention", body.retention, retention_limit)
+        collection = self.registry.get(name)
+        collection.set_meta(query_log=body.model_dump())
+        entries = collection.trim_query_log(body.retention)
+        return QueryLogInfo(**body.model_dump(), entries=entries)
+
+    async def _log_queries(
+        self, collection: Collection[Profile], texts: list[str]
+    ) -> None:
+        """Record searched texts when the log is on; a failure only gets logged."""
+        current = _query_log_settings(collection)
+        if not current.enabled:
+            return
+        try:
+            await self.pool.run(collection.log_queries, texts, current.retention)
+        except Exception:  # the search was answered; the log is best effort
+            logger.warning(
+                "could not log queries of %s", collection.name, exc_info=True
+            )
+
+    def add_judging_queries(self, name: str, queries: list[str]) -> int:
+        """Queue queries to judge ahead of logged ones; returns how many were new."""
+        lim = self.settings.limits
+        limits.check_count("queries", queries, lim.max_judging_queries)
+        limits.check_texts("queries", queries, lim)
+        return self.registry.get(name).add_judging_queries(queries)
+
+    def skip_judging(self, name: str, query: str) -> None:
+        """Never offer ``query`` for judging again (404 if it is not a candidate)."""
+        if not self.registry.get(name).skip_judging(query):
+            raise NotFoundError("judging query", query)
+
+    async def next_to_judge(self, name: str, k: int) -> JudgingNext:
+        """The next query to judge with its top ``k`` hits (see ``app.judging``)."""
+        limits.check_value("k", k, self.settings.limits.max_k)
+        collection = self.registry.get_compatible(name)
+        source, candidates, remaining = collection.judging_candidates(
+            judging.CANDIDATE_POOL
+        )
+        judged, relevant, skipped = collection.judging_counts()
+        progress = JudgingProgress(
+            judged_queries=judged,
+            relevant_queries=relevant,
+            target=judging.FIT_MIN_QUERIES,
+            remaining=remaining,
+            skipped=skipped,
+            can_fit=judged >= judging.FIT_MIN_QUERIES and relevant > 0,
+        )
+        profile = self._profile_for(collection)
+        if not candidates:
+            return JudgingNext(
+                query=None,
+                source="none",
+                confidence=None,
+                hits=[],
+                calibrator=self._calibrator_ref(profile),
+                progress=progress,
+            )
+        request = SearchRequest(queries=candidates, k=k, include_text=True)
+        batch = await self.pool.run(self.embedder.embed, candidates, "query")
+        hits = await self.pool.run(collection.search, batch.vectors, k, None)
+        results = await self.pool.run(_results, batch, hits, profile, request)
+        levels = [
+            r.confidence
+            if r.confidence is not None
+            else (r.hits[0].score if r.hits else 0.0)  # no calibrator: the top cosine
+            for r in results
+        ]
+        chosen = judging.pick(levels, turn=judged + skipped)
+        result = results[chosen]
+        return JudgingNext(
+            query=candidates[chosen],
+            source="uploaded" if source == "uploaded" else "log",
+            confidence=result.confidence,
+            hits=[
+                JudgingHit(
+                    id=h.id, text=h.text or "", score=h.score, probability=h.probability
+                )
+                for h in result.hits
+            ],
+            calibrator=result.calibrator,
+            progress=progress,
+        )
+
     def _check_documents_exist(
         self, collection: Collection[Profile], ids: list[str]
     ) -> None:
@@ -383,6 +489,11 @@ class Service:
             abstain=abstain,
             report=report.to_jsonable(),
         )
+
+
+def _query_log_settings(collection: Collection[Profile]) -> QueryLogSettings:
+    """The stored query log settings (the defaults, off, when never set)."""
+    return QueryLogSettings.model_validate(collection.meta.get("query_log", {}))
 
 
 def _results(

@@ -49,6 +49,12 @@ class Limits(BaseSettings):
     max_id_chars: int = Field(256, ge=1, description="characters of a document id")
     max_judgments_per_fit: int = Field(20_000, ge=1, description="judgments per fit")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="request body")
+    max_query_log_retention: int = Field(
+        100_000, ge=1, description="largest retention of a collection's query log"
+    )
+    max_judging_queries: int = Field(
+        1000, ge=1, description="queries per upload to the judging queue"
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):
@@ -113,6 +119,10 @@ class Settings(BaseSettings):
     )
     public_docs: bool = Field(
         True, description="/docs, /redoc and /openapi.json need no API key"
+    )
+    public_ui: bool = Field(
+        True,
+        description="the judging page's HTML, JS and CSS (no data) need no API key",
     )
     log_level: str = Field("INFO")
     log_format: Literal["json", "text"] = Field(

@@ -16,8 +16,10 @@ from app.api.routers import (
     documents,
     embed,
     health,
+    judging,
     metrics,
     search,
+    ui,
 )
 from app.embedding import Embedder
 from app.ops.observability import AccessLogMiddleware, Metrics, RouteTemplates
@@ -52,6 +54,7 @@ def create_app(
             public_health=settings.public_health,
             public_docs=settings.public_docs,
             public_metrics=settings.public_metrics,
+            public_ui=settings.public_ui,
         ),
     )
     app.add_middleware(
@@ -60,7 +63,8 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    for module in (embed, collections, documents, search, calibrators):
+    app.include_router(ui.router)
+    for module in (embed, collections, documents, search, calibrators, judging):
         app.include_router(
             module.router, prefix="/v1", dependencies=[Depends(bearer_scheme)]
         )

@@ -9,6 +9,9 @@ Public without a key: ``/healthz`` and ``/readyz`` when ``public_health`` is tru
 ``/docs``, ``/redoc`` and ``/openapi.json`` when ``public_docs`` is true (the schema
 describes the API and holds no data). ``/metrics`` names every collection and
 calibrator in its labels, so it needs the key unless ``public_metrics`` opts in.
+Everything under ``/ui/`` (the judging page's HTML, JS and CSS: no data, the page
+asks for the key and sends it on its ``/v1`` calls) when ``public_ui`` is true; a
+public entry ending in ``/`` is a prefix.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from app.exceptions import UnauthorizedError
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 METRICS_PATHS = frozenset({"/metrics"})
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+UI_PATHS = frozenset({"/ui/"})  # a prefix
 
 # Declared on the /v1 routers so OpenAPI shows the scheme (and Swagger UI offers
 # "Authorize"); auto_error=False because the middleware does the enforcing.
@@ -37,10 +41,16 @@ bearer_scheme = HTTPBearer(
 
 
 def public_paths(
-    *, public_health: bool, public_docs: bool, public_metrics: bool
+    *,
+    public_health: bool,
+    public_docs: bool,
+    public_metrics: bool,
+    public_ui: bool = False,
 ) -> frozenset[str]:
-    """Paths served without a key."""
+    """Paths served without a key (one ending in ``/`` is a prefix)."""
     paths: set[str] = set()
+    if public_ui:
+        paths |= UI_PATHS
     if public_health:
         paths |= HEALTH_PATHS
     if public_docs:
@@ -72,6 +82,7 @@ class ApiKeyMiddleware:
         self.app = app
         self._key = api_key.get_secret_value().encode() if api_key else None
         self._public = public
+        self._prefixes = tuple(p for p in public if p.endswith("/"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""
@@ -79,6 +90,7 @@ class ApiKeyMiddleware:
             self._key is None
             or scope["type"] != "http"
             or scope["path"] in self._public
+            or scope["path"].startswith(self._prefixes)
             or token_matches(dict(scope["headers"]).get(b"authorization"), self._key)
         ):
             await self.app(scope, receive, send)

@@ -245,6 +245,43 @@ class Collection(Generic[C]):
         with self._reading() as store:
             return store.add_judgments(rows)
 
+    # The judging loop's queries. Like feedback, these writes take the read lock: they
+    # touch no document, and the store serialises its own transactions.
+    def log_queries(self, queries: Sequence[str], retention: int) -> None:
+        """Count searched query texts in the opt-in query log."""
+        with self._reading() as store:
+            store.log_queries(queries, retention)
+
+    def trim_query_log(self, retention: int) -> int:
+        """Apply a new retention now; return how many log entries remain."""
+        with self._reading() as store:
+            return store.trim_query_log(retention)
+
+    def query_log_size(self) -> int:
+        """Distinct queries in the query log."""
+        with self._reading() as store:
+            return store.query_log_size()
+
+    def add_judging_queries(self, queries: Sequence[str]) -> int:
+        """Queue uploaded queries to judge; return how many were new."""
+        with self._reading() as store:
+            return store.add_judging_queries(queries)
+
+    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
+        """``(source, up to limit queries, how many in all)`` still to judge."""
+        with self._reading() as store:
+            return store.judging_candidates(limit)
+
+    def skip_judging(self, query: str) -> bool:
+        """Never offer ``query`` again; False when it is neither queued nor logged."""
+        with self._reading() as store:
+            return store.skip_judging(query)
+
+    def judging_counts(self) -> tuple[int, int, int]:
+        """``(judged queries, with a relevant judgment, skipped)``."""
+        with self._reading() as store:
+            return store.judging_counts()
+
     def norm_sample(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
         """Raw norms and token counts of stored documents (for norm references)."""
         with self._reading() as store:

@@ -29,7 +29,10 @@ from numpy.typing import NDArray
 
 from app.exceptions import InsufficientStorageError, NotFoundError
 
-SCHEMA_VERSION = 1
+# 2 added the judging tables (query log, uploaded queries, skips). A version-1 file
+# gets them on its first writable open (``CREATE TABLE IF NOT EXISTS``); they are not
+# in ``TABLES``, so ``inspect_store`` never quarantines a file for lacking them.
+SCHEMA_VERSION = 2
 
 # One statement per entry, so that a new file gets its schema and its meta in a single
 # transaction (``executescript`` would commit in between).
@@ -61,6 +64,25 @@ _SCHEMA = (
 )""",
 )
 TABLES = ("meta", "documents", "calibrators", "judgments")
+_ADDED_SCHEMA = (  # version 2
+    """CREATE TABLE IF NOT EXISTS query_log (  -- opt-in log of searched query texts
+    query TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    count INTEGER NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS query_log_last_seen ON query_log(last_seen)",
+    """CREATE TABLE IF NOT EXISTS judging_queries (  -- uploaded queries to judge
+    n INTEGER PRIMARY KEY AUTOINCREMENT,
+    query TEXT NOT NULL UNIQUE,
+    added_at REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS judging_skips (
+    query TEXT PRIMARY KEY,
+    skipped_at REAL NOT NULL
+)""",
+)
+ADDED_TABLES = ("query_log", "judging_queries", "judging_skips")
 FILE_MODE = 0o600  # -wal and -shm files inherit the database file's mode
 
 MetadataValue = str | int | float | bool | None
@@ -130,9 +152,9 @@ def build_store(path: Path, meta: dict[str, Any], *, synchronous: str) -> None:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA journal_mode=WAL")
         with _Transaction(conn):
-            for statement in _SCHEMA:
+            for statement in (*_SCHEMA, *_ADDED_SCHEMA):
                 conn.execute(statement)
-            _write_meta(conn, meta)
+            _write_meta(conn, {**meta, "schema_version": SCHEMA_VERSION})
     finally:
         conn.close()  # checkpoints the WAL into the file and removes it
     fd = os.open(path, os.O_RDONLY)
@@ -232,6 +254,7 @@ class CollectionStore:
         self._mutex = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._upgraded = False  # the version-2 tables exist
 
     @contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:
@@ -256,6 +279,9 @@ class CollectionStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            if not self._upgraded:
+                _upgrade(conn)
+                self._upgraded = True
         except BaseException:
             conn.close()
             raise
@@ -472,6 +498,98 @@ class CollectionStore:
             ).fetchall()
         return [(str(q), str(d), int(r)) for q, d, r in rows]
 
+    # -- query log and judging queue ------------------------------------------------------
+    def log_queries(self, queries: Sequence[str], retention: int) -> None:
+        """Count searched query texts, keeping the ``retention`` most recent ones."""
+        now = time.time()
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT INTO query_log(query, first_seen, last_seen, count)"
+                " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
+                " last_seen = excluded.last_seen, count = count + 1",
+                [(q, now, now) for q in queries],
+            )
+            _trim_query_log(conn, retention)
+
+    def trim_query_log(self, retention: int) -> int:
+        """Drop all but the ``retention`` most recent entries; return how many remain."""
+        with self._write() as conn:
+            _trim_query_log(conn, retention)
+            return int(conn.execute("SELECT COUNT(*) FROM query_log").fetchone()[0])
+
+    def query_log_size(self) -> int:
+        """Distinct queries in the query log."""
+        with self._use() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM query_log").fetchone()[0])
+
+    def add_judging_queries(self, queries: Sequence[str]) -> int:
+        """Queue queries to judge (already queued ones are kept once); return added."""
+        now = time.time()
+        with self._write() as conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR IGNORE INTO judging_queries(query, added_at) VALUES (?, ?)",
+                [(q, now) for q in queries],
+            )
+            return conn.total_changes - before
+
+    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
+        """Up to ``limit`` queries still to judge, and how many there are in all.
+
+        Uploaded queries in upload order come first; only when none is left, the
+        query log, most searched first. A query with stored feedback or a skip is
+        never a candidate. Returns ``(source, queries, total)``.
+        """
+        done = (
+            "query NOT IN (SELECT query FROM judgments)"
+            " AND query NOT IN (SELECT query FROM judging_skips)"
+        )
+        sources = (
+            ("uploaded", "judging_queries", "n"),
+            ("log", "query_log", "count DESC, last_seen DESC, query"),
+        )
+        with self._use() as conn:
+            for source, table, order in sources:
+                total = int(
+                    conn.execute(
+                        f"SELECT COUNT(*) FROM {table} WHERE {done}"
+                    ).fetchone()[0]
+                )
+                if total:
+                    rows = conn.execute(
+                        f"SELECT query FROM {table} WHERE {done} ORDER BY {order}"
+                        " LIMIT ?",
+                        (limit,),
+                    ).fetchall()
+                    return source, [str(r[0]) for r in rows], total
+        return "none", [], 0
+
+    def skip_judging(self, query: str) -> bool:
+        """Never offer ``query`` again; False when it is neither queued nor logged."""
+        with self._write() as conn:
+            known = conn.execute(
+                "SELECT 1 FROM judging_queries WHERE query = ?"
+                " UNION ALL SELECT 1 FROM query_log WHERE query = ?",
+                (query, query),
+            ).fetchone()
+            if known is None:
+                return False
+            conn.execute(
+                "INSERT OR IGNORE INTO judging_skips(query, skipped_at) VALUES (?, ?)",
+                (query, time.time()),
+            )
+            return True
+
+    def judging_counts(self) -> tuple[int, int, int]:
+        """``(judged queries, of them with a relevant judgment, skipped queries)``."""
+        with self._use() as conn:
+            judged, relevant = conn.execute(
+                "SELECT COUNT(DISTINCT query),"
+                " COUNT(DISTINCT CASE WHEN relevance > 0 THEN query END) FROM judgments"
+            ).fetchone()
+            skipped = conn.execute("SELECT COUNT(*) FROM judging_skips").fetchone()[0]
+        return int(judged), int(relevant), int(skipped)
+
     def close(self) -> None:
         """Close the connection (checkpointing the WAL) for good."""
         with self._mutex:
@@ -517,6 +635,25 @@ def _write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
         "INSERT INTO meta(key, value) VALUES(?, ?) "
         "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
         [(k, json.dumps(v)) for k, v in values.items()],
+    )
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """Add the tables of later schema versions to an older file (idempotent)."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    if all(t in tables for t in ADDED_TABLES):
+        return
+    with _Transaction(conn):
+        for statement in _ADDED_SCHEMA:
+            conn.execute(statement)
+        _write_meta(conn, {"schema_version": SCHEMA_VERSION})
+
+
+def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
+    conn.execute(
+        "DELETE FROM query_log WHERE query IN (SELECT query FROM query_log"
+        " ORDER BY last_seen DESC, rowid DESC LIMIT -1 OFFSET ?)",
+        (retention,),
     )
 
 

@@ -2,50 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 
 from app.api.app import create_app
 from app.settings import Settings
+from tests.app.browser import HEADLESS_FLAGS
 from tests.app.live import ThreadServer
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--virtual-time-budget=5000",
-]
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Path of chromium, installed from Debian's packages when absent (root only)."""
-    found = shutil.which("chromium")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
-            check=False,
-            env=env,
-            timeout=900,
-        )
-        found = shutil.which("chromium")
-    if found is None:
-        pytest.skip("chromium is not installed and could not be installed here")
-    return found
+CHROMIUM_FLAGS = [*HEADLESS_FLAGS, "--virtual-time-budget=5000"]
 
 
 def _run(chromium: str, tmp_path: Path, *args: str) -> str:

@@ -1,0 +1,42 @@
+"""The judging page: static HTML, JS and CSS shipped in ``app.ui`` (no data in them).
+
+The page reads the collection name from its own URL and fetches everything else from
+the ``/v1`` API with the bearer key the user typed into it, so the files can be
+public (``public_ui``) while every data call still needs the key.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, Response
+
+from app.api.errors import PROBLEM_RESPONSES
+from app.api.routers.params import CollectionName
+from app.exceptions import NotFoundError
+
+_ASSETS = {"judge.js": "text/javascript", "judge.css": "text/css"}
+
+router = APIRouter(prefix="/ui", include_in_schema=False, responses=PROBLEM_RESPONSES)
+
+
+def _asset(file: str) -> bytes:
+    return resources.files("app.ui").joinpath(file).read_bytes()
+
+
+@router.get("/collections/{name}/judge", response_class=HTMLResponse)
+def judge_page(name: CollectionName) -> HTMLResponse:  # noqa: ARG001 (read by the JS)
+    """The keyboard-first judging page of a collection."""
+    return HTMLResponse(_asset("judge.html"), headers={"cache-control": "no-cache"})
+
+
+@router.get("/static/{file}")
+def static_asset(file: str) -> Response:
+    """The page's script and style sheet."""
+    media_type = _ASSETS.get(file)
+    if media_type is None:
+        raise NotFoundError("file", file)
+    return Response(
+        _asset(file), media_type=media_type, headers={"cache-control": "no-cache"}
+    )

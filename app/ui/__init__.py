@@ -1,0 +1,1 @@
+"""The judging page (HTML, JS, CSS), served by ``app.api.routers.ui``."""

@@ -1,0 +1,100 @@
+"""The judging page in headless chromium: judge by keyboard, fit, search calibrated."""
+
+from __future__ import annotations
+
+import httpx
+
+from app import judging
+from app.api.app import create_app
+from app.settings import Settings
+from tests.app.browser import Browser
+from tests.app.corpus import CORPUS, QUERIES
+from tests.app.live import ThreadServer
+
+KEY = "judge-secret"
+OFF_TOPIC = "weather forecast for tomorrow in Oslo"  # skipped on the page
+STATE = "document.body.dataset.state"
+SEQ = "Number(document.body.dataset.seq)"
+
+
+def _prepare(api: httpx.Client) -> None:
+    """A five-document collection whose query log holds six searched queries."""
+    api.post("/v1/collections", json={"name": "kb"}).raise_for_status()
+    docs = [{"id": key, "text": text} for key, text in CORPUS.items()]
+    api.put("/v1/collections/kb/documents", json={"documents": docs})
+    log = {"enabled": True, "retention": 100}
+    api.put("/v1/collections/kb/query-log", json=log).raise_for_status()
+    for query in [*QUERIES.values(), OFF_TOPIC]:
+        r = api.post("/v1/collections/kb/search", json={"query": query})
+        r.raise_for_status()
+        assert r.json()["calibrator"]["default"] is True
+
+
+def _press(browser: Browser, key: str) -> None:
+    """Press a key and wait until the page has rendered its outcome."""
+    before = browser.evaluate(SEQ)
+    browser.press(key)
+    browser.wait_for(f"{SEQ} > {before} && {STATE} !== 'fitting' && {STATE}")
+
+
+def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
+    settings = Settings(data_dir=tmp_path / "data", api_key=KEY)
+    key_of = {query: key for key, query in QUERIES.items()}
+    with (
+        ThreadServer(create_app(settings, embedder=embedder)) as server,
+        httpx.Client(
+            base_url=server.url, headers={"authorization": f"Bearer {KEY}"}
+        ) as api,
+        Browser(chromium, tmp_path / "profile") as browser,
+    ):
+        _prepare(api)
+        # The page is public; without the key its data call is refused.
+        browser.goto(f"{server.url}/ui/collections/kb/judge")
+        assert "Unauthorized" in browser.wait_for(
+            f"{STATE} === 'error' && error.textContent"
+        )
+        assert browser.evaluate("document.getElementById('fit').disabled") is True
+        before = browser.evaluate(SEQ)
+        browser.evaluate(
+            f"key.value = {KEY!r}; key.dispatchEvent(new Event('change')); true"
+        )
+        browser.wait_for(f"{SEQ} > {before} && {STATE} === 'judging'")
+
+        judged: list[str] = []
+        for _ in range(40):  # bounded: 6 queries, at most 5 hits each
+            if browser.evaluate("!document.getElementById('fit').disabled"):
+                break
+            query = browser.evaluate("document.getElementById('query').textContent")
+            if query == OFF_TOPIC:
+                _press(browser, "s")
+                continue
+            doc = browser.evaluate("document.getElementById('hit').dataset.docId")
+            if doc != key_of[query]:
+                _press(browser, "k")  # not relevant; the next hit follows
+                continue
+            _press(browser, "j" if len(judged) % 2 else "1")
+            judged.append(query)
+            # The rest of the hits count as not relevant: on to the next query.
+            if (
+                browser.evaluate(f"{STATE} === 'judging'")
+                and browser.evaluate("document.getElementById('query').textContent")
+                == query
+            ):
+                _press(browser, "Enter" if len(judged) % 2 else "n")
+        assert len(judged) == judging.FIT_MIN_QUERIES
+        progress = browser.evaluate("document.getElementById('progress').textContent")
+        assert progress.startswith(f"{judging.FIT_MIN_QUERIES} of ")
+
+        _press(browser, "f")
+        assert browser.wait_for(f"{STATE} === 'fitted'")
+        report = browser.evaluate("document.getElementById('report').href")
+        calibrator = browser.evaluate(
+            "document.getElementById('report').dataset.calibrator"
+        )
+
+        assert report.endswith(f"/v1/collections/kb/calibrators/{calibrator}/report")
+        page = api.get(report)
+        assert page.status_code == 200 and f"Calibrator {calibrator}" in page.text
+        r = api.post("/v1/collections/kb/search", json={"query": QUERIES["paris"]})
+        served = r.json()["calibrator"]
+        assert served["default"] is False and served["id"] == calibrator
