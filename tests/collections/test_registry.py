@@ -13,8 +13,9 @@ from tests.collections.conftest import DIM, new_docs, unit_vectors
 
 
 def _registry(data: Path, model: str = "m", **kw) -> CollectionRegistry:
+    # No calibrators here: stored profile JSON stays a plain dict.
     registry = CollectionRegistry(
-        data, model_name=model, dim=DIM, synchronous="OFF", **kw
+        data, model_name=model, dim=DIM, synchronous="OFF", load_calibrator=dict, **kw
     )
     registry.load()
     return registry

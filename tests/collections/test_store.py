@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.collections.store import (
+    SCHEMA_VERSION,
     CollectionStore,
     OpenConnections,
     build_store,
@@ -24,7 +25,7 @@ def test_build_store_writes_a_private_complete_file_and_never_overwrites(tmp_pat
     meta = {"name": "kb", "model": "m", "dim": DIM, "created_at": 1.0}
     build_store(path, meta, synchronous="OFF")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert inspect_store(path) == meta
+    assert inspect_store(path) == {**meta, "schema_version": SCHEMA_VERSION}
     with pytest.raises(FileExistsError):
         build_store(path, {**meta, "dim": 3}, synchronous="OFF")
     assert inspect_store(path)["dim"] == DIM
