@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from app.api.app import create_app
 from app.settings import Settings
