@@ -23,6 +23,7 @@ from __future__ import annotations
 from sklearn.exceptions import NotFittedError
 
 __all__ = [
+    "FORMAT_VERSION",
     "CalibrationError",
     "CalibrationFitError",
     "ConvergenceError",
@@ -115,6 +116,10 @@ class ConvergenceError(CalibrationFitError):
 
 class NotFittedCalibratorError(CalibrationError, NotFittedError):  # type: ignore[misc]
     """A calibrator, reference or policy was used before ``fit``."""
+
+
+FORMAT_VERSION = 1
+"""Version of the JSON payloads of ``calibration.io`` (what this error refers to)."""
 
 
 class UnsupportedFormatError(CalibrationError, ValueError):
