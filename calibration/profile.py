@@ -226,15 +226,29 @@ class Profile:
             self.doc_ref.length_feature(doc_tokens),
         )
         p = self.estimator.predict_proba(X)
+        intervals = None
+        if hasattr(self.estimator, "predict_interval"):
+            intervals = self.estimator.predict_interval(X)
+        return self.verdict(p, intervals)
+
+    def verdict(
+        self, p: FloatArray, intervals: tuple[FloatArray, FloatArray] | None = None
+    ) -> Scored:
+        """Confidence, its interval and abstain flag of the hits actually returned.
+
+        Search calls this again after ``min_probability``/``target_precision`` cut
+        the list, so the confidence is always that of what the user receives.
+        """
         confidence = coherent_confidence(p, self.confidence_weight)
-        if not hasattr(self.estimator, "predict_interval"):
+        if intervals is None:
             return Scored(p, confidence, self.abstains(confidence))
-        lo, hi = self.estimator.predict_interval(X)
         band = (
-            coherent_confidence(lo, self.confidence_weight),
-            coherent_confidence(hi, self.confidence_weight),
+            coherent_confidence(intervals[0], self.confidence_weight),
+            coherent_confidence(intervals[1], self.confidence_weight),
         )
-        return Scored(p, confidence, self.abstains(confidence, band[1]), (lo, hi), band)
+        return Scored(
+            p, confidence, self.abstains(confidence, band[1]), intervals, band
+        )
 
     def abstains(self, confidence: float, upper: float | None = None) -> bool:
         """Abstain below the certified threshold, else by the conservative rule.
