@@ -23,7 +23,6 @@ from __future__ import annotations
 from sklearn.exceptions import NotFittedError
 
 __all__ = [
-    "FORMAT_VERSION",
     "CalibrationError",
     "CalibrationFitError",
     "ConvergenceError",

@@ -292,8 +292,8 @@ class Profile:
             raise UnsupportedFormatError(
                 f"calibration profile format {data.get('format')!r} is not supported"
             )
-        # Formats 1/2 served (and certified) a query-level model when they have one.
-        old_model = data["format"] < 3 and data["query_model"] is not None
+        # A query-level model (formats 1/2) was served and certified on; no longer.
+        old_model = data["query_model"] is not None
         return cls(
             id=str(data["id"]),
             method=str(data["method"]),
