@@ -21,7 +21,7 @@ from app.api.schemas.calibrators import (
     Judgment,
     MethodMetrics,
 )
-from app.api.schemas.collections import CalibratorRef, CollectionInfo
+from app.api.schemas.collections import CalibratorRef, CollectionInfo, Guarantee
 from app.api.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
 from app.api.schemas.embed import Embedding, EmbedResponse
 from app.api.schemas.health import Readiness, UnavailableCollection
@@ -41,6 +41,7 @@ from app.exceptions import InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
 from app.settings import Settings
+from calibration.prior import CrossDomainPrior
 from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
 
 logger = logging.getLogger(__name__)
@@ -285,6 +286,7 @@ class Service:
             abstain_target=body.abstain_target,
             abstain_delta=body.abstain_delta,
             extra_report={"collection": name},
+            prior=self._shipped_prior(),
         )
         seconds = time.perf_counter() - started
         logger.info(
@@ -451,6 +453,13 @@ class Service:
                 field="judgments",
             )
 
+    def _shipped_prior(self) -> CrossDomainPrior | None:
+        """The cross-domain prior of the shipped default profile (for few-label fits)."""
+        default = self.default_profile
+        if default is None or default.model != self.embedder.model_name:
+            return None
+        return default.prior
+
     def _profile_for(self, collection: Collection[Profile]) -> Profile | None:
         if collection.profile is not None:
             return collection.profile
@@ -460,15 +469,8 @@ class Service:
         return None
 
     @staticmethod
-    def _calibrator_ref(profile: Profile | None) -> CalibratorRef | None:
-        if profile is None:
-            return None
-        return CalibratorRef(
-            id=profile.id,
-            method=profile.method,
-            default=profile.default,
-            reorders_hits=profile.reorders_hits,
-        )
+    def _calibrator_ref(profile: Profile | None) -> CalibratorRef:
+        return _calibrator_ref(profile)
 
     def _info(
         self, collection: Collection[Profile], profile: Profile
@@ -526,7 +528,7 @@ def _result(
         )
         for h in hits
     ]
-    confidence = abstain = None
+    confidence = abstain = band = None
     if profile is not None:
         scored = profile.score(
             norm,
@@ -535,20 +537,63 @@ def _result(
             np.array([h.document.norm for h in hits]),
             np.array([h.document.n_tokens for h in hits], dtype=np.int64),
         )
-        for hit, p in zip(out, scored.probabilities, strict=True):
+        for j, (hit, p) in enumerate(zip(out, scored.probabilities, strict=True)):
             hit.probability = float(p)
+            if scored.intervals is not None:
+                lo, hi = scored.intervals
+                hit.probability_interval = (float(lo[j]), float(hi[j]))
         if profile.reorders_hits:
             out.sort(key=lambda h: -(h.probability or 0.0))
-        confidence, abstain = scored.confidence, scored.abstain
         out = _cut(out, request.min_probability, request.target_precision)
+        # Confidence of the hits actually returned (after the cut).
+        returned = profile.verdict(
+            np.array([h.probability or 0.0 for h in out]),
+            None
+            if scored.intervals is None
+            else (
+                np.array([(h.probability_interval or (0.0, 0.0))[0] for h in out]),
+                np.array([(h.probability_interval or (0.0, 0.0))[1] for h in out]),
+            ),
+        )
+        confidence, abstain = returned.confidence, returned.abstain
+        band = returned.confidence_interval
     return SearchResult(
         query=QueryInfo(
             norm=norm, n_tokens=n_tokens, truncated=bool(batch.truncated[i])
         ),
         hits=out,
         confidence=confidence,
+        confidence_interval=band,
         abstain=abstain,
-        calibrator=Service._calibrator_ref(profile),
+        calibrator=_calibrator_ref(profile),
+    )
+
+
+NO_PROFILE_REASON = (
+    "no shipped calibration profile for this embedding model; fit one from judgments "
+    "(POST .../calibrators)"
+)
+
+
+def _calibrator_ref(profile: Profile | None) -> CalibratorRef:
+    """Status of the calibrator in use (see ``CalibratorRef``)."""
+    if profile is None:
+        return CalibratorRef(status="none", default=False, reason=NO_PROFILE_REASON)
+    policy = None if profile.default else profile.certified_policy
+    return CalibratorRef(
+        status="default" if profile.default else "fitted",
+        id=profile.id,
+        method=profile.method,
+        default=profile.default,
+        reorders_hits=profile.reorders_hits,
+        n_queries=None if profile.default else profile.report.n_queries,
+        guarantee=None
+        if policy is None
+        else Guarantee(
+            target=policy.target_risk,
+            delta=policy.delta,
+            n_queries=policy.n_calibration,
+        ),
     )
 
 

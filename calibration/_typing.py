@@ -13,7 +13,7 @@ BoolArray: TypeAlias = NDArray[np.bool_]
 
 Regime: TypeAlias = Literal["confidence", "conflict", "flat"]
 PriorWidth: TypeAlias = Literal["auto", "fixed", "tight", "wide", "none"]
-MethodName: TypeAlias = Literal["platt", "isotonic", "nt", "nt-list"]
+MethodName: TypeAlias = Literal["platt", "isotonic", "nt", "nt-list", "prior"]
 BinStrategy: TypeAlias = Literal["uniform", "quantile"]
 
 __all__ = [

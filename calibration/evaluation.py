@@ -23,6 +23,7 @@ hits). ``auto+reorder`` additionally evaluates document-side norm terms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ from calibration.metrics import (
     negative_log_likelihood,
     reliability_by_tercile,
 )
+from calibration.prior import CrossDomainPrior, interval_coverage
 from calibration.profile import (
+    Profile,
     QueryEvidence,
     build_features,
     labels_of,
@@ -86,15 +89,19 @@ class EvalOptions:
         Also evaluate ``auto`` with document-side terms (``auto+reorder``).
     seed : int
         Seed of the fold assignment and the few-label draws.
+    prior : CrossDomainPrior or None
+        The shipped cross-domain prior; ``auto`` then includes the ``prior`` family,
+        as in a collection's fit.
     """
 
     k: int = 20
     depth: int = 100
     n_splits: int = 5
-    few_label_sizes: tuple[int, ...] = (10, 30, 100)
+    few_label_sizes: tuple[int, ...] = (5, 10, 30, 100)
     few_label_draws: int = 5
     reorder: bool = True
     seed: int = 0
+    prior: CrossDomainPrior | None = None
 
 
 # -- retrieval metrics ------------------------------------------------------------------
@@ -211,13 +218,25 @@ def _fit_predict(
             proba[method] = np.full(len(X_te), np.clip(y_tr.mean(), 1e-4, 1 - 1e-4))
     n_splits = min(options.n_splits, len(train))
     sel = select_calibrator(
-        X_tr, y_tr, g_tr, method=AUTO, n_splits=n_splits, query_side_only=True
+        X_tr,
+        y_tr,
+        g_tr,
+        method=AUTO,
+        n_splits=n_splits,
+        query_side_only=True,
+        prior=options.prior,
     )
     proba[AUTO] = sel.estimator.predict_proba(X_te)
     chosen_reorder = None
     if options.reorder:
         sel_r = select_calibrator(
-            X_tr, y_tr, g_tr, method=AUTO, n_splits=n_splits, query_side_only=False
+            X_tr,
+            y_tr,
+            g_tr,
+            method=AUTO,
+            n_splits=n_splits,
+            query_side_only=False,
+            prior=options.prior,
         )
         proba[AUTO_REORDER] = sel_r.estimator.predict_proba(X_te)
         chosen_reorder = sel_r.method
@@ -370,7 +389,11 @@ def _few_label_curve(
     offsets = _offsets(pool)
     full_test_brier = full_test_nll = None
     options_no_reorder = EvalOptions(
-        k=options.k, n_splits=options.n_splits, reorder=False, seed=options.seed
+        k=options.k,
+        n_splits=options.n_splits,
+        reorder=False,
+        seed=options.seed,
+        prior=options.prior,
     )
     if test is not None:
         y_test = labels_of(test)
@@ -498,6 +521,7 @@ def evaluate_calibration(
     *,
     fit_evidence: Sequence[QueryEvidence] | None = None,
     progress: Progress | None = None,
+    default_profile: Profile | None = None,
 ) -> dict[str, Any]:
     """Calibration part of ``normcal eval`` (module docstring), JSON-able.
 
@@ -513,11 +537,53 @@ def evaluate_calibration(
         Fit on these queries and evaluate on ``evidence`` instead of nested CV.
     progress : callable or None
         Receives short progress messages.
+    default_profile : Profile or None
+        The shipped default: scored on ``evidence`` with no judgments from it
+        (``zero_label``); its prior joins ``auto`` unless ``options`` names one.
     """
+    opts = options or EvalOptions()
+    if default_profile is not None and opts.prior is None:
+        opts = dataclasses.replace(opts, prior=default_profile.prior)
     with single_threaded_blas():
-        return _evaluate_calibration(
-            evidence, doc_norms, doc_tokens, options, fit_evidence, progress
+        out = _evaluate_calibration(
+            evidence, doc_norms, doc_tokens, opts, fit_evidence, progress
         )
+        if default_profile is not None:
+            out["zero_label"] = zero_label(evidence, default_profile)
+        return out
+
+
+def zero_label(evidence: Sequence[QueryEvidence], profile: Profile) -> dict[str, Any]:
+    """A profile scored on judged queries it never saw, exactly as search serves it.
+
+    ``interval_coverage``: share of the ``BINNING`` bins whose observed rate lies in
+    the bin's mean interval (no intervals: zero width). ``abstain``: share of queries
+    answered and the share of answered queries without a relevant hit (the risk a
+    certified threshold would bound).
+    """
+    evidence = [e for e in evidence if len(e.scores)]
+    scored = [
+        profile.score(e.norm, e.n_tokens, e.scores, e.doc_norms, e.doc_tokens)
+        for e in evidence
+    ]
+    y, p = labels_of(evidence), np.concatenate([s.probabilities for s in scored])
+    bands = [s.intervals or (s.probabilities, s.probabilities) for s in scored]
+    lo = np.concatenate([b[0] for b in bands])
+    hi = np.concatenate([b[1] for b in bands])
+    hit = np.array([float(labels_of([e]).max()) for e in evidence])
+    answered = ~np.array([s.abstain for s in scored])
+    base = float(y.mean())
+    return {
+        **_metrics(y, p),
+        "base_rate": base,
+        "constant_brier": base * (1.0 - base),
+        "interval_coverage": interval_coverage(y, p, lo, hi, n_bins=BINNING.n_bins),
+        "mean_interval_width": float(np.mean(hi - lo)),
+        "abstain": {
+            "answered": float(answered.mean()),
+            "risk": float(1.0 - hit[answered].mean()) if answered.any() else None,
+        },
+    }
 
 
 def _evaluate_calibration(
@@ -562,12 +628,24 @@ def _evaluate_calibration(
     X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
     n_inner = min(opts.n_splits, len(fit_pool))
     sel = select_calibrator(
-        X_all, y_all, g_all, method=AUTO, n_splits=n_inner, query_side_only=True
+        X_all,
+        y_all,
+        g_all,
+        method=AUTO,
+        n_splits=n_inner,
+        query_side_only=True,
+        prior=opts.prior,
     )
     lift: dict[str, Any] = to_jsonable(sel.norm_lift)
     if opts.reorder:
         sel_r = select_calibrator(
-            X_all, y_all, g_all, method=AUTO, n_splits=n_inner, query_side_only=False
+            X_all,
+            y_all,
+            g_all,
+            method=AUTO,
+            n_splits=n_inner,
+            query_side_only=False,
+            prior=opts.prior,
         )
         lift["reorder"] = to_jsonable(sel_r.norm_lift)
 

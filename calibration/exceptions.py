@@ -117,6 +117,10 @@ class NotFittedCalibratorError(CalibrationError, NotFittedError):  # type: ignor
     """A calibrator, reference or policy was used before ``fit``."""
 
 
+FORMAT_VERSION = 1
+"""Version of the JSON payloads of ``calibration.io`` (what this error refers to)."""
+
+
 class UnsupportedFormatError(CalibrationError, ValueError):
     """A persisted payload has an unknown format version, class or layout.
 

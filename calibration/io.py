@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.exceptions import UnsupportedFormatError
+from calibration.exceptions import FORMAT_VERSION, UnsupportedFormatError
 from calibration.features import NormReference
 from calibration.metrics import ReliabilityCurve
 from calibration.models import (
@@ -34,13 +34,13 @@ from calibration.models import (
     NormTemperedCalibrator,
     PlattCalibrator,
 )
+from calibration.prior import PriorCalibrator
 from calibration.query import AbstainPolicy, QueryConfidenceModel
 from calibration.report import FitReport, QueryLevelReport
 from calibration.selection import MethodScores, NormLift, SelectionResult
 
 __all__ = ["FORMAT_VERSION", "dumps", "from_dict", "loads", "to_dict"]
 
-FORMAT_VERSION = 1
 
 _NT_STATE = (
     *(f"{n}_" for n in NT_PARAMS),
@@ -87,6 +87,10 @@ _ESTIMATORS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
             "log_len_median_",
             "n_samples_",
         ),
+    ),
+    "PriorCalibrator": (
+        PriorCalibrator,
+        ("coef_", "covariance_", "level_sd_", "n_queries_", "n_features_in_"),
     ),
     "QueryConfidenceModel": (
         QueryConfidenceModel,

@@ -12,6 +12,7 @@ length and return plain floats or frozen dataclasses; no flag changes a return t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ __all__ = [
     "TercileReliability",
     "auroc",
     "brier_score",
+    "clear_nll_gain",
     "expected_calibration_error",
     "negative_log_likelihood",
     "reliability_by_tercile",
@@ -63,6 +65,21 @@ class Binning:
     def ece(self, y_true: ArrayLike, y_prob: ArrayLike) -> float:
         """:func:`expected_calibration_error` with this protocol."""
         return self.curve(y_true, y_prob).ece
+
+    def noise_floor(self, y_prob: ArrayLike) -> float:
+        r"""Expected ECE of a *perfectly calibrated* predictor with these probabilities.
+
+        Analytic (no simulation): in a bin of :math:`n_b` pairs with mean
+        :math:`\bar p_b`, the observed rate's error is about normal with SD
+        :math:`\sqrt{\bar p_b(1-\bar p_b)/n_b}`, whose absolute value has mean
+        :math:`\sqrt{2/\pi}` times that. A measured ECE near this floor is as good as
+        the data can show; cheap enough for model selection.
+        """
+        p = as_float_1d(y_prob, "y_prob")
+        curve = self.curve(np.zeros_like(p), p)
+        m, n = curve.mean_predicted, curve.counts.astype(np.float64)
+        sd = np.sqrt(np.clip(m * (1.0 - m), 0.0, None) / n)
+        return float(np.sum(n * math.sqrt(2.0 / math.pi) * sd) / n.sum())
 
 
 BINNING = Binning(n_bins=15, strategy="quantile")
@@ -354,3 +371,24 @@ def reliability_by_tercile(
         mean_gap=tuple(gaps),
         counts=tuple(counts),
     )
+
+
+def clear_nll_gain(
+    p_new: FloatArray, p_base: FloatArray, y: FloatArray, codes: IntArray
+) -> bool:
+    """Whether ``p_new`` beats ``p_base`` in OOF NLL by more than one standard error.
+
+    The one-standard-error rule of cross-validation (Breiman et al., 1984), applied to
+    the paired per-query difference of summed log loss (pairs of one query are
+    correlated, queries are the independent units).
+    """
+
+    def loss(p: FloatArray) -> FloatArray:
+        p = np.clip(p, 1e-15, 1.0 - 1e-15)
+        return -(y * np.log(p) + (1.0 - y) * np.log1p(-p))
+
+    per_query = np.bincount(codes, weights=loss(p_base) - loss(p_new))
+    n_q = per_query.shape[0]
+    gain = float(per_query.sum())
+    se = float(np.sqrt(n_q) * per_query.std(ddof=1)) if n_q > 1 else float("inf")
+    return gain > se

@@ -46,15 +46,18 @@ from sklearn.base import BaseEstimator
 from calibration._typing import ArrayLike, FloatArray
 from calibration._validation import as_float_1d, as_float_2d, as_groups, as_labels
 from calibration.exceptions import (
+    FORMAT_VERSION,
     InsufficientDataError,
     InvalidInputError,
     NotFittedCalibratorError,
     UnsupportedFormatError,
 )
 from calibration.features import FEATURES
-from calibration.io import FORMAT_VERSION
-from calibration.metrics import negative_log_likelihood, reliability_curve
-from calibration.selection import _clear_gain
+from calibration.metrics import (
+    clear_nll_gain,
+    negative_log_likelihood,
+    reliability_curve,
+)
 
 __all__ = [
     "NORM_FEATURES",
@@ -477,6 +480,22 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
         self.n_features_in_ = len(FEATURES)
         return self
 
+    @classmethod
+    def at_prior(cls, prior: CrossDomainPrior) -> PriorCalibrator:
+        """The calibrator before any judgment: the prior's mean and spread.
+
+        Its ``predict_proba`` and ``predict_interval`` are the prior's zero-label ones;
+        the shipped default profile serves it.
+        """
+        est = cls(prior=prior.to_dict())
+        mean, sd = prior.prior_mean_sd()
+        est.coef_ = mean
+        est.covariance_ = np.diag(sd**2)
+        est.level_sd_ = float(sd[0])
+        est.n_queries_ = 0
+        est.n_features_in_ = len(FEATURES)
+        return est
+
     def _check(self) -> None:
         if not hasattr(self, "coef_"):
             raise NotFittedCalibratorError(
@@ -609,13 +628,13 @@ def norm_lift_verdict(
     """Decide "kept" vs "no measurable gain" from held-out probabilities.
 
     Uses the one-standard-error rule ``auto`` applies against Platt
-    (:func:`calibration.selection._clear_gain`): pairs of one query are correlated,
+    (:func:`calibration.metrics.clear_nll_gain`): pairs of one query are correlated,
     queries are the units.
     """
     pw, pwo = as_float_1d(p_with, "p_with"), as_float_1d(p_without, "p_without")
     yv = as_labels(y, pw.shape[0], allow_single_class=True)
     codes = as_groups(groups, pw.shape[0])
-    kept = _clear_gain(pw, pwo, yv, codes)
+    kept = clear_nll_gain(pw, pwo, yv, codes)
     return NormVerdict(
         kept=kept,
         verdict="kept" if kept else "no measurable gain",

@@ -2,8 +2,20 @@
 
 A :class:`Profile` is everything search needs to turn one query's hit list into
 probabilities: the norm references of both sides (same model), the pair calibrator,
-the query-level confidence model and the abstain policy, plus the typed
-:class:`~calibration.report.FitReport`. It is stored as versioned JSON
+the weight of the coherent query confidence and the abstain policy, plus the typed
+:class:`~calibration.report.FitReport`.
+
+The shipped default profile is the cross-domain prior itself (a
+:class:`~calibration.prior.PriorCalibrator` at zero judged queries, made by
+:func:`prior_profile`): its probabilities come with intervals that say how far the
+level varied across domains, and it certifies nothing. A collection's own fit borrows
+that prior (:func:`fit_profile` with ``prior=``).
+
+Query confidence is :func:`~calibration.prior.coherent_confidence` of the hits
+actually returned: non-decreasing in ``k``, at least the largest hit probability and
+at most ``min(1, sum)``. Formats 1 and 2 served a query-level logistic model that broke
+those bounds; they still load, serve the noisy-OR (weight 1) instead, and their abstain
+threshold counts as certified only if it was certified on the noisy-OR. It is stored as versioned JSON
 (:mod:`calibration.io`), never pickled.
 
 :func:`fit_profile` is the one fitting path, shared by ``POST .../calibrators``, the
@@ -31,19 +43,32 @@ from calibration.features import (
     stack_pair_features,
 )
 from calibration.io import from_dict, to_dict
-from calibration.metrics import BINNING, auroc, reliability_by_tercile
+from calibration.metrics import (
+    BINNING,
+    auroc,
+    brier_score,
+    negative_log_likelihood,
+    reliability_by_tercile,
+)
+from calibration.prior import (
+    CrossDomainPrior,
+    PriorCalibrator,
+    coherent_confidence,
+    fit_confidence_weight,
+)
 from calibration.query import (
     AbstainPolicy,
     QueryConfidenceModel,
-    cross_fit_query_confidence,
     fit_abstain_policy,
-    noisy_or,
-    noisy_or_by_query,
-    query_features,
     query_table,
 )
 from calibration.report import FitReport, QueryLevelReport, to_jsonable
-from calibration.selection import SelectionResult, select_calibrator
+from calibration.selection import (
+    MethodScores,
+    NormLift,
+    SelectionResult,
+    select_calibrator,
+)
 
 __all__ = [
     "BINNING",
@@ -55,15 +80,20 @@ __all__ = [
     "build_features",
     "fit_profile",
     "labels_of",
+    "prior_profile",
     "query_model_is_supported",
     "query_reference",
     "single_threaded_blas",
     "to_jsonable",
 ]
 
-PROFILE_FORMAT = 2  # 2: the report is a versioned FitReport; 1: an untyped dict
-_READABLE_FORMATS = (1, 2)
-FALLBACK_ABSTAIN_THRESHOLD = 0.5  # used when no threshold could be certified
+# 3: coherent confidence (``confidence_weight``), prior profiles; 2: the report is a
+# versioned FitReport; 1: an untyped dict
+PROFILE_FORMAT = 3
+_READABLE_FORMATS = (1, 2, 3)
+FALLBACK_ABSTAIN_THRESHOLD = 0.5
+"""Without a certified threshold, abstain only when even the *upper* end of the
+confidence interval (the confidence itself when there is none) is below this."""
 # A query-level model needs this many queries with, and without, a relevant hit; with
 # fewer, its held-out AUROC fell below that of the noisy-OR of the hit probabilities.
 MIN_QUERIES_PER_OUTCOME = 20
@@ -98,11 +128,17 @@ class QueryEvidence:
 
 @dataclass(frozen=True)
 class Scored:
-    """Probabilities of one hit list and the query-level verdict."""
+    """Probabilities of one hit list and the query-level verdict.
+
+    ``intervals`` (per-hit ``(lo, hi)``) and ``confidence_interval`` are set when the
+    calibrator gives intervals (the prior family).
+    """
 
     probabilities: FloatArray
     confidence: float
     abstain: bool
+    intervals: tuple[FloatArray, FloatArray] | None = None
+    confidence_interval: tuple[float, float] | None = None
 
 
 def build_features(
@@ -145,11 +181,30 @@ class Profile:
     report: FitReport
     created_at: float = field(default_factory=time.time)
     default: bool = False
+    confidence_weight: float = 1.0
+    # Whether the abstain policy was certified on the confidence this profile serves
+    # (False for format 1/2 profiles whose query-level model is no longer served).
+    policy_matches_served: bool = True
 
     @property
     def reorders_hits(self) -> bool:
         """Whether probabilities may order a query's hits differently from cosine."""
         return bool(self.estimator.reorders_hits)
+
+    @property
+    def prior(self) -> CrossDomainPrior | None:
+        """The cross-domain prior this profile's calibrator carries, if any."""
+        if isinstance(self.estimator, PriorCalibrator):
+            return self.estimator.prior_
+        return None
+
+    @property
+    def certified_policy(self) -> AbstainPolicy | None:
+        """The abstain policy if it was certified on what this profile serves."""
+        policy = self.abstain_policy
+        if policy is not None and policy.certified and self.policy_matches_served:
+            return policy
+        return None
 
     def score(
         self,
@@ -159,7 +214,7 @@ class Profile:
         doc_norms: FloatArray,
         doc_tokens: NDArray[np.int64],
     ) -> Scored:
-        """Probabilities of one query's hits, its confidence and abstain flag."""
+        """Probabilities of one query's hits, their coherent confidence, abstain flag."""
         if len(scores) == 0:
             return Scored(np.zeros(0), 0.0, True)
         ell_q = float(self.query_ref.transform([norm], [n_tokens])[0])
@@ -171,19 +226,41 @@ class Profile:
             self.doc_ref.length_feature(doc_tokens),
         )
         p = self.estimator.predict_proba(X)
-        if self.query_model is not None:
-            Q = query_features(p, ell_q)[None, :]
-            confidence = float(self.query_model.predict_proba(Q)[0])
-        else:  # too few queries of one outcome for a query-level model
-            confidence = noisy_or(p)
-        return Scored(p, confidence, self.abstains(confidence))
+        intervals = None
+        if hasattr(self.estimator, "predict_interval"):
+            intervals = self.estimator.predict_interval(X)
+        return self.verdict(p, intervals)
 
-    def abstains(self, confidence: float) -> bool:
-        """Abstain below the certified threshold (or below 0.5 without one)."""
-        policy = self.abstain_policy
-        if policy is not None and policy.certified:
+    def verdict(
+        self, p: FloatArray, intervals: tuple[FloatArray, FloatArray] | None = None
+    ) -> Scored:
+        """Confidence, its interval and abstain flag of the hits actually returned.
+
+        Search calls this again after ``min_probability``/``target_precision`` cut
+        the list, so the confidence is always that of what the user receives.
+        """
+        confidence = coherent_confidence(p, self.confidence_weight)
+        if intervals is None:
+            return Scored(p, confidence, self.abstains(confidence))
+        band = (
+            coherent_confidence(intervals[0], self.confidence_weight),
+            coherent_confidence(intervals[1], self.confidence_weight),
+        )
+        return Scored(
+            p, confidence, self.abstains(confidence, band[1]), intervals, band
+        )
+
+    def abstains(self, confidence: float, upper: float | None = None) -> bool:
+        """Abstain below the certified threshold, else by the conservative rule.
+
+        Without a threshold certified on this collection's judgments, abstain only
+        when even the upper end of the confidence interval (``upper``, else the
+        confidence) is below :data:`FALLBACK_ABSTAIN_THRESHOLD`: no rate is claimed.
+        """
+        policy = self.certified_policy
+        if policy is not None:
             return confidence < policy.threshold
-        return confidence < FALLBACK_ABSTAIN_THRESHOLD
+        return (confidence if upper is None else upper) < FALLBACK_ABSTAIN_THRESHOLD
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -195,6 +272,7 @@ class Profile:
             "model": self.model,
             "created_at": self.created_at,
             "default": self.default,
+            "confidence_weight": self.confidence_weight,
             "query_ref": to_dict(self.query_ref),
             "doc_ref": to_dict(self.doc_ref),
             "estimator": to_dict(self.estimator),
@@ -214,6 +292,8 @@ class Profile:
             raise UnsupportedFormatError(
                 f"calibration profile format {data.get('format')!r} is not supported"
             )
+        # A query-level model (formats 1/2) was served and certified on; no longer.
+        old_model = data["query_model"] is not None
         return cls(
             id=str(data["id"]),
             method=str(data["method"]),
@@ -232,6 +312,8 @@ class Profile:
             report=_load_report(data["report"]),
             created_at=float(data["created_at"]),
             default=bool(data.get("default", False)),
+            confidence_weight=float(data.get("confidence_weight", 1.0)),
+            policy_matches_served=not old_model,
         )
 
 
@@ -257,6 +339,7 @@ def fit_profile(
     n_splits: int = 5,
     profile_id: str | None = None,
     extra_report: dict[str, Any] | None = None,
+    prior: CrossDomainPrior | None = None,
 ) -> Profile:
     """Fit a profile from judged retrieval results.
 
@@ -281,6 +364,9 @@ def fit_profile(
         Probability that the abstain guarantee fails.
     n_splits : int
         Grouped CV folds.
+    prior : CrossDomainPrior or None
+        The shipped cross-domain prior: adds the few-label ``prior`` family to the
+        selection (:func:`~calibration.selection.select_calibrator`).
 
     Raises
     ------
@@ -300,9 +386,10 @@ def fit_profile(
             method=method,
             n_splits=n_splits,
             query_side_only=not allow_reorder,
+            prior=prior,
         )
-        query_model, policy, query_report = _fit_query_level(
-            selection, X, y, groups, abstain_target, abstain_delta, n_splits
+        weight, policy, query_report = _fit_query_level(
+            selection, X, y, groups, abstain_target, abstain_delta
         )
     report = FitReport(
         requested_method=method,
@@ -334,9 +421,88 @@ def fit_profile(
         query_ref=query_ref,
         doc_ref=doc_ref,
         estimator=selection.estimator,
-        query_model=query_model,
+        query_model=None,
         abstain_policy=policy,
         report=report,
+        confidence_weight=weight,
+    )
+
+
+def prior_profile(
+    prior: CrossDomainPrior,
+    *,
+    query_ref: NormReference,
+    doc_ref: NormReference,
+    model: str,
+    held_out: tuple[FloatArray, FloatArray, NDArray[np.int64]],
+    norm_lift: NormLift,
+    profile_id: str,
+    extra_report: dict[str, Any] | None = None,
+) -> Profile:
+    """The shipped default: the cross-domain prior at zero judged queries.
+
+    ``held_out`` is ``(y, p, groups)`` pooled over the training sets, each ``p`` from
+    a prior fitted *without* that set (leave-one-dataset-out), so the report's figures
+    are what a new domain can expect. The weight of the coherent confidence is fitted
+    on those held-out probabilities. No abstain threshold is certified: without
+    judgments from a collection its level is unknown.
+    """
+    y, p, groups = held_out
+    _, hit, _ = query_table(p, groups, None, y)
+    assert hit is not None
+    weight = fit_confidence_weight(p, groups, hit)
+    scores = MethodScores("prior", *_pair_scores(y, p))
+    n_q = int(np.unique(groups).shape[0])
+    report = FitReport(
+        requested_method="prior",
+        allow_reorder=False,
+        n_queries=n_q,
+        n_pairs=len(y),
+        n_positive=int(y.sum()),
+        n_splits=prior.n_domains,
+        k=int(np.bincount(np.unique(groups, return_inverse=True)[1]).max()),
+        uses_norms=bool(set(prior.features) & {"ell_q", "ell_d"}),
+        cv={"prior": scores},
+        norm_lift=norm_lift,
+        reliability=BINNING.curve(y, p),
+        reliability_by_norm_tercile={},
+        query_level=QueryLevelReport(
+            n_queries=n_q,
+            with_relevant_in_top_k=int(hit.sum()),
+            confidence=f"coherent confidence of the hit probabilities (weight {weight:.3f})",
+            auroc=None,
+        ),
+        abstain=None,
+        query_unit_norm=bool(query_ref.unit_norm_),
+        doc_unit_norm=bool(doc_ref.unit_norm_),
+        notes=(
+            "Cross-domain prior over "
+            f"{', '.join(prior.domains)} (each set weighted equally); figures are "
+            "leave-one-dataset-out.",
+        ),
+        extra=dict(extra_report or {}),
+    )
+    return Profile(
+        id=profile_id,
+        method="prior",
+        model=model,
+        query_ref=query_ref,
+        doc_ref=doc_ref,
+        estimator=PriorCalibrator.at_prior(prior),
+        query_model=None,
+        abstain_policy=None,
+        report=report,
+        default=True,
+        confidence_weight=weight,
+    )
+
+
+def _pair_scores(y: FloatArray, p: FloatArray) -> tuple[float, float, float, float]:
+    return (
+        negative_log_likelihood(y, p),
+        brier_score(y, p),
+        BINNING.ece(y, p),
+        auroc(y, p),
     )
 
 
@@ -389,32 +555,27 @@ def _fit_query_level(
     groups: NDArray[np.int64],
     abstain_target: float | None,
     abstain_delta: float,
-    n_splits: int,
-) -> tuple[QueryConfidenceModel | None, AbstainPolicy | None, QueryLevelReport]:
-    """Query confidence from out-of-fold pair probabilities, and the abstain policy.
+) -> tuple[float, AbstainPolicy | None, QueryLevelReport]:
+    """Weight of the coherent confidence and the abstain policy, both held out.
 
-    The policy is certified on held-out confidences: cross-fitted ones of the query
-    model, or, without one, the noisy-OR of the out-of-fold hit probabilities
-    (which :meth:`Profile.score` then serves).
+    The weight is fitted on out-of-fold hit probabilities, and the policy certified on
+    the coherent confidences of those same probabilities: exactly what
+    :meth:`Profile.score` serves (a query-level model could not keep the bounds).
     """
-    Q, hit, _ = query_table(selection.oof_proba, groups, X[:, ELL_Q], y)
+    _, hit, _ = query_table(selection.oof_proba, groups, X[:, ELL_Q], y)
     assert hit is not None
     n_hit = int(hit.sum())
-    model = None
-    if query_model_is_supported(hit, n_splits):
-        held_out = cross_fit_query_confidence(Q, hit, n_splits=n_splits)
-        model = QueryConfidenceModel().fit(Q, hit)
-        how = "query-level logistic model (cross-fitted)"
-    else:
-        held_out = noisy_or_by_query(selection.oof_proba, groups)
-        how = (
-            "noisy-OR of the hit probabilities: fewer than "
-            f"{MIN_QUERIES_PER_OUTCOME} queries with (or without) a relevant hit"
-        )
+    weight = fit_confidence_weight(selection.oof_proba, groups, hit)
+    held_out = np.array(
+        [
+            coherent_confidence(selection.oof_proba[groups == q], weight)
+            for q in np.unique(groups)
+        ]
+    )
     report = QueryLevelReport(
         n_queries=len(hit),
         with_relevant_in_top_k=n_hit,
-        confidence=how,
+        confidence=f"coherent confidence of the hit probabilities (weight {weight:.3f})",
         auroc=auroc(hit, held_out) if 0 < n_hit < len(hit) else None,
     )
     policy = None
@@ -422,4 +583,4 @@ def _fit_query_level(
         policy = fit_abstain_policy(
             held_out, hit, target_risk=abstain_target, delta=abstain_delta
         )
-    return model, policy, report
+    return weight, policy, report

@@ -290,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--k", type=int, default=20, help="top-k hits per query as pairs")
     ev.add_argument("--folds", type=int, default=5, help="grouped CV folds")
     ev.add_argument(
-        "--few-label", type=int, nargs="+", default=[10, 30, 100], metavar="N"
+        "--few-label", type=int, nargs="+", default=[5, 10, 30, 100], metavar="N"
     )
     ev.add_argument("--draws", type=int, default=5, help="random draws per few-label N")
     ev.add_argument(

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from app.profiles import load_default_profile
 from calibration.evaluation import (
     AUTO,
     EvalOptions,
@@ -64,6 +65,7 @@ def run_eval(
         opts,
         fit_evidence=fit_evidence,
         progress=say,
+        default_profile=load_default_profile(embedder.model_name),
     )
     return {
         "dataset": data_dir.name,

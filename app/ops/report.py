@@ -9,6 +9,11 @@ from typing import Any
 
 from calibration.profile import BINNING, Profile
 
+_CONSERVATIVE = (
+    "search abstains only when even the upper end of the confidence interval (the "
+    "confidence itself without one) is below 0.5, and claims no rate."
+)
+
 
 def reliability_png(profile: Profile) -> bytes:
     """Reliability diagram of the out-of-fold probabilities, plus their histogram."""
@@ -77,12 +82,10 @@ def report_html(profile: Profile, png_url: str, collection: str | None) -> str:
             f"{_fmt(abstain.empirical_risk, 3)})."
             if abstain.certified
             else "No threshold could be certified at this target with these judgments; "
-            "search abstains when confidence < 0.5."
+            f"{_CONSERVATIVE}"
         )
     else:
-        guarantee = (
-            "No abstain target was requested; search abstains when confidence < 0.5."
-        )
+        guarantee = f"No abstain target was requested; {_CONSERVATIVE}"
     where = (
         f"collection <b>{html.escape(collection)}</b>"
         if collection

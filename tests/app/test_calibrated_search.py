@@ -88,9 +88,80 @@ def test_default_profile_serves_a_fresh_collection(client, scifact):
     assert 0 <= body["confidence"] <= 1 and isinstance(body["abstain"], bool)
 
 
+def test_fresh_collection_is_default_with_intervals_and_no_guarantee(client, scifact):
+    """No judgments from the collection: the shipped prior, honest about its level."""
+    docs, _ = scifact
+    _load(client, "fresh2", docs[:30])
+    body = client.post(
+        "/v1/collections/fresh2/search", json={"query": "vitamin D and bone", "k": 5}
+    ).json()
+    ref = body["calibrator"]
+    assert ref["status"] == "default" and ref["guarantee"] is None
+    assert ref["n_queries"] is None and ref["method"] == "prior"
+    for h in body["hits"]:
+        lo, hi = h["probability_interval"]
+        assert 0 <= lo <= h["probability"] <= hi <= 1 and hi - lo > 0.05
+    lo, hi = body["confidence_interval"]
+    ps = [h["probability"] for h in body["hits"]]
+    assert lo <= body["confidence"] <= hi
+    assert max(ps) - 1e-12 <= body["confidence"] <= min(1.0, sum(ps)) + 1e-12
+    # The conservative rule: abstain only when even the upper end is below 0.5.
+    assert body["abstain"] is (hi < 0.5)
+
+
+def test_confidence_is_that_of_the_hits_returned(client, scifact):
+    """Non-decreasing in k over HTTP, and recomputed after a probability cut."""
+    docs, _ = scifact
+    _load(client, "fresh3", docs[:30])
+    url = "/v1/collections/fresh3/search"
+    confidences = [
+        client.post(url, json={"query": "vitamin D and bone", "k": k}).json()[
+            "confidence"
+        ]
+        for k in (1, 3, 10)
+    ]
+    assert confidences == sorted(confidences)
+    full = client.post(url, json={"query": "vitamin D and bone", "k": 10}).json()
+    cut_at = sorted(h["probability"] for h in full["hits"])[-2]
+    cut = client.post(
+        url, json={"query": "vitamin D and bone", "k": 10, "min_probability": cut_at}
+    ).json()
+    ps = [h["probability"] for h in cut["hits"]]
+    assert len(ps) < len(full["hits"])
+    assert max(ps) - 1e-12 <= cut["confidence"] <= min(1.0, sum(ps)) + 1e-12
+    assert cut["confidence"] <= full["confidence"]
+
+
+class _Renamed:
+    """The session embedder under another model name (no shipped profile for it)."""
+
+    def __init__(self, inner, name: str):
+        self._inner = inner
+        self.model_name = name
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
+
+
+def test_model_without_a_shipped_profile_is_none(tmp_path, embedder, scifact):
+    docs, _ = scifact
+    settings = Settings(data_dir=tmp_path)
+    app = create_app(settings, embedder=_Renamed(embedder, "acme/other-model"))
+    with TestClient(app) as c:
+        _load(c, "other", docs[:20])
+        body = c.post("/v1/collections/other/search", json={"query": "bone"}).json()
+        info = c.get("/v1/collections/other").json()
+    ref = body["calibrator"]
+    assert ref["status"] == "none" and ref["reason"] and ref["guarantee"] is None
+    assert info["calibrator"]["status"] == "none"
+    assert all(h["probability"] is None for h in body["hits"])
+    assert body["confidence"] is None and body["confidence_interval"] is None
+
+
 def test_fit_reports_every_method_and_norm_lift(fitted):
-    assert fitted["method"] in {"platt", "isotonic", "nt", "nt-list"}
-    assert set(fitted["cv"]) == {"platt", "isotonic", "nt", "nt-list"}
+    """The shipped prior joins the candidates of a collection's fit."""
+    assert fitted["method"] in {"prior", "platt", "isotonic", "nt", "nt-list"}
+    assert set(fitted["cv"]) == {"prior", "platt", "isotonic", "nt", "nt-list"}
     for m in fitted["cv"].values():
         assert 0 <= m["brier"] <= 1 and m["nll"] > 0 and 0 <= m["auroc"] <= 1
     assert {"nll_with", "nll_without", "terms", "reason"} <= set(fitted["norm_lift"])
@@ -110,12 +181,28 @@ def test_search_is_calibrated_by_the_fitted_calibrator(client, fitted, scifact):
     )
     assert r.status_code == 200, r.text
     for result in r.json()["results"]:
+        policy = fitted["abstain"]
+        guarantee = (
+            {
+                "target": policy["target_risk"],
+                "delta": policy["delta"],
+                "n_queries": policy["n_calibration"],
+            }
+            if policy["certified"]
+            else None
+        )
         assert result["calibrator"] == {
+            "status": "fitted",
             "id": fitted["id"],
             "method": fitted["method"],
             "default": False,
             "reorders_hits": False,
+            "n_queries": N_QUERIES,
+            "guarantee": guarantee,
+            "reason": None,
         }
+        if guarantee is not None:  # the certified threshold decides abstain
+            assert result["abstain"] is (result["confidence"] < policy["threshold"])
         hits = result["hits"]
         assert all(0 <= h["probability"] <= 1 for h in hits)
         assert [h["score"] for h in hits] == sorted(
@@ -164,7 +251,7 @@ def test_report_png_and_list(client, fitted):
     assert page.status_code == 200 and page.headers["content-type"].startswith(
         "text/html"
     )
-    assert page.text.count('<tr class="method') == 4 and "reliability.png" in page.text
+    assert page.text.count('<tr class="method') == 5 and "reliability.png" in page.text
     assert_problem(client.get("/v1/collections/sci/calibrators/nope"), 404)
     assert_problem(
         client.get("/v1/collections/sci/calibrators/nope/reliability.png"), 404

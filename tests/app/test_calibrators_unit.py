@@ -6,6 +6,7 @@ How long a fit takes is measured by ``benchmarks/fit_speed.py``, not asserted he
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,7 +56,7 @@ def profile() -> Profile:
 
 def test_profile_reports_every_method(profile):
     report = profile.report
-    assert set(report.cv) == {"platt", "isotonic", "nt", "nt-list"}
+    assert set(report.cv) == {"platt", "isotonic", "nt", "nt-list"}  # no prior given
     assert profile.method in report.cv
     assert report.n_queries == 300 and report.n_pairs == 6000
     for metrics in report.cv.values():
@@ -81,13 +82,16 @@ REFERENCE_FIT = (
         0.007319421247122636,
         0.0030069569673316678,
     ],
-    0.9989817376436332,
 )
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 EVIDENCE_COSINES = np.array([0.71, 0.64, 0.58, 0.52, 0.41])
 EVIDENCE_DOC_NORMS = np.array([3.0, 2.7, 3.4, 2.9, 3.1])
 EVIDENCE_DOC_TOKENS = np.array([80, 120, 200, 60, 256])
-REFERENCE_DEFAULT = {  # (query norm, tokens): (probabilities, confidence)
+# The default profile shipped before the cross-domain prior (format 1, a scifact fit
+# serving a query-level confidence model): it must still load and score the same
+# probabilities.
+FORMAT1_DEFAULT = Path(__file__).parent / "data" / "all-minilm-l6-v2.format1.json"
+REFERENCE_DEFAULT = {  # (query norm, tokens): (probabilities, the old confidence)
     (4.2, 9): (
         [
             0.6080336490383886,
@@ -121,12 +125,19 @@ REFERENCE_DEFAULT = {  # (query norm, tokens): (probabilities, confidence)
 }
 
 
+def assert_coherent(p, confidence):
+    """Issue 9: at least the largest hit probability, at most their sum (and 1)."""
+    assert max(p) - 1e-12 <= confidence <= min(1.0, float(np.sum(p))) + 1e-12
+
+
 def test_fit_chooses_and_scores_as_before_the_move(profile):
-    method, probabilities, confidence = REFERENCE_FIT
+    """Same method and probabilities; the confidence is now the coherent one."""
+    method, probabilities = REFERENCE_FIT
     scored = profile.score(*SCORE_ARGS)
     assert profile.method == method
     np.testing.assert_allclose(scored.probabilities, probabilities, rtol=1e-9)
-    assert scored.confidence == pytest.approx(confidence, rel=1e-9)
+    assert_coherent(scored.probabilities, scored.confidence)
+    assert profile.query_model is None and 0 <= profile.confidence_weight <= 1
 
 
 def _score_reference_evidence(profile):
@@ -138,19 +149,49 @@ def _score_reference_evidence(profile):
     }
 
 
-def test_shipped_default_profile_scores_as_before_the_move():
-    profile = load_default_profile(DEFAULT_MODEL)
-    assert profile is not None and profile.default
+def _format1_default() -> Profile:
+    return Profile.from_json(json.loads(FORMAT1_DEFAULT.read_text(encoding="utf-8")))
+
+
+def test_format1_default_profile_scores_as_before_the_move():
+    """Probabilities unchanged; the old served confidence broke the bounds (e.g. 0.93
+    from hits summing to 0.91), so the noisy-OR is served instead and the threshold
+    certified on the old confidence no longer counts as certified."""
+    profile = _format1_default()
+    assert profile.default and profile.query_model is not None
+    assert profile.abstain_policy is not None and profile.abstain_policy.certified
+    assert profile.certified_policy is None
     for key, scored in _score_reference_evidence(profile).items():
-        probabilities, confidence = REFERENCE_DEFAULT[key]
+        probabilities, old_confidence = REFERENCE_DEFAULT[key]
         np.testing.assert_allclose(scored.probabilities, probabilities, rtol=1e-12)
-        assert scored.confidence == pytest.approx(confidence, rel=1e-12)
-        assert not scored.abstain
+        assert_coherent(scored.probabilities, scored.confidence)
+        assert old_confidence > sum(probabilities)  # what issue 9 found
+        assert scored.confidence == pytest.approx(
+            1 - np.prod(1 - np.array(probabilities)), rel=1e-9
+        )
+
+
+def test_shipped_default_profile_is_the_cross_domain_prior():
+    """Format 3, the prior at zero labels: intervals, no certified threshold."""
+    data = json.loads(default_profile_path(DEFAULT_MODEL).read_text(encoding="utf-8"))
+    assert data["format"] == 3
+    profile = load_default_profile(DEFAULT_MODEL)
+    assert profile is not None and profile.default and profile.method == "prior"
+    assert profile.prior is not None and len(profile.prior.domains) == 8
+    assert profile.certified_policy is None
+    for scored in _score_reference_evidence(profile).values():
+        assert scored.intervals is not None and scored.confidence_interval is not None
+        lo, hi = scored.intervals
+        assert np.all(lo <= scored.probabilities) and np.all(scored.probabilities <= hi)
+        assert_coherent(scored.probabilities, scored.confidence)
+        c_lo, c_hi = scored.confidence_interval
+        assert c_lo <= scored.confidence <= c_hi
+        assert scored.abstain is (c_hi < 0.5)  # the conservative rule
 
 
 def test_shipped_default_profile_of_the_untyped_report_format_loads():
-    """The shipped JSON (format 1) keeps its report dict; it reads back unchanged."""
-    data = json.loads(default_profile_path(DEFAULT_MODEL).read_text(encoding="utf-8"))
+    """The old shipped JSON (format 1) keeps its report dict; it reads back unchanged."""
+    data = json.loads(FORMAT1_DEFAULT.read_text(encoding="utf-8"))
     assert data["format"] == 1 and "format_version" not in data["report"]
     profile = Profile.from_json(data)
     assert isinstance(profile.report, FitReport)

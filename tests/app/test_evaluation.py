@@ -190,6 +190,14 @@ def scifact_slice(tmp_path: Path, n_queries: int = 30, n_extra: int = 40) -> Pat
     return dst
 
 
+def test_few_label_sizes_include_5_10_and_30_by_default() -> None:
+    from app.ops.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "somewhere"])
+    assert {5, 10, 30} <= set(args.few_label)
+    assert {5, 10, 30} <= set(EvalOptions().few_label_sizes)
+
+
 @pytest.mark.slow
 def test_cli_eval_on_a_real_scifact_slice(
     tmp_path: Path, embedder, monkeypatch, capsys
@@ -228,6 +236,23 @@ def test_cli_eval_on_a_real_scifact_slice(
         m = result["methods"][name]
         assert 0 <= m["ece"] <= 1 and 0 <= m["brier"] <= 1 and m["nll"] > 0
         assert 0.5 < m["auroc"] <= 1
+    zero = result["zero_label"]  # the shipped default, no judgments from the slice
+    assert {
+        "ece",
+        "brier",
+        "nll",
+        "auroc",
+        "base_rate",
+        "constant_brier",
+        "interval_coverage",
+        "mean_interval_width",
+        "abstain",
+    } <= set(zero)
+    assert 0 <= zero["interval_coverage"] <= 1 and zero["mean_interval_width"] > 0
+    assert zero["constant_brier"] == pytest.approx(
+        zero["base_rate"] * (1 - zero["base_rate"])
+    )
+    assert 0 <= zero["abstain"]["answered"] <= 1
     assert summary_table([result]).count("\n") == 3
     assert "scifact-slice" in method_table(result)
     # the corpus embedding is cached: a second run does not embed documents again

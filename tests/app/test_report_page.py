@@ -47,5 +47,5 @@ def test_report_page_renders_in_chromium(chromium, tmp_path, embedder):
     loaded = re.search(r'id="reliability"[^>]*data-natural-width="(\d+)"', dom)
     assert loaded and int(loaded.group(1)) > 100, dom[:2000]
     methods = re.findall(r'<tr class="method[^"]*">\s*<td>([^<]+)</td>', dom)
-    assert sorted(methods) == ["isotonic", "nt", "nt-list", "platt"]
+    assert methods == ["prior"]  # the default is the cross-domain prior (issue 9)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

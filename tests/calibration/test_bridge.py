@@ -48,6 +48,7 @@ def test_variant_names_are_the_stored_report_names():
     """Stored reports key CV scores and the norm lift by these names."""
     names = [v.name for v in VARIANTS]
     assert names == [
+        "prior",
         "platt",
         "isotonic",
         "nt-list/none",

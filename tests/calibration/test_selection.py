@@ -165,7 +165,7 @@ def test_auto_serves_platt_when_the_gain_is_within_one_standard_error():
 
 
 def test_clear_gain_is_a_paired_per_query_test():
-    from calibration.selection import _clear_gain
+    from calibration.metrics import clear_nll_gain as _clear_gain
 
     rng = np.random.default_rng(0)
     codes = np.repeat(np.arange(50), 10)

@@ -18,15 +18,36 @@ class CollectionCreate(RequestModel):
     description: str = Field("", max_length=1000)
 
 
-class CalibratorRef(BaseModel):
-    """Which calibrator produced the probabilities."""
+class Guarantee(BaseModel):
+    """The abstain guarantee, certified on this collection's own judgments."""
 
-    id: str
-    method: str
+    target: float = Field(description="tolerated share of answered queries w/o a hit")
+    delta: float = Field(description="probability that the guarantee fails")
+    n_queries: int = Field(description="judged queries the threshold was certified on")
+
+
+class CalibratorRef(BaseModel):
+    """Which calibrator produced the probabilities, and how far to trust them.
+
+    ``status``: ``"default"`` (no judgments from this collection: the shipped
+    cross-domain prior, with intervals), ``"fitted"`` (fitted on ``n_queries`` judged
+    queries of this collection) or ``"none"`` (no shipped profile for this embedding
+    model: probabilities are null, ``reason`` says why). ``guarantee`` is set only when
+    the abstain threshold was certified on this collection's judgments; otherwise
+    ``abstain`` is true only when even the upper end of ``confidence_interval`` (the
+    confidence itself without one) is below 0.5, and no rate is claimed.
+    """
+
+    status: Literal["default", "fitted", "none"]
+    id: str | None = None
+    method: str | None = None
     default: bool = Field(description="true when the shipped default profile is in use")
     reorders_hits: bool = Field(
         False, description="probabilities may order hits differently from cosine"
     )
+    n_queries: int | None = Field(None, description="judged queries of a fitted one")
+    guarantee: Guarantee | None = None
+    reason: str | None = Field(None, description="why there is no calibrator")
 
 
 class CollectionInfo(BaseModel):

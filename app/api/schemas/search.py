@@ -46,6 +46,9 @@ class SearchHit(BaseModel):
     id: str
     score: float = Field(description="cosine similarity")
     probability: float | None = Field(description="calibrated P(relevant)")
+    probability_interval: tuple[float, float] | None = Field(
+        None, description="[lo, hi] of the probability (how far the level may be off)"
+    )
     norm: float = Field(description="raw norm of the document embedding")
     n_tokens: int
     metadata: Metadata
@@ -67,6 +70,9 @@ class SearchResult(BaseModel):
     hits: list[SearchHit]
     confidence: float | None = Field(
         None, description="P(at least one relevant hit among the returned)"
+    )
+    confidence_interval: tuple[float, float] | None = Field(
+        None, description="[lo, hi] of the confidence"
     )
     abstain: bool | None = Field(
         None, description="true when nothing relevant is likely to have been found"

@@ -154,13 +154,30 @@ class EmbedResponse(ResponseModel):
     dim: int
 
 
-class CalibratorRef(ResponseModel):
-    """Which calibrator produced the probabilities."""
+class Guarantee(ResponseModel):
+    """The abstain guarantee, certified on this collection's own judgments."""
 
-    id: str
-    method: str
+    target: float
+    delta: float
+    n_queries: int
+
+
+class CalibratorRef(ResponseModel):
+    """Which calibrator produced the probabilities, and how far to trust them.
+
+    ``status``: ``"default"`` (shipped prior, no judgments from this collection),
+    ``"fitted"`` (``n_queries`` judged) or ``"none"`` (no profile for this model;
+    ``reason`` says why). ``guarantee`` only when certified on this collection.
+    """
+
+    status: Literal["default", "fitted", "none"]
+    id: str | None = None
+    method: str | None = None
     default: bool
     reorders_hits: bool = False
+    n_queries: int | None = None
+    guarantee: Guarantee | None = None
+    reason: str | None = None
 
 
 class CollectionInfo(ResponseModel):
@@ -223,6 +240,7 @@ class SearchHit(ResponseModel):
     id: str
     score: float
     probability: float | None
+    probability_interval: tuple[float, float] | None = None
     norm: float
     n_tokens: int
     metadata: dict[str, Any]
@@ -235,6 +253,7 @@ class SearchResult(ResponseModel):
     query: QueryInfo
     hits: list[SearchHit]
     confidence: float | None = None
+    confidence_interval: tuple[float, float] | None = None
     abstain: bool | None = None
     calibrator: CalibratorRef | None = None
 
