@@ -448,6 +448,25 @@ def test_real_calibrators_and_feedback(nc):
     assert stored.stored == 3 and stored.total >= 3
 
 
+def test_real_judging_loop(nc):
+    nc.create_collection("judge", exist_ok=True)
+    nc.upsert_documents("judge", DOCS)
+    assert nc.query_log("judge").enabled is False
+    assert nc.set_query_log("judge", enabled=True, retention=10).retention == 10
+    nc.search("judge", QUERIES["paris"], k=3)
+    assert nc.query_log("judge").entries == 1
+    assert nc.add_judging_queries("judge", [QUERIES["aspirin"]]).added == 1
+    first = nc.next_to_judge("judge", k=2)
+    assert first.source == "uploaded" and first.query == QUERIES["aspirin"]
+    assert len(first.hits) == 2 and first.progress.judged_queries == 0
+    nc.skip_query("judge", QUERIES["aspirin"])
+    then = nc.next_to_judge("judge")
+    assert then.source == "log" and then.query == QUERIES["paris"]
+    assert then.progress.skipped == 1
+    with pytest.raises(NotFound):
+        nc.skip_query("judge", "never searched")
+
+
 def test_real_connection_refused_is_typed():
     from tests.app.server import refused_port
 

@@ -28,8 +28,13 @@ from normcal_client._models import (
     FeedbackResponse,
     Health,
     InputType,
+    JudgingNext,
+    JudgingQueriesRequest,
+    JudgingQueriesResponse,
+    QueryLogInfo,
     Readiness,
     SearchResult,
+    SkipRequest,
     UpsertResponse,
 )
 from normcal_client._options import RequestOptions, RetryPolicy
@@ -392,6 +397,32 @@ class NormcalClient(_Base):
         """Store relevance judgments collected in production for the next fit."""
         return self._drive(op.feedback(collection, judgments))
 
+    # -- judging
+    def query_log(self, collection: str) -> QueryLogInfo:
+        """The query log's settings and size."""
+        return self._drive(op.one(ep.GET_QUERY_LOG(name=collection)))
+
+    def set_query_log(
+        self, collection: str, *, enabled: bool, retention: int | None = None
+    ) -> QueryLogInfo:
+        """Record (or stop recording) searched query texts, keeping ``retention``."""
+        return self._drive(op.set_query_log(collection, enabled, retention))
+
+    def add_judging_queries(
+        self, collection: str, queries: Sequence[str]
+    ) -> JudgingQueriesResponse:
+        """Queue queries to judge before any logged one."""
+        body = JudgingQueriesRequest(queries=list(queries))
+        return self._drive(op.one(ep.ADD_JUDGING_QUERIES(body, name=collection)))
+
+    def next_to_judge(self, collection: str, *, k: int | None = None) -> JudgingNext:
+        """The next query to judge, its top hits and the judging progress."""
+        return self._drive(op.next_to_judge(collection, k))
+
+    def skip_query(self, collection: str, query: str) -> None:
+        """Do not offer ``query`` for judging again."""
+        self._drive(op.one(ep.SKIP_QUERY(SkipRequest(query=query), name=collection)))
+
 
 class AsyncNormcalClient(_Base):
     """Asynchronous client: the methods of :class:`NormcalClient`, awaitable.
@@ -663,3 +694,33 @@ class AsyncNormcalClient(_Base):
     ) -> FeedbackResponse:
         """Store relevance judgments collected in production for the next fit."""
         return await self._drive(op.feedback(collection, judgments))
+
+    # -- judging
+    async def query_log(self, collection: str) -> QueryLogInfo:
+        """The query log's settings and size."""
+        return await self._drive(op.one(ep.GET_QUERY_LOG(name=collection)))
+
+    async def set_query_log(
+        self, collection: str, *, enabled: bool, retention: int | None = None
+    ) -> QueryLogInfo:
+        """Record (or stop recording) searched query texts, keeping ``retention``."""
+        return await self._drive(op.set_query_log(collection, enabled, retention))
+
+    async def add_judging_queries(
+        self, collection: str, queries: Sequence[str]
+    ) -> JudgingQueriesResponse:
+        """Queue queries to judge before any logged one."""
+        body = JudgingQueriesRequest(queries=list(queries))
+        return await self._drive(op.one(ep.ADD_JUDGING_QUERIES(body, name=collection)))
+
+    async def next_to_judge(
+        self, collection: str, *, k: int | None = None
+    ) -> JudgingNext:
+        """The next query to judge, its top hits and the judging progress."""
+        return await self._drive(op.next_to_judge(collection, k))
+
+    async def skip_query(self, collection: str, query: str) -> None:
+        """Do not offer ``query`` for judging again."""
+        await self._drive(
+            op.one(ep.SKIP_QUERY(SkipRequest(query=query), name=collection))
+        )

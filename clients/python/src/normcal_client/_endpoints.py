@@ -94,6 +94,13 @@ ACTIVATE_CALIBRATOR = Endpoint("POST", _CAL + "/activate", m.CalibratorInfo)
 RELIABILITY_PNG = Endpoint("GET", _CAL + "/reliability.png", bytes, accept="image/png")
 CALIBRATOR_REPORT = Endpoint("GET", _CAL + "/report", str, accept="text/html")
 FEEDBACK = Endpoint("POST", _C + "/feedback", m.FeedbackResponse, m.FeedbackRequest)
+GET_QUERY_LOG = Endpoint("GET", _C + "/query-log", m.QueryLogInfo)
+SET_QUERY_LOG = Endpoint("PUT", _C + "/query-log", m.QueryLogInfo, m.QueryLogSettings)
+ADD_JUDGING_QUERIES = Endpoint(
+    "POST", _C + "/judging/queries", m.JudgingQueriesResponse, m.JudgingQueriesRequest
+)
+NEXT_TO_JUDGE = Endpoint("GET", _C + "/judging/next", m.JudgingNext)
+SKIP_QUERY = Endpoint("POST", _C + "/judging/skip", NoBody, m.SkipRequest)
 
 ENDPOINTS: tuple[Endpoint[Any], ...] = (
     HEALTH,
@@ -115,4 +122,9 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     RELIABILITY_PNG,
     CALIBRATOR_REPORT,
     FEEDBACK,
+    GET_QUERY_LOG,
+    SET_QUERY_LOG,
+    ADD_JUDGING_QUERIES,
+    NEXT_TO_JUDGE,
+    SKIP_QUERY,
 )

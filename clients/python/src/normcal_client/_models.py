@@ -107,6 +107,25 @@ class FeedbackRequest(RequestModel):
     judgments: list[Judgment]
 
 
+class QueryLogSettings(RequestModel):
+    """``PUT /v1/collections/{name}/query-log``: record searched query texts."""
+
+    enabled: bool = False
+    retention: int = Field(1000, ge=1)
+
+
+class JudgingQueriesRequest(RequestModel):
+    """``POST /v1/collections/{name}/judging/queries``: queries to judge first."""
+
+    queries: list[str] = Field(min_length=1)
+
+
+class SkipRequest(RequestModel):
+    """``POST /v1/collections/{name}/judging/skip``."""
+
+    query: str
+
+
 # --------------------------------------------------------------------------- responses
 
 
@@ -312,3 +331,48 @@ class ProblemDetail(ResponseModel):
     detail: str
     instance: str | None = None
     errors: list[dict[str, Any]] | None = None
+
+
+class QueryLogInfo(ResponseModel):
+    """The query log's settings and how many distinct queries it holds."""
+
+    enabled: bool
+    retention: int
+    entries: int
+
+
+class JudgingQueriesResponse(ResponseModel):
+    """How many queries were new to the judging queue."""
+
+    added: int
+
+
+class JudgingHit(ResponseModel):
+    """One hit of the query to judge."""
+
+    id: str
+    text: str
+    score: float
+    probability: float | None
+
+
+class JudgingProgress(ResponseModel):
+    """How far judging has come; ``can_fit`` once a calibrator can be fitted."""
+
+    judged_queries: int
+    relevant_queries: int
+    target: int
+    remaining: int
+    skipped: int
+    can_fit: bool
+
+
+class JudgingNext(ResponseModel):
+    """``GET …/judging/next``: the next query to judge (``query`` None when done)."""
+
+    query: str | None
+    source: Literal["uploaded", "log", "none"]
+    confidence: float | None
+    hits: list[JudgingHit]
+    calibrator: CalibratorRef | None
+    progress: JudgingProgress

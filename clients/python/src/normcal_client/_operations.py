@@ -37,8 +37,11 @@ from normcal_client._models import (
     FeedbackResponse,
     FitRequest,
     InputType,
+    JudgingNext,
     Judgment,
     MetadataScalar,
+    QueryLogInfo,
+    QueryLogSettings,
     Readiness,
     SearchRequest,
     SearchResult,
@@ -220,6 +223,22 @@ def feedback(
     """Store production judgments for the next fit."""
     body = FeedbackRequest(judgments=_judgments(judgments))
     return one(ep.FEEDBACK(body, name=collection))
+
+
+def set_query_log(
+    collection: str, enabled: bool, retention: int | None
+) -> Plan[QueryLogInfo]:
+    """Turn a collection's query log on or off."""
+    body = QueryLogSettings(**_given(enabled=enabled, retention=retention))
+    return one(ep.SET_QUERY_LOG(body, name=collection))
+
+
+def next_to_judge(collection: str, k: int | None) -> Plan[JudgingNext]:
+    """The next query to judge, with its top ``k`` hits (server default 10)."""
+    call = ep.NEXT_TO_JUDGE(name=collection)
+    if k is not None:
+        call = replace(call, path=f"{call.path}?k={int(k)}")
+    return one(call)
 
 
 def _given(**fields: Any) -> dict[str, Any]:
