@@ -149,7 +149,12 @@ def _result(abstain, probabilities, confidence=0.4):
         "hits": hits,
         "confidence": confidence,
         "abstain": abstain,
-        "calibrator": {"id": "cal-7", "method": "nt-list", "default": False},
+        "calibrator": {
+            "status": "fitted",
+            "id": "cal-7",
+            "method": "nt-list",
+            "default": False,
+        },
     }
 
 
