@@ -8,10 +8,8 @@ filesystems are tmpfs mounts; those tests skip when mounting is not permitted.
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import os
-import resource
 import sqlite3
 import stat
 import subprocess
@@ -301,12 +299,8 @@ def test_dropped_collection_methods_raise_not_found(tmp_path, embedder):
     assert list((tmp_path / "data").iterdir()) == []
 
 
-def _limit_fds() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-
-
 @pytest.mark.server
-def test_500_collections_start_under_1024_fds(tmp_path, monkeypatch):
+def test_500_collections_start_under_1024_fds(tmp_path):
     data = tmp_path / "data"
     registry = CollectionRegistry(
         data, model_name=MODEL, dim=384, load_calibrator=Profile.from_json
@@ -316,12 +310,8 @@ def test_500_collections_start_under_1024_fds(tmp_path, monkeypatch):
     for name in names:
         registry.create(name)
     registry.close()
-    # ServerProcess has no hook for the child's limits; give its Popen one.
-    monkeypatch.setattr(
-        subprocess, "Popen", functools.partial(subprocess.Popen, preexec_fn=_limit_fds)
-    )
-    server = ServerProcess(data).start()  # on main: too many open files after ~338
-    monkeypatch.undo()
+    # On main: too many open files after ~338 collections.
+    server = ServerProcess(data, nofile=(1024, 1024)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
             listed = c.get("/v1/collections").json()["data"]
