@@ -18,6 +18,17 @@ Columns of ``X``
 ``len_q``, ``len_d``
     Log token count centred on the reference median of that side
     (:meth:`NormReference.length_feature`).
+``lex``
+    BM25 of the hit over the query's IDF mass (:class:`LexicalEvidence`): the share of
+    a perfect lexical match the hit reaches, comparable across queries.
+``lex_rel``
+    BM25 of the hit over the query's best BM25 in the collection (0..1).
+``lex_rank``
+    1-based rank of the hit in the query's BM25 list of depth :data:`LEXICAL_DEPTH`,
+    ``LEXICAL_DEPTH + 1`` when it is not in that list.
+
+Without lexical evidence (``lexical=None``) the lexical columns say "no lexical match":
+0, 0 and ``LEXICAL_DEPTH + 1``.
 """
 
 from __future__ import annotations
@@ -42,8 +53,12 @@ from calibration.exceptions import (
 
 __all__ = [
     "FEATURES",
+    "LEXICAL_DEPTH",
+    "LEXICAL_FEATURES",
+    "LexicalEvidence",
     "ListFeatures",
     "NormReference",
+    "lexical_columns",
     "list_features",
     "pair_features",
     "regime_from_rho",
@@ -59,10 +74,18 @@ FEATURES: tuple[str, ...] = (
     "gap",
     "len_q",
     "len_d",
+    "lex",
+    "lex_rel",
+    "lex_rank",
 )
 """Column order of the pair feature matrix ``X``."""
 
-COSINE, ELL_Q, ELL_D, RANK, GAP, LEN_Q, LEN_D = range(len(FEATURES))
+COSINE, ELL_Q, ELL_D, RANK, GAP, LEN_Q, LEN_D, LEX, LEX_REL, LEX_RANK = range(
+    len(FEATURES)
+)
+LEXICAL_FEATURES: tuple[str, ...] = ("lex", "lex_rel", "lex_rank")
+LEXICAL_DEPTH = 100
+"""Depth of the BM25 list that ``lex_rank`` is measured in (fit, eval and search alike)."""
 
 # 1.4826 turns a median absolute deviation into a Gaussian-consistent SD.
 _MAD_TO_SD = 1.4826
@@ -332,12 +355,58 @@ def list_features(scores: ArrayLike) -> ListFeatures:
     )
 
 
+@dataclass(frozen=True)
+class LexicalEvidence:
+    """BM25 evidence of one query's hits (from the collection's lexical index).
+
+    Attributes
+    ----------
+    bm25 : ndarray of shape (k,)
+        BM25 of each hit (larger is better, 0 when it contains no query term).
+    rank : ndarray of shape (k,)
+        1-based rank of each hit in the query's BM25 list of depth
+        :data:`LEXICAL_DEPTH`; ``LEXICAL_DEPTH + 1`` (or more) when it is not in it.
+    idf_mass : float
+        Sum of the BM25 IDFs of the query's terms (0 when it has none).
+    top : float
+        BM25 of the query's best match in the collection (0 when nothing matches).
+    """
+
+    bm25: FloatArray
+    rank: FloatArray
+    idf_mass: float
+    top: float
+
+
+def lexical_columns(lexical: LexicalEvidence | None, k: int) -> FloatArray:
+    """The ``lex``, ``lex_rel``, ``lex_rank`` columns of ``k`` hits (see the module doc)."""
+    out = np.zeros((k, len(LEXICAL_FEATURES)))
+    out[:, 2] = LEXICAL_DEPTH + 1
+    if lexical is None:
+        return out
+    bm25 = as_float_1d(lexical.bm25, "bm25")
+    rank = as_float_1d(lexical.rank, "lexical rank")
+    if bm25.shape[0] != k or rank.shape[0] != k:
+        raise InvalidInputError(
+            f"lexical evidence must have one value per hit ({k}).", field="lexical"
+        )
+    if np.any(bm25 < 0) or np.any(rank < 1):
+        raise InvalidInputError("bm25 must be >= 0 and ranks >= 1.", field="lexical")
+    if lexical.idf_mass > 0:
+        out[:, 0] = bm25 / lexical.idf_mass
+    if lexical.top > 0:
+        out[:, 1] = np.minimum(bm25 / lexical.top, 1.0)
+    out[:, 2] = np.minimum(rank, LEXICAL_DEPTH + 1)
+    return out
+
+
 def pair_features(
     scores: ArrayLike,
     ell_q: float,
     ell_d: ArrayLike,
     len_q: float = 0.0,
     len_d: ArrayLike | None = None,
+    lexical: LexicalEvidence | None = None,
 ) -> FloatArray:
     r"""Build the pair feature matrix of one query's hit list.
 
@@ -354,10 +423,12 @@ def pair_features(
         Query centred log-length (:meth:`NormReference.length_feature`).
     len_d : array-like of shape (k,) or None, default=None
         Document centred log-lengths; ``None`` means zeros.
+    lexical : LexicalEvidence or None, default=None
+        BM25 evidence of the hits; ``None`` means no lexical match.
 
     Returns
     -------
-    X : ndarray of shape (k, 7)
+    X : ndarray of shape (k, 10)
         Columns in :data:`FEATURES` order.
     """
     lf = list_features(scores)
@@ -378,6 +449,7 @@ def pair_features(
     X[:, GAP] = lf.gap
     X[:, LEN_Q] = float(len_q)
     X[:, LEN_D] = lnd
+    X[:, LEX:] = lexical_columns(lexical, k)
     return X
 
 
@@ -387,6 +459,7 @@ def stack_pair_features(
     ell_d: Sequence[ArrayLike],
     len_q: ArrayLike | None = None,
     len_d: Sequence[ArrayLike] | None = None,
+    lexical: Sequence[LexicalEvidence | None] | None = None,
 ) -> tuple[FloatArray, IntArray]:
     r"""Stack the pair matrices of many queries.
 
@@ -402,10 +475,12 @@ def stack_pair_features(
         Query centred log-lengths (zeros if ``None``).
     len_d : sequence of array-like or None, default=None
         Document centred log-lengths per query (zeros if ``None``).
+    lexical : sequence of LexicalEvidence or None, default=None
+        BM25 evidence per query (no lexical match if ``None``).
 
     Returns
     -------
-    X : ndarray of shape (sum k_i, 7)
+    X : ndarray of shape (sum k_i, 10)
         Stacked pair features, queries in input order.
     groups : ndarray of shape (sum k_i,)
         Query index (0..n_queries-1) of each row, for grouped fitting.
@@ -420,6 +495,10 @@ def stack_pair_features(
         )
     if len_d is not None and len(len_d) != n_q:
         raise InvalidInputError("len_d must have one entry per query.", field="len_d")
+    if lexical is not None and len(lexical) != n_q:
+        raise InvalidInputError(
+            "lexical must have one entry per query.", field="lexical"
+        )
     if n_q == 0:
         raise InvalidInputError("No queries given.", field="scores")
     blocks = [
@@ -429,6 +508,7 @@ def stack_pair_features(
             ell_d[i],
             float(lnq[i]),
             None if len_d is None else len_d[i],
+            None if lexical is None else lexical[i],
         )
         for i in range(n_q)
     ]
@@ -496,7 +576,7 @@ def query_probe_rho(X: FloatArray, groups: IntArray, top: int = 10) -> float:
 
     Parameters
     ----------
-    X : ndarray of shape (n, 7)
+    X : ndarray of shape (n, 10)
         Pair features.
     groups : ndarray of shape (n,)
         Query codes 0..n_queries-1.

@@ -38,6 +38,7 @@ from threadpoolctl import threadpool_limits
 from calibration.exceptions import InsufficientDataError, UnsupportedFormatError
 from calibration.features import (
     ELL_Q,
+    LexicalEvidence,
     NormReference,
     pair_features,
     stack_pair_features,
@@ -116,6 +117,8 @@ class QueryEvidence:
     labels : ndarray of shape (k,) or None
         1.0 where the hit is judged relevant, else 0.0 (unjudged counts as not
         relevant, the usual IR convention).
+    lexical : LexicalEvidence or None
+        BM25 evidence of the hits (``None``: no lexical match).
     """
 
     norm: float
@@ -124,6 +127,7 @@ class QueryEvidence:
     doc_norms: FloatArray
     doc_tokens: NDArray[np.int64]
     labels: FloatArray | None = None
+    lexical: LexicalEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ def build_features(
         ],
         query_ref.length_feature(q_tokens),
         [doc_ref.length_feature(evidence[i].doc_tokens) for i in kept],
+        [evidence[i].lexical for i in kept],
     )
     return X, np.asarray(kept, dtype=np.int64)[local]
 
@@ -213,6 +218,7 @@ class Profile:
         scores: FloatArray,
         doc_norms: FloatArray,
         doc_tokens: NDArray[np.int64],
+        lexical: LexicalEvidence | None = None,
     ) -> Scored:
         """Probabilities of one query's hits, their coherent confidence, abstain flag."""
         if len(scores) == 0:
@@ -224,6 +230,7 @@ class Profile:
             self.doc_ref.transform(doc_norms, doc_tokens),
             float(self.query_ref.length_feature([n_tokens])[0]),
             self.doc_ref.length_feature(doc_tokens),
+            lexical,
         )
         p = self.estimator.predict_proba(X)
         intervals = None

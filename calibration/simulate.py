@@ -30,7 +30,7 @@ class SimulatedJudgments:
 
     Attributes
     ----------
-    X : ndarray of shape (n_queries * k, 7)
+    X : ndarray of shape (n_queries * k, 10)
         Pair features in ``FEATURES`` order.
     y : ndarray of shape (n_queries * k,)
         Labels (0/1 as float64).
@@ -113,7 +113,7 @@ def simulate_judgments(
         ell_d.append(np.clip(ell_sd * gen.standard_normal(k), -1.5, 1.5))
         len_d.append(0.5 * gen.standard_normal(k))
     X, groups = stack_pair_features(scores, ell_q, ell_d, len_q, len_d)
-    s, lq, ld, rank, gap, lnq, lnd = X.T
+    s, lq, ld, rank, gap, lnq, lnd = X.T[:7]
     temp = np.exp(alpha + gamma_q * lq + gamma_d * ld)
     shift = (
         beta0

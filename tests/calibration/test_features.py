@@ -39,6 +39,9 @@ def test_feature_order_contract():
         "gap",
         "len_q",
         "len_d",
+        "lex",
+        "lex_rel",
+        "lex_rank",
     }
 
 

@@ -66,6 +66,9 @@ def domain(
         "gap": gap,
         "len_q": len_q,
         "len_d": np.zeros_like(s),
+        "lex": np.zeros_like(s),
+        "lex_rel": np.zeros_like(s),
+        "lex_rank": np.full_like(s, 101.0),
     }
     X = np.column_stack([cols[f].ravel() for f in FEATURES])
     groups = np.repeat(np.arange(n_queries), K_HITS)
