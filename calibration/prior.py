@@ -52,7 +52,7 @@ from calibration.exceptions import (
     NotFittedCalibratorError,
     UnsupportedFormatError,
 )
-from calibration.features import FEATURES
+from calibration.features import FEATURES, LEXICAL_FEATURES
 from calibration.metrics import (
     clear_nll_gain,
     negative_log_likelihood,
@@ -79,9 +79,18 @@ NORM_FEATURES: tuple[str, ...] = ("ell_q", "ell_d")
 """Residual-norm columns; add them to ``features`` only where they earn it."""
 
 # Within one query rank and gap fall as the cosine rises: with these signs the logit is
-# non-decreasing in the cosine, so the prior never reorders a query's hits.
-_SIGN: dict[str, int] = {"cosine": +1, "rank": -1, "gap": -1}
-_DOC_SIDE = frozenset({"ell_d", "len_d"})
+# non-decreasing in the cosine, so the prior never reorders a query's hits. Lexical
+# evidence can only raise a hit (more of the query's terms, a better BM25 rank).
+_SIGN: dict[str, int] = {
+    "cosine": +1,
+    "rank": -1,
+    "gap": -1,
+    "lex": +1,
+    "lex_rel": +1,
+    "lex_rank": -1,
+}
+_LOG_COLUMNS = frozenset({"rank", "lex_rank"})
+_DOC_SIDE = frozenset({"ell_d", "len_d", *LEXICAL_FEATURES})
 _SLOPE_PRIOR_SD = 10.0  # weak ridge of the pooled fit (standardised units)
 _PER_SET_SD = 1.0  # per-set refits shrink toward the shared slope with this SD
 _MIN_SLOPE_SD = 0.05  # floor of the across-domain slope spread
@@ -89,11 +98,11 @@ _N_LOOSEN = 30  # below this many judged queries the slope prior keeps its width
 
 
 def _design(X: FloatArray, features: Sequence[str]) -> FloatArray:
-    """Raw transferable features; ``rank`` enters as ``log(rank)``."""
+    """Raw transferable features; ranks enter as ``log(rank)``."""
     cols = []
     for name in features:
         col = X[:, FEATURES.index(name)]
-        cols.append(np.log(np.maximum(col, 1.0)) if name == "rank" else col)
+        cols.append(np.log(np.maximum(col, 1.0)) if name in _LOG_COLUMNS else col)
     return np.column_stack(cols)
 
 
@@ -165,7 +174,7 @@ class CrossDomainPrior:
     Attributes
     ----------
     features : tuple of str
-        Columns of ``FEATURES`` used (``rank`` as ``log(rank)``).
+        Columns of ``FEATURES`` used (``rank`` and ``lex_rank`` as logs).
     center, scale : tuple of float
         Standardisation of the raw features (set-weighted mean and SD).
     slope : tuple of float
