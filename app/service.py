@@ -33,8 +33,8 @@ from app.api.schemas.judging import (
     QueryLogSettings,
 )
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
-from app.collections.registry import Collection, CollectionRegistry, Hit
-from app.collections.store import NewDocument
+from app.collections.registry import Collection, CollectionRegistry, Pool
+from app.collections.store import DEFAULT_STEMMER, NewDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError, NotFoundError
@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_K = 10  # hits per search
 DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
+# Default depth of the dense and BM25 lists a search draws candidates from: the depth
+# calibrators are fitted at, so served pools look like the fitted ones.
+POOL_DEPTH = DEFAULT_FIT_K
 
 
 @dataclass
@@ -117,10 +120,15 @@ class Service:
         )
 
     # -- collections ------------------------------------------------------------------
-    def create_collection(self, name: str, description: str) -> CollectionInfo:
+    def create_collection(
+        self, name: str, description: str, stemmer: str = DEFAULT_STEMMER
+    ) -> CollectionInfo:
         """Create an empty collection and describe it (no second lookup to race)."""
         collection = self.registry.create(
-            name, description=description, index_type=self.settings.index_type
+            name,
+            description=description,
+            index_type=self.settings.index_type,
+            stemmer=stemmer,
         )
         return self._describe(collection)
 
@@ -129,7 +137,7 @@ class Service:
         return self._describe(self.registry.get(name))
 
     def _describe(self, collection: Collection[Profile]) -> CollectionInfo:
-        documents, indexed = collection.counts()
+        documents, lexical_indexed, indexed = collection.counts()
         meta = collection.meta
         return CollectionInfo(
             name=collection.name,
@@ -139,6 +147,8 @@ class Service:
             index_type=collection.index_type,
             documents=documents,
             indexed=indexed,
+            lexical_indexed=lexical_indexed,
+            stemmer=str(meta.get("stemmer", DEFAULT_STEMMER)),
             created_at=float(meta["created_at"]),
             calibrator=self._calibrator_ref(self._profile_for(collection)),
         )
@@ -219,21 +229,32 @@ class Service:
         texts = request.texts
         k = request.k if request.k is not None else min(DEFAULT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
+        n = request.candidates if request.candidates is not None else max(k, POOL_DEPTH)
+        limits.check_value("candidates", n, lim.max_k)
+        if n < k:
+            raise InvalidRequestError(
+                f"candidates ({n}) must be at least k ({k})", field="candidates"
+            )
         limits.check_count("queries", texts, lim.max_queries_per_search)
         limits.check_texts("queries" if request.queries else "query", texts, lim)
         collection = self.registry.get_compatible(name)
         profile = self._profile_for(collection)  # one snapshot for the whole request
         if profile is None and (
-            request.min_probability is not None or request.target_precision is not None
+            request.min_probability is not None
+            or request.target_precision is not None
+            or request.mode == "hybrid"
         ):
             raise InvalidRequestError(
-                "min_probability and target_precision need a calibrator; none is "
-                f"available for model {self.embedder.model_name!r}",
-                field="min_probability",
+                "min_probability, target_precision and mode 'hybrid' need a "
+                "calibrator; none is available for model "
+                f"{self.embedder.model_name!r}",
+                field="mode" if request.mode == "hybrid" else "min_probability",
             )
         batch = await self.pool.run(self.embedder.embed, texts, "query")
-        hits = await self.pool.run(collection.search, batch.vectors, k, request.filter)
-        results = await self.pool.run(_results, batch, hits, profile, request)
+        pools = await self.pool.run(
+            collection.search, batch.vectors, texts, n, request.filter
+        )
+        results = await self.pool.run(_results, batch, pools, profile, request, k)
         await self._log_queries(collection, texts)
         return results
 
@@ -259,19 +280,22 @@ class Service:
             qrels.setdefault(query, {})[doc_id] = relevance
         queries = sorted(qrels)
         batch = await self.pool.run(self.embedder.embed, queries, "query")
-        hits = await self.pool.run(collection.search, batch.vectors, k, None)
+        pools = await self.pool.run(collection.search, batch.vectors, queries, k, None)
         evidence = [
             QueryEvidence(
                 norm=float(batch.norms[i]),
                 n_tokens=int(batch.n_tokens[i]),
-                scores=np.array([h.score for h in row]),
-                doc_norms=np.array([h.document.norm for h in row]),
-                doc_tokens=np.array([h.document.n_tokens for h in row], dtype=np.int64),
-                labels=np.array(
-                    [float(qrels[q].get(h.document.id, 0) > 0) for h in row]
+                scores=np.array([h.score for h in pool.hits]),
+                doc_norms=np.array([h.document.norm for h in pool.hits]),
+                doc_tokens=np.array(
+                    [h.document.n_tokens for h in pool.hits], dtype=np.int64
                 ),
+                labels=np.array(
+                    [float(qrels[q].get(h.document.id, 0) > 0) for h in pool.hits]
+                ),
+                lexical=pool.lexical,
             )
-            for i, (q, row) in enumerate(zip(queries, hits, strict=True))
+            for i, (q, pool) in enumerate(zip(queries, pools, strict=True))
         ]
         doc_norms, doc_tokens = collection.norm_sample()
         started = time.perf_counter()
@@ -416,8 +440,10 @@ class Service:
             )
         request = SearchRequest(queries=candidates, k=k, include_text=True)
         batch = await self.pool.run(self.embedder.embed, candidates, "query")
-        hits = await self.pool.run(collection.search, batch.vectors, k, None)
-        results = await self.pool.run(_results, batch, hits, profile, request)
+        pools = await self.pool.run(
+            collection.search, batch.vectors, candidates, max(k, POOL_DEPTH), None
+        )
+        results = await self.pool.run(_results, batch, pools, profile, request, k)
         levels = [
             r.confidence
             if r.confidence is not None
@@ -500,35 +526,46 @@ def _query_log_settings(collection: Collection[Profile]) -> QueryLogSettings:
 
 def _results(
     batch: EmbeddingBatch,
-    hits: list[list[Hit]],
+    pools: list[Pool],
     profile: Profile | None,
     request: SearchRequest,
+    k: int,
 ) -> list[SearchResult]:
-    """Score each query's hits, then apply ``min_probability``/``target_precision``."""
-    return [_result(batch, i, row, profile, request) for i, row in enumerate(hits)]
+    """Score each query's pool, pick its hits by mode, then apply the cuts."""
+    return [
+        _result(batch, i, pool, profile, request, k) for i, pool in enumerate(pools)
+    ]
 
 
 def _result(
     batch: EmbeddingBatch,
     i: int,
-    hits: list[Hit],
+    pool: Pool,
     profile: Profile | None,
     request: SearchRequest,
+    k: int,
 ) -> SearchResult:
+    """One query's answer.
+
+    The whole pool is scored once, so a document's probability for a query is the
+    same number whichever mode returned it; the mode only picks and orders hits.
+    """
     norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
+    hits = pool.hits
     out = [
         SearchHit(
             id=h.document.id,
             score=h.score,
+            bm25=float(pool.lexical.bm25[j]),
             probability=None,
             norm=h.document.norm,
             n_tokens=h.document.n_tokens,
             metadata=h.document.metadata,
             text=h.document.text if request.include_text else None,
         )
-        for h in hits
+        for j, h in enumerate(hits)
     ]
-    confidence = abstain = band = None
+    scored = None
     if profile is not None:
         scored = profile.score(
             norm,
@@ -536,14 +573,23 @@ def _result(
             np.array([h.score for h in hits]),
             np.array([h.document.norm for h in hits]),
             np.array([h.document.n_tokens for h in hits], dtype=np.int64),
+            pool.lexical,
         )
         for j, (hit, p) in enumerate(zip(out, scored.probabilities, strict=True)):
             hit.probability = float(p)
             if scored.intervals is not None:
                 lo, hi = scored.intervals
                 hit.probability_interval = (float(lo[j]), float(hi[j]))
-        if profile.reorders_hits:
+    if request.mode == "lexical":
+        out = [out[j] for j in pool.lexical_top(k)]
+    elif request.mode == "hybrid":
+        out = sorted(out, key=lambda h: (-(h.probability or 0.0), -h.score))[:k]
+    else:
+        out = out[: min(k, pool.n_dense)]
+        if profile is not None and profile.reorders_hits:
             out.sort(key=lambda h: -(h.probability or 0.0))
+    confidence = abstain = band = None
+    if profile is not None and scored is not None:
         out = _cut(out, request.min_probability, request.target_precision)
         # Confidence of the hits actually returned (after the cut).
         returned = profile.verdict(
@@ -561,6 +607,7 @@ def _result(
         query=QueryInfo(
             norm=norm, n_tokens=n_tokens, truncated=bool(batch.truncated[i])
         ),
+        mode=request.mode,
         hits=out,
         confidence=confidence,
         confidence_interval=band,

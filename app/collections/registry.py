@@ -54,6 +54,8 @@ from app.exceptions import (
     NotFoundError,
     StorageUnavailableError,
 )
+from calibration.features import LEXICAL_DEPTH, LexicalEvidence
+from calibration.fusion import candidate_pool, lexical_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,30 @@ class Hit:
 
     document: StoredDocument
     score: float
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The hybrid candidate pool of one query (``calibration.fusion.candidate_pool``).
+
+    ``hits`` holds the dense top-``n`` (first ``n_dense`` entries, cosine order), then
+    the BM25 top-``n`` not among them (BM25 order), each with its cosine; ``lexical``
+    is the BM25 evidence of every hit (ranks in the BM25 list of depth
+    ``LEXICAL_DEPTH``).
+    """
+
+    hits: list[Hit]
+    n_dense: int
+    lexical: LexicalEvidence
+
+    def dense(self, k: int) -> list[Hit]:
+        """The dense top-``k`` (cosine order)."""
+        return self.hits[: min(k, self.n_dense)]
+
+    def lexical_top(self, k: int) -> list[int]:
+        """Indices into ``hits`` of the BM25 top-``k``, best first."""
+        ranked = [i for i, r in enumerate(self.lexical.rank) if r <= k]
+        return sorted(ranked, key=lambda i: self.lexical.rank[i])
 
 
 @dataclass(frozen=True)
@@ -206,27 +232,67 @@ class Collection(Generic[C]):
     def search(
         self,
         vectors: NDArray[np.float32],
-        k: int,
+        texts: Sequence[str],
+        n: int,
         where: dict[str, MetadataValue] | None = None,
-    ) -> list[list[Hit]]:
-        """Top-``k`` hits per query vector, best first, restricted by ``where``."""
+    ) -> list[Pool]:
+        """The hybrid pool of depth ``n`` of each query, restricted by ``where``.
+
+        One read lock covers FAISS and SQLite (documents and lexical index), so every
+        pool sees one state of the collection.
+        """
         with self._reading() as store:
             allowed = store.filter_seqs(where) if where else None
-            scores, seqs = self.index.search(vectors, k, allowed)
-            docs = store.get_by_seqs([int(s) for s in seqs.ravel() if s >= 0])
-        return [
-            [
-                Hit(docs[int(s)], float(c))
-                for c, s in zip(row_scores, row_seqs, strict=True)
-                if s >= 0 and int(s) in docs
+            scores, seqs = self.index.search(vectors, n, allowed)
+            return [
+                self._pool(store, vectors[i], texts[i], n, allowed, row_s, row_c)
+                for i, (row_c, row_s) in enumerate(zip(scores, seqs, strict=True))
             ]
-            for row_scores, row_seqs in zip(scores, seqs, strict=True)
-        ]
 
-    def counts(self) -> tuple[int, int]:
-        """``(documents in SQLite, vectors in FAISS)``, read consistently."""
+    def _pool(
+        self,
+        store: CollectionStore,
+        vector: NDArray[np.float32],
+        text: str,
+        n: int,
+        allowed: NDArray[np.int64] | None,
+        dense_seqs: NDArray[np.int64],
+        dense_scores: NDArray[np.float32],
+    ) -> Pool:
+        dense = [int(s) for s in dense_seqs if s >= 0]
+        cosine = {
+            int(s): float(c) for s, c in zip(dense_seqs, dense_scores, strict=True)
+        }
+        lex = store.lexical_search(text, max(n, LEXICAL_DEPTH), allowed)
+        lex_seqs = [int(s) for s in lex.seqs]
+        seqs = candidate_pool(dense, lex_seqs, n)
+        docs = store.get_by_seqs(seqs)
+        extra = [s for s in seqs if s not in cosine]
+        for seq, vec in store.vectors_of(extra).items():
+            cosine[seq] = float(np.dot(vec, vector))
+        seqs = [s for s in seqs if s in docs]  # a doc deleted since the search is gone
+        bm25 = dict(zip(lex_seqs, lex.scores.tolist(), strict=True))
+        missing = [s for s in seqs if s not in bm25]
+        bm25.update(zip(missing, store.bm25_of(text, missing).tolist(), strict=True))
+        in_dense = set(dense)
+        return Pool(
+            hits=[Hit(docs[s], cosine[s]) for s in seqs],
+            n_dense=sum(1 for s in seqs if s in in_dense),
+            lexical=LexicalEvidence(
+                bm25=np.array([bm25[s] for s in seqs], dtype=np.float64),
+                rank=lexical_ranks(seqs, lex_seqs),
+                idf_mass=store.idf_mass(text),
+                top=float(lex.scores[0]) if lex.scores.size else 0.0,
+            ),
+        )
+
+    def counts(self) -> tuple[int, int, int]:
+        """Documents in SQLite, in the lexical index and vectors in FAISS.
+
+        Read under one lock, so they agree whenever no write is in flight.
+        """
         with self._reading() as store:
-            return store.count(), self.index.size
+            return store.count(), store.lexical_count(), self.index.size
 
     def missing(self, ids: Sequence[str]) -> list[str]:
         """The ids among ``ids`` that are not stored, sorted and deduplicated."""

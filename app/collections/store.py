@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -27,12 +28,18 @@ from urllib.parse import quote
 import numpy as np
 from numpy.typing import NDArray
 
+from app.collections import lexical
 from app.exceptions import InsufficientStorageError, NotFoundError
 
-# 2 added the judging tables (query log, uploaded queries, skips). A version-1 file
-# gets them on its first writable open (``CREATE TABLE IF NOT EXISTS``); they are not
-# in ``TABLES``, so ``inspect_store`` never quarantines a file for lacking them.
-SCHEMA_VERSION = 2
+logger = logging.getLogger(__name__)
+
+# 3 added the lexical index (FTS5, ``app.collections.lexical``); 2 the judging tables
+# (query log, uploaded queries, skips). An older file gets them on its first writable
+# open; they are not in ``TABLES``, so ``inspect_store`` never quarantines a file for
+# lacking them.
+SCHEMA_VERSION = 3
+DEFAULT_STEMMER: lexical.Stemmer = "porter"
+_LEXICAL_BATCH = 5000  # documents indexed per statement when an old file gains FTS
 
 # One statement per entry, so that a new file gets its schema and its meta in a single
 # transaction (``executescript`` would commit in between).
@@ -151,8 +158,9 @@ def build_store(path: Path, meta: dict[str, Any], *, synchronous: str) -> None:
     try:
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA journal_mode=WAL")
+        stemmer = meta.setdefault("stemmer", DEFAULT_STEMMER)
         with _Transaction(conn):
-            for statement in (*_SCHEMA, *_ADDED_SCHEMA):
+            for statement in (*_SCHEMA, *_ADDED_SCHEMA, *lexical.schema(stemmer)):
                 conn.execute(statement)
             _write_meta(conn, {**meta, "schema_version": SCHEMA_VERSION})
     finally:
@@ -328,10 +336,14 @@ class CollectionStore:
         with self._write() as conn:
             ids = [d.id for d in docs]
             removed = list(_seqs_by_id(conn, ids).values())
+            # Deleted explicitly (not by REPLACE) so the lexical index's trigger fires.
+            for chunk in _chunks(removed, 500):
+                marks = ",".join("?" * len(chunk))
+                conn.execute(f"DELETE FROM documents WHERE seq IN ({marks})", chunk)
             new: list[int] = []
             for d in docs:
                 cur = conn.execute(
-                    "INSERT OR REPLACE INTO documents"
+                    "INSERT INTO documents"
                     "(id, text, metadata, vector, norm, n_tokens, truncated, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
                     (
@@ -381,6 +393,43 @@ class CollectionStore:
         """Map document ids to seqs (unknown ids are absent)."""
         with self._use() as conn:
             return _seqs_by_id(conn, ids)
+
+    def lexical_search(
+        self, text: str, n: int, allowed: NDArray[np.int64] | None = None
+    ) -> lexical.LexicalHits:
+        """Top-``n`` seqs by BM25 (among ``allowed`` if given), with scores."""
+        with self._use() as conn:
+            return lexical.search(conn, text, n, allowed)
+
+    def bm25_of(self, text: str, seqs: Sequence[int]) -> NDArray[np.float64]:
+        """BM25 of the given documents for ``text`` (0 where no term matches)."""
+        with self._use() as conn:
+            return lexical.bm25_of(conn, text, seqs)
+
+    def idf_mass(self, text: str) -> float:
+        """Sum of the BM25 IDFs of ``text``'s terms in this collection."""
+        with self._use() as conn:
+            return lexical.idf_mass(conn, text)
+
+    def vectors_of(self, seqs: Sequence[int]) -> dict[int, NDArray[np.float32]]:
+        """Unit vectors of the given seqs (unknown seqs are absent)."""
+        out: dict[int, NDArray[np.float32]] = {}
+        with self._use() as conn:
+            for chunk in _chunks(list(seqs), 500):
+                marks = ",".join("?" * len(chunk))
+                for seq, blob in conn.execute(
+                    f"SELECT seq, vector FROM documents WHERE seq IN ({marks})", chunk
+                ):
+                    out[int(seq)] = np.frombuffer(blob, dtype=np.float32)
+        return out
+
+    def lexical_count(self) -> int:
+        """Documents in the lexical index (its own count, not the content table's)."""
+        with self._use() as conn:
+            row = conn.execute(
+                f"SELECT count(*) FROM {lexical.FTS_TABLE}_docsize"
+            ).fetchone()
+        return int(row[0])
 
     def count(self) -> int:
         """Number of documents."""
@@ -639,14 +688,49 @@ def _write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
-    """Add the tables of later schema versions to an older file (idempotent)."""
+    """Add the tables of later schema versions to an older file (idempotent).
+
+    An older file's lexical index is built here, from its documents, in the same
+    transaction that records it: a crash part-way leaves the old version, rebuilt on
+    the next open.
+    """
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    if all(t in tables for t in ADDED_TABLES):
+    if all(t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)):
         return
     with _Transaction(conn):
         for statement in _ADDED_SCHEMA:
             conn.execute(statement)
+        if lexical.FTS_TABLE not in tables:
+            _build_lexical_index(conn)
         _write_meta(conn, {"schema_version": SCHEMA_VERSION})
+
+
+def _build_lexical_index(conn: sqlite3.Connection) -> None:
+    """Create the lexical index of an older file and fill it, logging progress."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'stemmer'").fetchone()
+    stemmer = json.loads(row[0]) if row else DEFAULT_STEMMER
+    for statement in lexical.schema(stemmer):
+        conn.execute(statement)
+    total = int(conn.execute("SELECT count(*) FROM documents").fetchone()[0])
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    logger.info("building the lexical index of %s: %d documents", path, total)
+    started, done, last = time.perf_counter(), 0, -1
+    while True:
+        rows = conn.execute(
+            "SELECT seq, text FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
+            (last, _LEXICAL_BATCH),
+        ).fetchall()
+        if not rows:
+            break
+        conn.executemany(
+            f"INSERT INTO {lexical.FTS_TABLE}(rowid, text) VALUES (?, ?)", rows
+        )
+        done, last = done + len(rows), int(rows[-1][0])
+        logger.info("lexical index of %s: %d of %d documents", path, done, total)
+    _write_meta(conn, {"stemmer": stemmer})
+    logger.info(
+        "built the lexical index of %s in %.1fs", path, time.perf_counter() - started
+    )
 
 
 def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:

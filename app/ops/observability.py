@@ -93,7 +93,7 @@ class _CollectionCollector(Collector):
             assert registry is not None
             try:
                 collection = registry.get(name)
-                n_docs, n_vectors = collection.counts()
+                n_docs, _, n_vectors = collection.counts()
             except Exception:  # dropped or closed between names() and get()
                 continue
             documents.add_metric([name], n_docs)

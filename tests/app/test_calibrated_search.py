@@ -298,17 +298,23 @@ def test_bad_judgments_are_4xx_and_change_nothing(client, fitted, scifact, case)
     elif case == "all-negative":
         body = {"judgments": [{**j, "relevance": 0} for j in judgments]}
     elif case == "all-positive":
-        # Judge every retrieved hit of each query relevant: no negative pair is left.
+        # Judge every candidate of each query's fit pool (dense top-2 and BM25 top-2)
+        # relevant: no negative pair is left.
         queries = sorted({j["query"] for j in judgments})[:10]
-        found = client.post(
-            "/v1/collections/sci/search", json={"queries": queries, "k": 2}
-        ).json()["results"]
+        found = [
+            client.post(
+                "/v1/collections/sci/search",
+                json={"queries": queries, "k": 2, "mode": mode},
+            ).json()["results"]
+            for mode in ("dense", "lexical")
+        ]
         body = {
             "k": 2,
             "include_feedback": False,
             "judgments": [
                 {"query": q, "document_id": h["id"], "relevance": 1}
-                for q, res in zip(queries, found, strict=True)
+                for results in found
+                for q, res in zip(queries, results, strict=True)
                 for h in res["hits"]
             ],
         }

@@ -190,7 +190,7 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
             "SELECT value FROM meta WHERE key = 'schema_version'"
         ).fetchone()
     conn.close()
-    assert version == ("2",)
+    assert version == ("3",)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ def test_create_get_names(registry):
     assert created.meta["model"] == "m" and created.meta["dim"] == DIM
     assert created.meta["extra"] == "x"
     assert (registry.data_dir / "kb.sqlite3").is_file()
-    assert created.counts() == (0, 0)
+    assert created.counts() == (0, 0, 0)
     with pytest.raises(NotFoundError):
         registry.get("nope")
 
@@ -69,25 +69,31 @@ def test_drop_removes_the_files_and_the_name(registry):
     registry.create("KB")  # the name is free again, in any case
 
 
+def _dense(collection, vectors, k, where=None):
+    """Dense top-k per query vector (no query text, so no lexical candidates)."""
+    pools = collection.search(vectors, [""] * len(vectors), k, where)
+    return [pool.dense(k) for pool in pools]
+
+
 def test_collection_upsert_search_delete(registry):
     collection = registry.create("kb")
     docs = new_docs(["a", "b", "c"], topic="t")
     docs += new_docs(["d"], seed=1, topic="u")
     collection.upsert(docs)
     query = np.stack([docs[1].vector])
-    [hits] = collection.search(query, 2)
+    [hits] = _dense(collection, query, 2)
     assert hits[0].document.id == "b" and len(hits) == 2
     assert hits[0].score == pytest.approx(1.0, abs=1e-5)
-    [hits] = collection.search(query, 5, {"topic": "u"})
+    [hits] = _dense(collection, query, 5, {"topic": "u"})
     assert [h.document.id for h in hits] == ["d"]
     collection.delete("b")
     with pytest.raises(NotFoundError):
         collection.delete("b")
     with pytest.raises(NotFoundError):
         collection.get("b")
-    [hits] = collection.search(query, 5)
+    [hits] = _dense(collection, query, 5)
     assert "b" not in [h.document.id for h in hits]
-    assert collection.counts() == (3, 3)
+    assert collection.counts() == (3, 3, 3)
     assert collection.missing(["a", "b", "zz", "a"]) == ["b", "zz"]
 
 
@@ -101,13 +107,13 @@ def test_reopen_serves_the_same_collection(tmp_path):
     collection.delete("d3")
     collection.add_judgments([("q", "d1", 1)])
     queries = unit_vectors(4, seed=9)
-    before = [[h.document.id for h in row] for row in collection.search(queries, 3)]
+    before = [[h.document.id for h in row] for row in _dense(collection, queries, 3)]
     first.close()
     again = _registry(data, index_type="hnsw")
     reopened = again.get("kb")
-    assert again.names() == ["kb"] and reopened.counts() == (5, 5)
+    assert again.names() == ["kb"] and reopened.counts() == (5, 5, 5)
     assert reopened.judgments() == [("q", "d1", 1)]
-    after = [[h.document.id for h in row] for row in reopened.search(queries, 3)]
+    after = [[h.document.id for h in row] for row in _dense(reopened, queries, 3)]
     assert after == before
     again.close()
 

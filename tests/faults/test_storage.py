@@ -286,7 +286,7 @@ def test_dropped_collection_methods_raise_not_found(tmp_path, embedder):
     registry.drop("kb")  # a request that looked it up just before still holds it
     batch = embedder.embed(["x"], "query")
     for call in (
-        lambda: collection.search(batch.vectors, 3),
+        lambda: collection.search(batch.vectors, ["x"], 3),
         collection.counts,
         collection.judgments,
         collection.norm_sample,

@@ -17,7 +17,7 @@ router = APIRouter(
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_collection(*, body: CollectionCreate, service: ServiceDep) -> CollectionInfo:
     """Create an empty collection."""
-    return service.create_collection(body.name, body.description)
+    return service.create_collection(body.name, body.description, body.stemmer)
 
 
 @router.get("")

@@ -16,6 +16,10 @@ class CollectionCreate(RequestModel):
         pattern=COLLECTION_NAME_PATTERN, description="becomes a file name"
     )
     description: str = Field("", max_length=1000)
+    stemmer: Literal["porter", "none"] = Field(
+        "porter",
+        description="stemming of the lexical (BM25) index: porter (English) or none",
+    )
 
 
 class Guarantee(BaseModel):
@@ -71,6 +75,10 @@ class CollectionInfo(BaseModel):
     indexed: int | None = Field(
         None, description="vectors in FAISS (equals documents when idle)"
     )
+    lexical_indexed: int | None = Field(
+        None, description="documents in the BM25 index (equals documents when idle)"
+    )
+    stemmer: str | None = Field(None, description="stemming of the BM25 index")
     created_at: float | None = None
     calibrator: CalibratorRef | None = None
 

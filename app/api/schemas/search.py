@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
 from app.api.schemas.collections import CalibratorRef
 from app.api.schemas.common import Filter, Metadata, Probability, RequestModel, Text
+
+SearchMode = Literal["dense", "lexical", "hybrid"]
 
 
 class SearchRequest(RequestModel):
@@ -17,6 +19,17 @@ class SearchRequest(RequestModel):
     queries: list[Text] | None = Field(None, min_length=1)
     k: int | None = Field(
         None, ge=1, description="hits per query; default 10, at most limits.max_k"
+    )
+    mode: SearchMode = Field(
+        "dense",
+        description="dense: top-k by cosine; lexical: top-k by BM25; hybrid: the "
+        "union of both top-`candidates` lists ranked by calibrated probability",
+    )
+    candidates: int | None = Field(
+        None,
+        ge=1,
+        description="depth of the dense and the BM25 list the candidates come from; "
+        "default max(k, 20), at least k, at most limits.max_k",
     )
     filter: Filter | None = Field(None, description="metadata equality on every key")
     include_text: bool = False
@@ -45,6 +58,9 @@ class SearchHit(BaseModel):
 
     id: str
     score: float = Field(description="cosine similarity")
+    bm25: float = Field(
+        description="BM25 of the hit (0: it has none of the query's terms)"
+    )
     probability: float | None = Field(description="calibrated P(relevant)")
     probability_interval: tuple[float, float] | None = Field(
         None, description="[lo, hi] of the probability (how far the level may be off)"
@@ -67,6 +83,7 @@ class SearchResult(BaseModel):
     """Hits of one query, best first, with query-level confidence."""
 
     query: QueryInfo
+    mode: SearchMode
     hits: list[SearchHit]
     confidence: float | None = Field(
         None, description="P(at least one relevant hit among the returned)"
