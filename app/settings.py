@@ -7,12 +7,14 @@ the tests read them from an instance of :class:`Settings`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -124,6 +126,11 @@ class Settings(BaseSettings):
         True,
         description="the judging page's HTML, JS and CSS (no data) need no API key",
     )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="browser origins allowed to call the API (comma-separated, "
+        "e.g. https://app.example.com,http://localhost:3000; * for any); unset: no CORS",
+    )
     log_level: str = Field("INFO")
     log_format: Literal["json", "text"] = Field(
         "json", description="serve logs: one JSON object per line, or plain text"
@@ -161,6 +168,37 @@ class Settings(BaseSettings):
             dotenv_settings,
             file_secret_settings,
         )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        """``NORMCAL_CORS_ORIGINS`` is a comma-separated list, not JSON."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _exact_origins(cls, origins: list[str]) -> list[str]:
+        """Refuse what a browser never sends as ``Origin`` (so it could never match).
+
+        An origin is ``scheme://host[:port]``: a path or trailing slash (a common
+        copy-paste from the address bar) would silently allow nobody.
+        """
+        for origin in origins:
+            if origin == "*":
+                continue
+            parts = urlsplit(origin)
+            if (
+                parts.scheme not in {"http", "https"}
+                or not parts.netloc
+                or origin != f"{parts.scheme}://{parts.netloc}"
+            ):
+                raise ValueError(
+                    f"{origin!r} is not an origin like https://app.example.com "
+                    "(scheme and host, optional port, no path or trailing slash)"
+                )
+        return origins
 
     @field_validator("api_key")
     @classmethod

@@ -50,7 +50,7 @@ def bench_ingest(server: ServerProcess, model, docs: list[dict]) -> dict[str, fl
     raw = time.perf_counter() - started
     with NormcalClient(server.url, timeout=600) as client:
         ingest_documents(client, "warmup", docs[:64], progress=False)
-        http = ingest_documents(client, "ingest", docs, progress=False)
+        http = ingest_documents(client, "ingest", docs, progress=False).seconds
     return {
         "docs": len(docs),
         "raw_docs_per_s": len(docs) / raw,

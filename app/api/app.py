@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
+from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.api.auth import ApiKeyMiddleware, bearer_scheme, public_paths
@@ -13,6 +14,7 @@ from app.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from app.api.routers import (
     calibrators,
     collections,
+    docs,
     documents,
     embed,
     health,
@@ -42,10 +44,14 @@ def create_app(
         summary="Cosine retrieval that answers with calibrated P(relevant).",
         lifespan=make_lifespan(settings, embedder, app_metrics),
         generate_unique_id_function=_operation_id,
+        docs_url=None,  # served by routers.docs from local assets, not a CDN
+        redoc_url=None,
     )
     install_error_handlers(app)
     # Added innermost first. Outermost: request id, then access log + metrics (so
-    # they see every answer, 401/413 included), then auth, then the body cap.
+    # they see every answer, 401/413 included), then CORS (a preflight carries no
+    # key, and a 401 needs the headers for the page to read it), then auth, then
+    # the body cap.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(
         ApiKeyMiddleware,
@@ -57,6 +63,15 @@ def create_app(
             public_ui=settings.public_ui,
         ),
     )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "retry-after"],
+            max_age=600,
+        )
     app.add_middleware(
         AccessLogMiddleware, metrics=app_metrics, templates=RouteTemplates(app)
     )
@@ -64,6 +79,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(ui.router)
+    app.include_router(docs.router)
     for module in (embed, collections, documents, search, calibrators, judging):
         app.include_router(
             module.router, prefix="/v1", dependencies=[Depends(bearer_scheme)]

@@ -6,7 +6,8 @@ whether its JSON is valid): every protected request without the right key gets t
 same 401 problem. The key is compared in constant time and never logged.
 
 Public without a key: ``/healthz`` and ``/readyz`` when ``public_health`` is true;
-``/docs``, ``/redoc`` and ``/openapi.json`` when ``public_docs`` is true (the schema
+``/docs`` (with its scripts under ``/docs/static/``), ``/redoc`` and
+``/openapi.json`` when ``public_docs`` is true (the schema
 describes the API and holds no data). ``/metrics`` names every collection and
 calibrator in its labels, so it needs the key unless ``public_metrics`` opts in.
 Everything under ``/ui/`` (the judging page's HTML, JS and CSS: no data, the page
@@ -28,7 +29,9 @@ from app.exceptions import UnauthorizedError
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 METRICS_PATHS = frozenset({"/metrics"})
-DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+DOCS_PATHS = frozenset(
+    {"/docs", "/docs/oauth2-redirect", "/docs/static/", "/redoc", "/openapi.json"}
+)
 UI_PATHS = frozenset({"/ui/"})  # a prefix
 
 # Declared on the /v1 routers so OpenAPI shows the scheme (and Swagger UI offers

@@ -1,4 +1,4 @@
-"""The ``normcal`` command line: ``serve``, ``ingest`` (and more as the product grows)."""
+"""The normcal command line: run the service, ingest documents, fit and evaluate calibrators."""
 
 from __future__ import annotations
 
@@ -6,16 +6,50 @@ import argparse
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from normcal_client import NormcalClient, NormcalError
     from pydantic import ValidationError
 
+    from app.embedding import Embedder, EmbeddingBatch, InputType
+
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+# Exit statuses; each user error is one line on stderr (``normcal: ...``).
+EXIT_USAGE = 2  # bad arguments or NORMCAL_* settings
+EXIT_INPUT = 3  # a file, folder or split is missing or malformed
+EXIT_UNREACHABLE = 4  # no HTTP answer from --url
+EXIT_API = 5  # the server answered with a problem (4xx/5xx)
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+EPILOG = f"""\
+exit status:
+  0    success
+  {EXIT_USAGE}    usage: bad arguments or invalid NORMCAL_* settings
+  {EXIT_INPUT}    input: a file, folder or qrels split is missing or malformed
+  {EXIT_UNREACHABLE}    the server at --url did not answer (is normcal serve running there?)
+  {EXIT_API}    the server refused the request (its problem title and detail are printed)
+  {EXIT_INTERRUPTED}  interrupted (ingest --skip-existing resumes)
+
+environment:
+  NORMCAL_URL      server URL of ingest and fit (default {DEFAULT_URL})
+  NORMCAL_API_KEY  bearer key sent by ingest and fit
+  NORMCAL_*        service settings of serve and eval (see the README)
+"""
+
+
+class CliError(Exception):
+    """A user error: printed as one line, the process exits with ``code``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _batches(
@@ -31,28 +65,35 @@ def _batches(
         yield batch
 
 
+def _settings(**overrides: Any) -> Any:
+    """``Settings`` from the environment, or a :class:`CliError` naming bad variables."""
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise CliError(
+            EXIT_USAGE, f"invalid settings: {_settings_errors(error)}"
+        ) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service in this process.
 
     Invalid settings (say an empty ``NORMCAL_API_KEY``) end it with one line on
     stderr and exit status 2, before anything loads.
     """
-    from pydantic import ValidationError
-
     from app.api.app import create_app
     from app.api.serving import serve
     from app.ops.observability import configure_logging
-    from app.settings import Settings
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     overrides: dict[str, Any] = {}
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as error:
-        print(f"normcal: invalid settings: {_settings_errors(error)}", file=sys.stderr)
-        return 2
+    settings = _settings(**overrides)
     configure_logging(settings.log_level, json_lines=settings.log_format == "json")
     return serve(
         create_app(settings),
@@ -72,18 +113,49 @@ def _settings_errors(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _client(url: str, timeout: float) -> NormcalClient:
-    from normcal_client import NormcalClient
-
-    return NormcalClient(
-        url, api_key=os.environ.get("NORMCAL_API_KEY"), timeout=timeout
-    )
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
-def _fail(error: NormcalError) -> int:
-    """One line on stderr for an error the server (or the network) reported."""
-    print(f"normcal: {error}", file=sys.stderr)
-    return 1
+def _problem_line(error: NormcalError) -> str:
+    """The server's problem as one line: status, title, detail, request id."""
+    line = f"server refused the request: {error.status} {error.title}: {error.detail}"
+    if error.instance:
+        line += f" ({error.instance})"
+    return _one_line(line)
+
+
+@contextmanager
+def _api(url: str, timeout: float) -> Iterator[NormcalClient]:
+    """A client on ``url``; its errors become one-line :class:`CliError` s."""
+    from normcal_client import ConnectionFailed, NormcalClient, NormcalError
+
+    try:
+        with NormcalClient(
+            url, api_key=os.environ.get("NORMCAL_API_KEY"), timeout=timeout
+        ) as client:
+            yield client
+    except ConnectionFailed as error:
+        raise CliError(
+            EXIT_UNREACHABLE,
+            _one_line(
+                f"cannot reach the server at {url} ({error.detail}); is normcal "
+                "serve running there? (set --url or NORMCAL_URL)"
+            ),
+        ) from None
+    except NormcalError as error:
+        raise CliError(EXIT_API, _problem_line(error)) from None
+
+
+def _input_error(error: Exception) -> CliError:
+    return CliError(EXIT_INPUT, _one_line(str(error)))
+
+
+class Ingested(NamedTuple):
+    """What :func:`ingest_documents` did."""
+
+    seconds: float
+    skipped: int  # already stored (``skip_existing``), not sent
 
 
 def ingest_documents(
@@ -93,88 +165,142 @@ def ingest_documents(
     *,
     batch_size: int = 128,
     progress: bool = True,
-) -> float:
-    """Upsert ``docs`` in batches (two in flight) and return the elapsed seconds.
+    skip_existing: bool = False,
+) -> Ingested:
+    """Upsert ``docs`` in batches, two in flight; creates the collection if needed.
 
-    Creates the collection when it does not exist yet.
+    With ``skip_existing``, documents whose id is already stored are not sent
+    again, so an interrupted ingest resumes without embedding everything twice.
     """
     from tqdm import tqdm
 
     client.create_collection(collection, exist_ok=True)
 
-    def put(batch: list[dict[str, Any]]) -> int:
-        client.upsert_documents(collection, batch, batch_size=len(batch))
-        return len(batch)
+    def put(batch: list[dict[str, Any]]) -> tuple[int, int]:
+        send = batch
+        if skip_existing:
+            ids = [doc["id"] for doc in batch]
+            stored = {doc.id for doc in client.get_documents(collection, ids)}
+            send = [doc for doc in batch if doc["id"] not in stored]
+        if send:
+            client.upsert_documents(collection, send, batch_size=len(send))
+        return len(batch), len(batch) - len(send)
 
-    started = time.perf_counter()
+    started, skipped = time.perf_counter(), 0
+    in_flight: deque[Future[tuple[int, int]]] = deque()
     with (
         tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=not progress) as bar,
         ThreadPoolExecutor(2) as pool,  # two in flight keep the model busy
     ):
-        for n in pool.map(put, _batches(iter(docs), batch_size)):
-            bar.update(n)
-    return time.perf_counter() - started
+
+        def settle() -> int:
+            seen, skip = in_flight.popleft().result()
+            bar.update(seen)
+            return skip
+
+        try:
+            for batch in _batches(iter(docs), batch_size):
+                in_flight.append(pool.submit(put, batch))
+                if len(in_flight) == 2:
+                    skipped += settle()
+            while in_flight:
+                skipped += settle()
+        finally:  # after an error or Ctrl-C no further batch starts
+            for future in in_flight:
+                future.cancel()
+    return Ingested(time.perf_counter() - started, skipped)
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    """Upsert a BEIR corpus into a collection through the HTTP API."""
-    from normcal_client import NormcalError
+    """Upsert documents (BEIR folder, JSONL or CSV) into a collection via the API."""
+    from app.ops.inputs import InputError, read_documents
 
-    from app.ops.beir import read_corpus
-
-    docs = list(read_corpus(Path(args.data_dir), args.limit))
-    with _client(args.url, timeout=600) as client:
-        try:
-            elapsed = ingest_documents(
-                client, args.collection, docs, batch_size=args.batch_size
-            )
-        except NormcalError as error:
-            return _fail(error)
-    rate = len(docs) / elapsed if elapsed > 0 else float("inf")
+    try:
+        docs = read_documents(args.source, args.limit)
+    except (InputError, OSError) as error:
+        raise _input_error(error) from None
+    with _api(args.url, timeout=600) as client:
+        done = ingest_documents(
+            client,
+            args.collection,
+            docs,
+            batch_size=args.batch_size,
+            skip_existing=args.skip_existing,
+        )
+    sent = len(docs) - done.skipped
+    rate = sent / done.seconds if done.seconds > 0 else float("inf")
+    skipped = f", {done.skipped} already stored were skipped" if done.skipped else ""
     print(
-        f"ingested {len(docs)} documents into {args.collection!r} "
-        f"in {elapsed:.1f}s ({rate:.1f} docs/s)"
+        f"ingested {sent} documents into {args.collection!r}{skipped} "
+        f"in {done.seconds:.1f}s ({rate:.1f} docs/s)"
     )
     return 0
 
 
+def _judgments(
+    queries: dict[str, str], qrels: dict[str, dict[str, int]], split: str
+) -> list[dict[str, Any]]:
+    """The split's judgments, keyed by query text as the API takes them.
+
+    Says on stderr why the number of queries the fit reports can be smaller than
+    the split's: qrels rows whose query is not in queries.jsonl are dropped, and
+    queries with the same text are one query to the server (their judgments merge).
+    """
+    judged = [q for q in sorted(qrels) if q in queries]
+    texts = {queries[q] for q in judged}
+    notes = []
+    if missing := len(qrels) - len(judged):
+        notes.append(f"{missing} not in queries.jsonl (dropped)")
+    if merged := len(judged) - len(texts):
+        notes.append(
+            f"{merged} share their text with another query "
+            "(judgments are keyed by text, so they merge)"
+        )
+    if notes:
+        print(
+            f"note: {len(qrels)} queries in qrels/{split}.tsv -> {len(texts)} "
+            f"distinct query texts: {'; '.join(notes)}",
+            file=sys.stderr,
+        )
+    return [
+        {"query": queries[q], "document_id": d, "relevance": r}
+        for q in judged
+        for d, r in qrels[q].items()
+    ]
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     """Fit a calibrator on the server from a BEIR split's qrels."""
-    from normcal_client import NormcalError
     from tqdm import tqdm
 
-    from app.ops.beir import read_qrels, read_queries
+    from app.ops.inputs import InputError, read_judged
 
-    data_dir = Path(args.data_dir)
-    queries = read_queries(data_dir)
-    qrels = read_qrels(data_dir, args.split)
-    judgments = [
-        {"query": queries[q], "document_id": d, "relevance": r}
-        for q, docs in sorted(qrels.items())
-        if q in queries
-        for d, r in docs.items()
-    ]
-    with (
-        _client(args.url, timeout=3600) as client,
-        ThreadPoolExecutor(1) as pool,
-        tqdm(desc=f"fitting on {len(qrels)} queries", unit="s", file=sys.stderr) as bar,
-    ):
-        future = pool.submit(
-            client.fit_calibrator,
-            args.collection,
-            judgments,
-            method=args.method,
-            k=args.k,
-            abstain_target=args.abstain_target,
-            allow_reorder=args.allow_reorder,
-        )
-        while not future.done():  # the fit is one request: show that it is alive
-            time.sleep(1.0)
-            bar.update(1)
-        try:
+    try:
+        queries, qrels = read_judged(args.data_dir, args.split)
+    except (InputError, OSError) as error:
+        raise _input_error(error) from None
+    judgments = _judgments(queries, qrels, args.split)
+    n_texts = len({j["query"] for j in judgments})
+    with _api(args.url, timeout=3600) as client:
+        client.get_collection(args.collection)  # unreachable or unknown: say so now
+        with (
+            ThreadPoolExecutor(1) as pool,
+            tqdm(
+                desc=f"fitting on {n_texts} queries", unit="s", file=sys.stderr
+            ) as bar,
+        ):
+            future = pool.submit(
+                client.fit_calibrator,
+                args.collection,
+                judgments,
+                method=args.method,
+                k=args.k,
+                abstain_target=args.abstain_target,
+                allow_reorder=args.allow_reorder,
+            )
+            while not wait([future], timeout=1.0).done:  # one request: show it lives
+                bar.update(1)
             info = future.result()
-        except NormcalError as error:
-            return _fail(error)
     print(
         f"calibrator {info.id} ({info.method}, active={info.active}) "
         f"on {info.report['n_queries']} queries"
@@ -186,13 +312,64 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ProgressEmbedder:
+    """An embedder that embeds long lists in chunks and shows a progress bar.
+
+    ``normcal eval`` embeds a whole corpus in one call (minutes on a CPU); the
+    model library's own bar is off, so this one says how far it got.
+    """
+
+    CHUNK = 512
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.model_name = inner.model_name
+        self.dim = inner.dim
+        self.max_seq_length = inner.max_seq_length
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed ``texts`` in order, a chunk at a time."""
+        import numpy as np
+        from tqdm import tqdm
+
+        from app.embedding import EmbeddingBatch
+
+        if len(texts) <= self.CHUNK:
+            return self.inner.embed(texts, input_type)
+        parts = []
+        with tqdm(
+            total=len(texts),
+            desc=f"embedding {input_type}s",
+            unit="text",
+            file=sys.stderr,
+        ) as bar:
+            for start in range(0, len(texts), self.CHUNK):
+                part = self.inner.embed(texts[start : start + self.CHUNK], input_type)
+                parts.append(part)
+                bar.update(len(part))
+        return EmbeddingBatch(
+            vectors=np.concatenate([p.vectors for p in parts]),
+            norms=np.concatenate([p.norms for p in parts]),
+            n_tokens=np.concatenate([p.n_tokens for p in parts]),
+            truncated=np.concatenate([p.truncated for p in parts]),
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
 
+    from app.ops.inputs import InputError, check_beir_split
+
+    splits = [args.split] + ([args.fit_split] if args.fit_split else [])
+    try:  # before anything heavy loads: a typo fails in a second, not a minute
+        check_beir_split(args.data_dir, *splits, corpus=True)
+    except InputError as error:
+        raise _input_error(error) from None
+    settings = _settings()
+
     from app.api.lifespan import load_embedder
     from app.ops.evaluation import method_table, run_eval
-    from app.settings import Settings
     from calibration import CalibrationError
     from calibration.evaluation import EvalOptions
 
@@ -213,17 +390,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     try:
         result = run_eval(
-            load_embedder(Settings()),
-            Path(args.data_dir),
+            _ProgressEmbedder(load_embedder(settings)),
+            args.data_dir,
             split=args.split,
             fit_split=args.fit_split,
             cache_dir=args.cache_dir,
             options=options,
             progress=progress,
         )
-    except (OSError, CalibrationError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (OSError, json.JSONDecodeError, CalibrationError) as error:
+        raise _input_error(error) from None
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -231,82 +407,218 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The epilog as written, and every option's default after its help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default:" in text
+            or default is None
+            or default is argparse.SUPPRESS
+        ):
+            return text
+        if default is False:
+            shown = "off"
+        elif isinstance(default, list):
+            shown = " ".join(str(d) for d in default)
+        else:
+            shown = "%(default)s"
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+def _url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return number
+
+
+def _add_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        type=_url,
+        default=os.environ.get("NORMCAL_URL", DEFAULT_URL),
+        help="server URL; NORMCAL_URL sets the default",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``normcal``."""
-    parser = argparse.ArgumentParser(prog="normcal", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="normcal",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the HTTP service")
-    serve.add_argument("--host", default=None, help="default: NORMCAL_HOST, 127.0.0.1")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            epilog=EPILOG,
+            formatter_class=_HelpFormatter,
+        )
+
+    serve = command("serve", "run the HTTP service")
     serve.add_argument(
-        "--port", type=int, default=None, help="default: NORMCAL_PORT, 8000; 0: any"
+        "--host",
+        default=None,
+        help="address to bind (default: NORMCAL_HOST, 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port to bind, 0 for any free one (default: NORMCAL_PORT, 8000)",
     )
     serve.add_argument(
         "--port-file",
         type=Path,
         default=None,
-        help="write the bound port here once the socket is bound (for --port 0)",
+        help="write the bound port to this file once listening (default: none)",
     )
     serve.add_argument(
-        "--data-dir", type=Path, default=None, help="overrides NORMCAL_DATA_DIR"
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where collections live (default: NORMCAL_DATA_DIR, ./data)",
     )
     serve.set_defaults(func=cmd_serve)
 
-    ingest = sub.add_parser("ingest", help="upsert a BEIR corpus.jsonl via the API")
-    ingest.add_argument("data_dir", type=Path, help="folder holding corpus.jsonl")
-    ingest.add_argument("--collection", required=True)
-    ingest.add_argument("--url", default=os.environ.get("NORMCAL_URL", DEFAULT_URL))
-    ingest.add_argument("--batch-size", type=int, default=128)
+    ingest = command("ingest", "upsert documents into a collection via the API")
     ingest.add_argument(
-        "--limit", type=int, default=None, help="first N documents only"
+        "source",
+        type=Path,
+        help="a BEIR folder (corpus.jsonl), a JSONL file with one "
+        '{"id", "text", "metadata"} object a line, or a CSV file with id and text '
+        "columns (other columns become string metadata)",
+    )
+    ingest.add_argument("--collection", required=True, help="created if missing")
+    _add_url(ingest)
+    ingest.add_argument(
+        "--batch-size", type=_positive, default=128, help="documents per request"
+    )
+    ingest.add_argument(
+        "--limit",
+        type=_positive,
+        default=None,
+        help="ingest only the first N documents (default: all)",
+    )
+    ingest.add_argument(
+        "--skip-existing",
+        action="store_true",
+        help="do not resend documents whose id is already stored "
+        "(resume an interrupted ingest)",
     )
     ingest.set_defaults(func=cmd_ingest)
 
-    fit = sub.add_parser("fit", help="fit a calibrator from BEIR qrels via the API")
-    fit.add_argument("data_dir", type=Path, help="BEIR folder with queries and qrels")
-    fit.add_argument("--collection", required=True)
-    fit.add_argument("--split", default="train")
+    fit = command("fit", "fit a calibrator on the server from a BEIR split's qrels")
+    fit.add_argument(
+        "data_dir", type=Path, help="BEIR folder with queries.jsonl and qrels/"
+    )
+    fit.add_argument("--collection", required=True, help="the collection to calibrate")
+    fit.add_argument("--split", default="train", help="qrels split (qrels/SPLIT.tsv)")
     fit.add_argument(
         "--method",
         default="auto",
         choices=["auto", "platt", "isotonic", "nt", "nt-list"],
+        help="calibration method; auto picks by cross-validation",
     )
-    fit.add_argument("--k", type=int, default=20, help="retrieval depth of the pairs")
-    fit.add_argument("--abstain-target", type=float, default=0.1)
-    fit.add_argument("--allow-reorder", action="store_true")
-    fit.add_argument("--url", default=os.environ.get("NORMCAL_URL", DEFAULT_URL))
+    fit.add_argument(
+        "--k", type=_positive, default=20, help="retrieval depth of the pairs"
+    )
+    fit.add_argument(
+        "--abstain-target",
+        type=float,
+        default=0.1,
+        help="share of queries the abstention threshold aims to refuse",
+    )
+    fit.add_argument(
+        "--allow-reorder",
+        action="store_true",
+        help="let the calibrator reorder hits when that scores better",
+    )
+    _add_url(fit)
     fit.set_defaults(func=cmd_fit)
 
-    ev = sub.add_parser(
-        "eval", help="retrieval and calibration metrics on a BEIR folder with qrels"
+    ev = command(
+        "eval", "retrieval and calibration metrics on a BEIR folder (runs locally)"
     )
-    ev.add_argument("data_dir", type=Path, help="BEIR folder (corpus, queries, qrels)")
+    ev.add_argument(
+        "data_dir", type=Path, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)"
+    )
     ev.add_argument("--split", default="test", help="qrels split to evaluate on")
     ev.add_argument(
         "--fit-split",
         default=None,
-        help="fit on this qrels split and evaluate on --split (default: nested CV)",
+        help="fit on this qrels split and evaluate on --split "
+        "(default: nested cross-validation on --split)",
     )
-    ev.add_argument("--k", type=int, default=20, help="top-k hits per query as pairs")
-    ev.add_argument("--folds", type=int, default=5, help="grouped CV folds")
     ev.add_argument(
-        "--few-label", type=int, nargs="+", default=[5, 10, 30, 100], metavar="N"
+        "--k", type=_positive, default=20, help="top-k hits per query as pairs"
     )
-    ev.add_argument("--draws", type=int, default=5, help="random draws per few-label N")
+    ev.add_argument("--folds", type=_positive, default=5, help="grouped CV folds")
+    ev.add_argument(
+        "--few-label",
+        type=_positive,
+        nargs="+",
+        default=[5, 10, 30, 100],
+        metavar="N",
+        help="labelled-query counts of the few-label curve",
+    )
+    ev.add_argument(
+        "--draws", type=_positive, default=5, help="random draws per few-label N"
+    )
     ev.add_argument(
         "--no-reorder", action="store_true", help="skip the auto+reorder row"
     )
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--cache-dir", type=Path, default=Path(".normcal-cache"))
-    ev.add_argument("--json", type=Path, default=None, help="write the report here")
+    ev.add_argument("--seed", type=int, default=0, help="seed of folds and draws")
+    ev.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(".normcal-cache"),
+        help="corpus embeddings are cached here per model and corpus file",
+    )
+    ev.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the report here (default: no)",
+    )
     ev.set_defaults(func=cmd_eval)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``normcal`` script."""
+    """Entry point of the ``normcal`` script: user errors are one line and a code."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except CliError as error:
+        print(f"normcal: {error}", file=sys.stderr)
+        return error.code
+    except KeyboardInterrupt:
+        hint = (
+            " (rerun with --skip-existing to resume)"
+            if args.command == "ingest"
+            else ""
+        )
+        print(f"normcal: interrupted{hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,16 @@ _ONTO_FDS_3_AND_4 = (
 
 
 class Browser:
-    """One headless chromium with one attached page."""
+    """One headless chromium with one attached page; ``flags`` are added to its own."""
 
-    def __init__(self, chromium: str, profile: Path, *, timeout: float = 60) -> None:
+    def __init__(
+        self,
+        chromium: str,
+        profile: Path,
+        *,
+        timeout: float = 60,
+        flags: Sequence[str] = (),
+    ) -> None:
         self.timeout = timeout
         to_child, self._out = os.pipe()
         self._in, from_child = os.pipe()
@@ -54,6 +62,7 @@ class Browser:
                 str(from_child),
                 chromium,
                 *HEADLESS_FLAGS,
+                *flags,
                 "--remote-debugging-pipe",
                 f"--user-data-dir={profile}",
                 "about:blank",

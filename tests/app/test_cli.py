@@ -1,16 +1,36 @@
-"""``normcal ingest`` and ``normcal fit`` against a real server on loopback."""
+"""The ``normcal`` CLI against a real server on loopback.
+
+User errors are asserted from a real ``python -m app.ops.cli`` process: one line on
+stderr, no traceback, and the documented exit status.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
+import re
+import subprocess
+import sys
 
 import httpx
+import numpy as np
 import pytest
+from normcal_client import NormcalClient
 
 from app.api.app import create_app
-from app.ops.cli import main
+from app.ops.cli import (
+    EXIT_API,
+    EXIT_INPUT,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    _ProgressEmbedder,
+    build_parser,
+    main,
+)
 from app.settings import Settings
 from tests.app.live import ThreadServer
+from tests.app.server import refused_port, source_env, wait_for_port_file
+from tests.fakes import HashEmbedder
 
 TOPICS = {
     "volcano": [
@@ -84,7 +104,12 @@ def beir_dir(tmp_path):
                 qid = f"q-{topic}-{j}"
                 fh.write(json.dumps({"_id": qid, "text": query}) + "\n")
                 rows += [f"{qid}\t{topic}-{i}\t1" for i in range(len(TOPICS[topic]))]
+        # Same text as another query (merged by the server), and a qrels row whose
+        # query is not in queries.jsonl (dropped): 18 qrels queries, 16 texts.
+        fh.write(json.dumps({"_id": "q-dup", "text": "what is lava"}) + "\n")
+    rows += ["q-dup\tvolcano-1\t1", "q-unknown\tbread-0\t1"]
     (root / "qrels" / "train.tsv").write_text("\n".join(rows) + "\n")
+    (root / "qrels" / "test.tsv").write_text("\n".join(rows[:5]) + "\n")
     return root
 
 
@@ -119,15 +144,241 @@ def test_ingest_then_fit(tmp_path, embedder, beir_dir, capsys):
                 "platt",
             ]
         )
-        out = capsys.readouterr().out
+        captured = capsys.readouterr()
+        out = captured.out
         assert code == 0, out
         assert "(platt, active=True) on 16 queries" in out and "| nt-list |" in out
+        # Why 18 judged queries became 16.
+        assert (
+            "18 queries in qrels/train.tsv -> 16 distinct query texts: "
+            "1 not in queries.jsonl (dropped); 1 share their text" in captured.err
+        )
         active = httpx.get(f"{server.url}/v1/collections/toy").json()["calibrator"]
         assert active["method"] == "platt" and active["default"] is False
 
         # A bad request reports the problem and exits non-zero.
         assert (
             main(["fit", str(beir_dir), "--collection", "nope", "--url", server.url])
-            == 1
+            == EXIT_API
         )
         assert "404" in capsys.readouterr().err
+
+
+def _cli(*args, **env):
+    """``python -m app.ops.cli ARGS`` in a child process; returns (code, stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "app.ops.cli", *map(str, args)],
+        env=source_env(HF_HUB_OFFLINE="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return done.returncode, done.stderr
+
+
+def _one_line_error(stderr, *, alone=True):
+    """The error line: the last of stderr, the only ``normcal:`` one, no traceback.
+
+    ``alone=False`` allows progress bars and notes before it.
+    """
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in re.split(r"[\r\n]", stderr) if line.strip()]
+    errors = [line for line in lines if line.startswith("normcal: ")]
+    assert len(errors) == 1 and errors[0] == lines[-1], stderr
+    assert not alone or len(lines) == 1, stderr
+    return errors[0]
+
+
+def _input_cases(tmp, beir):
+    (tmp / "notes.txt").write_text("hello\n")
+    (tmp / "bad.jsonl").write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": \n')
+    (tmp / "noid.jsonl").write_text('{"text": "no id"}\n')
+    (tmp / "bad.csv").write_text("name,body\nx,y\n")
+    url = "http://127.0.0.1:9"  # never contacted: the input is refused first
+    col = ["--collection", "c", "--url", url]
+    return [
+        (["ingest", tmp / "missing", *col], "missing: no such file or folder"),
+        (["ingest", tmp, *col], "no corpus.jsonl in this folder"),
+        (["ingest", tmp / "notes.txt", *col], "unknown format"),
+        (["ingest", tmp / "bad.jsonl", *col], "bad.jsonl:2: not JSON"),
+        (["ingest", tmp / "noid.jsonl", *col], "noid.jsonl:1: needs an 'id'"),
+        (["ingest", tmp / "bad.csv", *col], "must name an 'id' and a 'text' column"),
+        (["fit", tmp / "missing", *col], "missing: no such folder"),
+        (
+            ["fit", beir, "--split", "dev", *col],
+            "no qrels split 'dev' (available: test, train)",
+        ),
+        (["eval", tmp / "missing"], "missing: no such folder"),
+        (
+            ["eval", beir, "--split", "dev"],
+            "no qrels split 'dev' (available: test, train)",
+        ),
+        (["eval", beir, "--fit-split", "nope"], "no qrels split 'nope'"),
+    ]
+
+
+def test_input_errors_are_one_line_and_exit_3(tmp_path, beir_dir):
+    for args, message in _input_cases(tmp_path, beir_dir):
+        code, err = _cli(*args)
+        line = _one_line_error(err)
+        assert code == EXIT_INPUT, (args, err)
+        assert message in line, (args, line)
+
+
+def test_usage_errors_exit_2(tmp_path, beir_dir):
+    code, err = _cli("ingest", beir_dir, "--collection", "c", "--url", "localhost:8000")
+    assert code == EXIT_USAGE and "Traceback" not in err
+    assert "is not an http:// or https:// URL" in err
+    code, err = _cli("ingest", beir_dir, "--collection", "c", "--batch-size", "0")
+    assert code == EXIT_USAGE and "is not a positive integer" in err
+    # Invalid settings are refused before the model loads.
+    code, err = _cli("eval", beir_dir, "--split", "train", NORMCAL_EMBED_BATCH_SIZE="0")
+    assert code == EXIT_USAGE
+    assert "NORMCAL_EMBED_BATCH_SIZE" in _one_line_error(err)
+
+
+def test_server_not_running_exits_4(beir_dir):
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        for command in ("ingest", "fit"):
+            code, err = _cli(command, beir_dir, "--collection", "c", "--url", url)
+            line = _one_line_error(err, alone=False)  # fit notes the merged query
+            assert code == EXIT_UNREACHABLE, err
+            assert f"cannot reach the server at {url}" in line
+            assert "ConnectError" in line and "normcal serve" in line
+
+
+def test_api_errors_are_the_problem_in_one_line(tmp_path, embedder, beir_dir):
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        code, err = _cli("fit", beir_dir, "--collection", "nope", "--url", server.url)
+        line = _one_line_error(err, alone=False)  # after the merge note
+        assert code == EXIT_API
+        assert "404 Not found: collection 'nope' does not exist (urn:request:" in line
+        assert "{" not in line  # no raw JSON
+        code, err = _cli(
+            "ingest", beir_dir, "--collection", "bad name!", "--url", server.url
+        )
+        line = _one_line_error(err)
+        assert code == EXIT_API
+        assert "422 Request validation failed: name:" in line and '"status"' not in line
+
+
+def test_ingest_jsonl_and_csv_with_metadata(tmp_path, embedder, capsys):
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text(
+        json.dumps(
+            {
+                "id": "j1",
+                "text": "Lava flows downhill.",
+                "metadata": {"lang": "en", "n": 2},
+            }
+        )
+        + "\n\n"
+        + json.dumps({"id": 7, "text": "Glaciers move slowly."})
+        + "\n"
+    )
+    table = tmp_path / "docs.csv"
+    with table.open("w", newline="", encoding="utf-8-sig") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "text", "source", "year"])
+        writer.writerow(["c1", "Bread rises with yeast, slowly.", "wiki", "2020"])
+        writer.writerow(["c2", "Espresso, brewed under pressure.", "", "2021"])
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        for source in (jsonl, table):
+            args = ["ingest", str(source), "--collection", "mixed", "--url", server.url]
+            assert main(args) == 0
+        assert "ingested 2 documents" in capsys.readouterr().out
+        docs = f"{server.url}/v1/collections/mixed/documents"
+        assert httpx.get(f"{docs}/j1").json()["metadata"] == {"lang": "en", "n": 2}
+        assert httpx.get(f"{docs}/7").json()["text"] == "Glaciers move slowly."
+        c1 = httpx.get(f"{docs}/c1").json()
+        assert c1["metadata"] == {"source": "wiki", "year": "2020"}
+        assert c1["text"] == "Bread rises with yeast, slowly."
+        assert httpx.get(f"{docs}/c2").json()["metadata"] == {"year": "2021"}
+
+
+def test_skip_existing_resumes_without_resending(tmp_path, embedder, beir_dir, capsys):
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        base = ["ingest", str(beir_dir), "--collection", "kb", "--url", server.url]
+        assert main([*base, "--limit", "10", "--batch-size", "4"]) == 0  # "interrupted"
+        # A stored document changed since: a resumed ingest must not overwrite it.
+        doc = f"{server.url}/v1/collections/kb/documents/volcano-0"
+        httpx.put(
+            f"{server.url}/v1/collections/kb/documents",
+            json={"documents": [{"id": "volcano-0", "text": "edited meanwhile"}]},
+        ).raise_for_status()
+        capsys.readouterr()
+        assert main([*base, "--skip-existing", "--batch-size", "4"]) == 0
+        out = capsys.readouterr().out
+        assert "ingested 14 documents into 'kb', 10 already stored were skipped" in out
+        assert httpx.get(doc).json()["text"] == "edited meanwhile"
+        assert httpx.get(f"{server.url}/v1/collections/kb").json()["documents"] == 24
+
+
+def test_eval_embedding_shows_progress_and_keeps_results(capsys):
+    inner = HashEmbedder()
+    texts = [f"document number {i} about topic {i % 7}" for i in range(1100)]
+    shown = _ProgressEmbedder(inner).embed(texts, "document")
+    whole = inner.embed(texts, "document")
+    for field in ("vectors", "norms", "n_tokens", "truncated"):
+        assert np.array_equal(getattr(shown, field), getattr(whole, field)), field
+    err = capsys.readouterr().err
+    assert "embedding documents" in err and "1100/1100" in err
+
+
+def test_help_shows_defaults_and_exit_codes(capsys):
+    parser = build_parser()
+    texts = [parser.format_help()]
+    actions = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, sub in actions.items():
+        text = sub.format_help()
+        texts.append(text)
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help" and not action.required:
+                assert "default" in (sub._get_formatter()._get_help_string(action)), (
+                    name,
+                    action.dest,
+                )
+    every = " ".join(" ".join(texts).split())  # unwrapped
+    assert "``" not in every and "as the product grows" not in every
+    assert "(default: 128)" in every and "(default: 5 10 30 100)" in every
+    for code in ("2 ", "3 ", "4 ", "5 "):
+        assert f"\n  {code}   " in texts[0]
+
+
+@pytest.mark.slow
+def test_serve_honours_normcal_host_and_port(tmp_path):
+    """No --host/--port: NORMCAL_HOST and NORMCAL_PORT (0: any free port) apply."""
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.ops.cli",
+            "serve",
+            "--port-file",
+            str(port_file),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        env=source_env(
+            HF_HUB_OFFLINE="1",
+            NORMCAL_HOST="127.0.0.1",
+            NORMCAL_PORT="0",
+            NORMCAL_LOG_LEVEL="WARNING",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        port = wait_for_port_file(port_file, proc, timeout=120)
+        assert port != 8000
+        with NormcalClient(f"http://127.0.0.1:{port}") as client:
+            client.wait_until_ready(timeout=120)  # the model loads after the bind
+    finally:
+        proc.terminate()  # uvicorn re-raises SIGTERM after its graceful shutdown
+        proc.wait(60)
