@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
-from app.embedding import Embedder
+from app.embedding import Embedder, EmbeddingBatch
 from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 from calibration.fusion import candidate_pool, lexical_ranks
 from calibration.profile import QueryEvidence
@@ -167,11 +167,17 @@ def retrieve(
     depth: int,
 ) -> Retrieval:
     """Exact cosine top-``depth`` (FAISS flat inner product) for the given queries."""
+    batch = embedder.embed([queries[q] for q in query_ids], "query")
+    return _dense_search(corpus, query_ids, batch, depth)
+
+
+def _dense_search(
+    corpus: EmbeddedCorpus, query_ids: list[str], batch: EmbeddingBatch, depth: int
+) -> Retrieval:
     from app.collections.index import VectorIndex
 
     index = VectorIndex(corpus.vectors.shape[1])
     index.add(np.arange(len(corpus.ids), dtype=np.int64), corpus.vectors)
-    batch = embedder.embed([queries[q] for q in query_ids], "query")
     scores, rows = index.search(batch.vectors, depth)
     return Retrieval(query_ids, rows, scores, batch.norms, batch.n_tokens)
 
@@ -343,7 +349,8 @@ def _hybrid_retrieve(
     depth: int,
 ) -> HybridRetrieval:
     depth = min(depth, len(corpus.ids))
-    dense = retrieve(embedder, corpus, queries, query_ids, depth)
+    batch = embedder.embed([queries[q] for q in query_ids], "query")
+    dense = _dense_search(corpus, query_ids, batch, depth)
     conn = lexical_index(data_dir, corpus.ids)
     nq = len(query_ids)
     lex = np.full((nq, LEXICAL_DEPTH), -1, dtype=np.int64)
@@ -351,7 +358,6 @@ def _hybrid_retrieve(
     cos = np.zeros((nq, 2 * depth))
     bm25 = np.zeros((nq, 2 * depth))
     idf, top = np.zeros(nq), np.zeros(nq)
-    batch = embedder.embed([queries[q] for q in query_ids], "query")
     for i, qid in enumerate(query_ids):
         text = queries[qid]
         # Every match at once: the BM25 of any pool member is then a lookup
