@@ -127,7 +127,16 @@ class Domain:
 
 
 def load_domain(name: str, path: Path) -> Domain:
-    evidence, corpus_norms, corpus_tokens = load_cache(path)
+    return domain_of(name, *load_cache(path))
+
+
+def domain_of(
+    name: str,
+    evidence: list[QueryEvidence],
+    corpus_norms: np.ndarray,
+    corpus_tokens: np.ndarray,
+) -> Domain:
+    """One set's labelled evidence as calibration pairs (label-free references)."""
     query_ref = NormReference().fit(
         np.array([e.norm for e in evidence]), np.array([e.n_tokens for e in evidence])
     )

@@ -4,7 +4,13 @@ Pure functions of labelled :class:`~calibration.profile.QueryEvidence`; reading 
 dataset, embedding and printing tables is ``app.ops.evaluation``. Evaluates:
 
 * **Retrieval**: nDCG@10 (graded gains, trec_eval's linear gain and log2 discount) and
-  Recall@100 over the judged queries with at least one relevant document.
+  Recall@100 over the judged queries with at least one relevant document, per mode
+  (:func:`mode_rankings`): ``dense`` (cosine), ``lexical`` (BM25), ``rrf`` (reciprocal
+  rank fusion, k = 60), ``blend`` (convex blend of per-query min-max-normalised cosine
+  and BM25, the weight chosen on the training queries of the same outer folds) and
+  ``calibrated`` (``auto``'s held-out probability from the same nested CV). Every mode
+  ranks the *same* candidate pool per query (:class:`RankingPool`: the dense top-N
+  and the BM25 top-N, N = ``depth``), so dense and lexical keep their exact top-N.
 * **Calibration** of the top-``k`` pairs of every judged query, either under an outer
   ``n_splits``-fold split *by query* (nested: inside each training fold the query
   :class:`~calibration.NormReference` is refitted on the training queries and
@@ -67,6 +73,9 @@ Progress = Callable[[str], None]
 AUTO = "auto"
 AUTO_REORDER = "auto+reorder"
 MIN_HELD_OUT_QUERIES = 10
+RRF_K = 60
+BLEND_GRID = np.linspace(0.0, 1.0, 21)
+"""Weights of the cosine in the convex blend tried on the training queries."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,136 @@ def retrieval_metrics(
     }
 
 
+# -- retrieval modes over one shared candidate pool ---------------------------------------
+@dataclass(frozen=True)
+class RankingPool:
+    """One judged query's candidate pool, which every retrieval mode reorders.
+
+    ``evidence`` is the pool as calibration evidence (cosines in ``scores``, BM25 and
+    BM25-list ranks in ``lexical``); its first ``n_dense`` members are the dense list
+    in order, the rest are BM25-list members the dense list lacks. ``depth`` is the N
+    of both lists; ``judged`` the query's graded judgments.
+    """
+
+    query_id: str
+    docs: list[str]
+    evidence: QueryEvidence
+    n_dense: int
+    depth: int
+    judged: Mapping[str, int]
+
+
+def _minmax(v: FloatArray) -> FloatArray:
+    span = float(v.max() - v.min()) if v.size else 0.0
+    return (v - v.min()) / span if span > 0 else np.zeros_like(v)
+
+
+def mode_order(
+    pool: RankingPool,
+    mode: str,
+    *,
+    weight: float = 0.5,
+    proba: FloatArray | None = None,
+) -> list[str]:
+    """The pool's documents ordered by ``mode``.
+
+    ``dense``: cosine. ``lexical``: BM25-list rank, then BM25. ``rrf``:
+    ``sum 1 / (60 + rank)`` over the two lists (absent: no term). ``blend``:
+    ``weight * minmax(cosine) + (1 - weight) * minmax(BM25)`` within the pool.
+    ``calibrated``: ``proba``. Ties fall back to the dense order.
+    """
+    e = pool.evidence
+    n = len(e.scores)
+    cos = np.asarray(e.scores, dtype=np.float64)
+    position = np.arange(1, n + 1, dtype=np.float64)
+    dense_rank = np.where(position <= pool.n_dense, position, np.inf)
+    bm25 = np.zeros(n) if e.lexical is None else np.asarray(e.lexical.bm25, float)
+    lex_rank = (
+        np.full(n, np.inf)
+        if e.lexical is None
+        else np.where(e.lexical.rank <= pool.depth, e.lexical.rank, np.inf)
+    )
+    if mode == "dense":
+        order = np.lexsort((-cos, dense_rank))
+    elif mode == "lexical":
+        order = np.lexsort((dense_rank, -cos, -bm25, lex_rank))
+    else:
+        if mode == "rrf":
+            score = 1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lex_rank)
+        elif mode == "blend":
+            score = weight * _minmax(cos) + (1.0 - weight) * _minmax(bm25)
+        elif mode == "calibrated" and proba is not None:
+            score = np.asarray(proba, dtype=np.float64)
+        else:
+            raise ValueError(f"unknown mode {mode!r} (or no probabilities)")
+        order = np.lexsort((-cos, dense_rank, -score))
+    return [pool.docs[i] for i in order]
+
+
+def _mean_ndcg(pools: Sequence[RankingPool], orders: Sequence[list[str]]) -> float:
+    values = [ndcg_at_k(o, p.judged) for p, o in zip(pools, orders, strict=True)]
+    scored = [v for v in values if not math.isnan(v)]
+    return float(np.mean(scored)) if scored else 0.0
+
+
+def tune_blend(pools: Sequence[RankingPool]) -> float:
+    """The cosine weight with the best mean nDCG@10 on ``pools``.
+
+    Tried over :data:`BLEND_GRID`; the smallest such weight wins ties.
+    """
+    scores = [
+        _mean_ndcg(pools, [mode_order(p, "blend", weight=float(w)) for p in pools])
+        for w in BLEND_GRID
+    ]
+    return float(BLEND_GRID[int(np.argmax(scores))])
+
+
+def mode_rankings(
+    pools: Sequence[RankingPool],
+    folds: Sequence[IntArray],
+    calibrated: Mapping[str, Sequence[FloatArray]],
+) -> dict[str, Any]:
+    """nDCG@10 and Recall@100 of every retrieval mode on the same pools.
+
+    ``folds`` (query indices) are the outer folds: the blend weight of a fold's
+    queries is tuned on the other folds' queries only. ``calibrated`` maps ``auto``
+    (and ``auto+reorder``) to held-out probabilities per pool member.
+    """
+    qrels = {p.query_id: p.judged for p in pools}
+    out: dict[str, Any] = {
+        mode: retrieval_metrics({p.query_id: mode_order(p, mode) for p in pools}, qrels)
+        for mode in ("dense", "lexical", "rrf")
+    }
+    ranked: dict[str, list[str]] = {}
+    weights = []
+    for test_q in folds:
+        train_q = np.setdiff1d(np.arange(len(pools)), test_q)
+        w = tune_blend([pools[q] for q in train_q])
+        weights.append(w)
+        for q in test_q:
+            ranked[pools[q].query_id] = mode_order(pools[q], "blend", weight=w)
+    out["blend"] = {
+        **retrieval_metrics(ranked, qrels),
+        "cosine_weight_per_fold": weights,
+        "tuned": "max mean nDCG@10 over the other outer folds' queries (grouped CV)",
+    }
+    for method, name in ((AUTO, "calibrated"), (AUTO_REORDER, "calibrated+reorder")):
+        if method in calibrated:
+            out[name] = retrieval_metrics(
+                {
+                    p.query_id: mode_order(p, "calibrated", proba=calibrated[method][i])
+                    for i, p in enumerate(pools)
+                },
+                qrels,
+            )
+    depth = max((p.depth for p in pools), default=0)
+    out["pool"] = (
+        f"per query the dense top-{depth} and the BM25 top-{depth} "
+        f"(calibration.fusion.candidate_pool); every mode reorders the same pool"
+    )
+    return out
+
+
 # -- calibration ------------------------------------------------------------------------
 def _metrics(y: FloatArray, p: FloatArray) -> dict[str, float]:
     return {
@@ -195,6 +334,7 @@ class _Fitted:
     chosen: str
     chosen_reorder: str | None
     confidence: FloatArray | None  # auto's query confidence per held-out query
+    rank_proba: dict[str, FloatArray]  # auto (and auto+reorder) on the ranking pools
 
 
 def _fit_predict(
@@ -204,11 +344,17 @@ def _fit_predict(
     options: EvalOptions,
     *,
     with_confidence: bool = False,
+    rank_test: Sequence[QueryEvidence] = (),
 ) -> _Fitted:
-    """Fit every method on ``train`` (query ref included) and predict ``test``."""
+    """Fit every method on ``train`` (query ref included) and predict ``test``.
+
+    ``rank_test`` (the ranking pools of the same held-out queries) gets ``auto``'s
+    probabilities from the same fitted models.
+    """
     query_ref = query_reference(train)
     X_tr, y_tr, g_tr = _pairs(train, query_ref, doc_ref)
     X_te, _, g_te = _pairs(test, query_ref, doc_ref)
+    X_rank = build_features(rank_test, query_ref, doc_ref)[0] if rank_test else None
     proba: dict[str, FloatArray] = {}
     for method in METHODS:
         try:
@@ -227,6 +373,7 @@ def _fit_predict(
         prior=options.prior,
     )
     proba[AUTO] = sel.estimator.predict_proba(X_te)
+    rank_proba = {} if X_rank is None else {AUTO: sel.estimator.predict_proba(X_rank)}
     chosen_reorder = None
     if options.reorder:
         sel_r = select_calibrator(
@@ -239,6 +386,8 @@ def _fit_predict(
             prior=options.prior,
         )
         proba[AUTO_REORDER] = sel_r.estimator.predict_proba(X_te)
+        if X_rank is not None:
+            rank_proba[AUTO_REORDER] = sel_r.estimator.predict_proba(X_rank)
         chosen_reorder = sel_r.method
     confidence = None
     if with_confidence:
@@ -248,7 +397,7 @@ def _fit_predict(
             model = QueryConfidenceModel().fit(Q_tr, hit)
             Q_te, _, _ = query_table(proba[AUTO], g_te, X_te[:, ELL_Q])
             confidence = model.predict_proba(Q_te)
-    return _Fitted(proba, sel.method, chosen_reorder, confidence)
+    return _Fitted(proba, sel.method, chosen_reorder, confidence, rank_proba)
 
 
 def _offsets(evidence: Sequence[QueryEvidence]) -> IntArray:
@@ -284,54 +433,64 @@ def nested_cv(
     chosen, chosen_reorder : list of str
         ``auto``'s choice per outer fold (and with reordering allowed).
     """
-    offsets = _offsets(evidence)
-    proba: dict[str, FloatArray] = {}
-    chosen: list[str] = []
-    chosen_reorder: list[str] = []
-    folds = _query_folds(len(evidence), options.n_splits, options.seed)
-    with single_threaded_blas():
-        _run_folds(
-            evidence,
-            doc_ref,
-            options,
-            folds,
-            offsets,
-            proba,
-            chosen,
-            chosen_reorder,
-            progress,
-        )
-    return proba, chosen, chosen_reorder
+    out = _nested_cv(evidence, doc_ref, options, progress)
+    return out.proba, out.chosen, out.chosen_reorder
 
 
-def _run_folds(
+@dataclass
+class _NestedCV:
+    proba: dict[str, FloatArray]
+    chosen: list[str]
+    chosen_reorder: list[str]
+    rank_proba: dict[str, list[FloatArray]]  # per query, in evidence order
+
+
+def _nested_cv(
     evidence: Sequence[QueryEvidence],
     doc_ref: NormReference,
     options: EvalOptions,
-    folds: list[IntArray],
-    offsets: IntArray,
-    proba: dict[str, FloatArray],
-    chosen: list[str],
-    chosen_reorder: list[str],
-    progress: Progress | None,
-) -> None:
+    progress: Progress | None = None,
+    rank_evidence: Sequence[QueryEvidence] = (),
+) -> _NestedCV:
+    """:func:`nested_cv`, plus ``auto``'s out-of-fold probabilities on the pools.
+
+    ``rank_evidence`` holds one ranking pool per query of ``evidence``; each is
+    predicted by the models of the fold that held its query out.
+    """
+    offsets = _offsets(evidence)
     n_pairs = int(offsets[-1])
-    for i, test_q in enumerate(folds):
-        if progress is not None:
-            progress(f"outer fold {i + 1}/{len(folds)}")
-        train_q = np.setdiff1d(np.arange(len(evidence)), test_q)
-        fitted = _fit_predict(
-            [evidence[q] for q in train_q],
-            [evidence[q] for q in test_q],
-            doc_ref,
-            options,
-        )
-        rows = _rows(offsets, test_q)
-        for method, p in fitted.proba.items():
-            proba.setdefault(method, np.full(n_pairs, np.nan))[rows] = p
-        chosen.append(fitted.chosen)
-        if fitted.chosen_reorder is not None:
-            chosen_reorder.append(fitted.chosen_reorder)
+    rank_offsets = _offsets(rank_evidence) if rank_evidence else None
+    out = _NestedCV({}, [], [], {})
+    folds = _query_folds(len(evidence), options.n_splits, options.seed)
+    with single_threaded_blas():
+        for i, test_q in enumerate(folds):
+            if progress is not None:
+                progress(f"outer fold {i + 1}/{len(folds)}")
+            train_q = np.setdiff1d(np.arange(len(evidence)), test_q)
+            fitted = _fit_predict(
+                [evidence[q] for q in train_q],
+                [evidence[q] for q in test_q],
+                doc_ref,
+                options,
+                rank_test=[rank_evidence[q] for q in test_q] if rank_evidence else (),
+            )
+            rows = _rows(offsets, test_q)
+            for method, p in fitted.proba.items():
+                out.proba.setdefault(method, np.full(n_pairs, np.nan))[rows] = p
+            for method, p in fitted.rank_proba.items():
+                assert rank_offsets is not None
+                per_query = out.rank_proba.setdefault(
+                    method, [np.zeros(0)] * len(evidence)
+                )
+                start = 0
+                for q in test_q:
+                    size = int(rank_offsets[q + 1] - rank_offsets[q])
+                    per_query[q] = p[start : start + size]
+                    start += size
+            out.chosen.append(fitted.chosen)
+            if fitted.chosen_reorder is not None:
+                out.chosen_reorder.append(fitted.chosen_reorder)
+    return out
 
 
 def _draw_train(
@@ -522,6 +681,9 @@ def evaluate_calibration(
     fit_evidence: Sequence[QueryEvidence] | None = None,
     progress: Progress | None = None,
     default_profile: Profile | None = None,
+    ranking: Sequence[RankingPool] | None = None,
+    dense_evidence: Sequence[QueryEvidence] | None = None,
+    fit_dense_evidence: Sequence[QueryEvidence] | None = None,
 ) -> dict[str, Any]:
     """Calibration part of ``normcal eval`` (module docstring), JSON-able.
 
@@ -540,17 +702,64 @@ def evaluate_calibration(
     default_profile : Profile or None
         The shipped default: scored on ``evidence`` with no judgments from it
         (``zero_label``); its prior joins ``auto`` unless ``options`` names one.
+    ranking : sequence of RankingPool or None
+        One pool per query of ``evidence``: adds ``retrieval`` per mode
+        (:func:`mode_rankings`), ``calibrated`` ranked by the same held-out models.
+    dense_evidence, fit_dense_evidence : sequence of QueryEvidence or None
+        The dense-only pools of the same queries: adds ``calibration_by_pool``
+        (Platt vs ``auto`` on the dense pool beside the main, ``evidence``, pool).
     """
     opts = options or EvalOptions()
     if default_profile is not None and opts.prior is None:
         opts = dataclasses.replace(opts, prior=default_profile.prior)
     with single_threaded_blas():
         out = _evaluate_calibration(
-            evidence, doc_norms, doc_tokens, opts, fit_evidence, progress
+            evidence, doc_norms, doc_tokens, opts, fit_evidence, progress, ranking
         )
+        if dense_evidence is not None:
+            out["calibration_by_pool"] = {
+                "hybrid": _platt_vs_auto(out["methods"]),
+                "dense": _platt_vs_auto(
+                    _pool_methods(
+                        dense_evidence, doc_norms, doc_tokens, opts, fit_dense_evidence
+                    )
+                ),
+            }
         if default_profile is not None:
             out["zero_label"] = zero_label(evidence, default_profile)
         return out
+
+
+def _pool_methods(
+    evidence: Sequence[QueryEvidence],
+    doc_norms: FloatArray,
+    doc_tokens: IntArray,
+    options: EvalOptions,
+    fit_evidence: Sequence[QueryEvidence] | None,
+) -> dict[str, dict[str, float]]:
+    """Held-out metrics of every method on another pool of the same queries.
+
+    Same protocol as the main evaluation, without the auto+reorder row.
+    """
+    opts = dataclasses.replace(options, reorder=False)
+    evidence = [e for e in evidence if len(e.scores)]
+    doc_ref = NormReference().fit(doc_norms, doc_tokens)
+    if fit_evidence is None:
+        proba = _nested_cv(evidence, doc_ref, opts).proba
+    else:
+        fit = [e for e in fit_evidence if len(e.scores)]
+        proba = _fit_predict(fit, evidence, doc_ref, opts).proba
+    y = labels_of(evidence)
+    return {m: _metrics(y, p) for m, p in proba.items()}
+
+
+def _platt_vs_auto(methods: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    platt, auto = methods["platt"], methods[AUTO]
+    return {
+        "platt": dict(platt),
+        AUTO: dict(auto),
+        "brier_change_pct": 100.0 * (auto["brier"] / platt["brier"] - 1.0),
+    }
 
 
 def zero_label(evidence: Sequence[QueryEvidence], profile: Profile) -> dict[str, Any]:
@@ -563,7 +772,9 @@ def zero_label(evidence: Sequence[QueryEvidence], profile: Profile) -> dict[str,
     """
     evidence = [e for e in evidence if len(e.scores)]
     scored = [
-        profile.score(e.norm, e.n_tokens, e.scores, e.doc_norms, e.doc_tokens)
+        profile.score(
+            e.norm, e.n_tokens, e.scores, e.doc_norms, e.doc_tokens, e.lexical
+        )
         for e in evidence
     ]
     y, p = labels_of(evidence), np.concatenate([s.probabilities for s in scored])
@@ -593,9 +804,15 @@ def _evaluate_calibration(
     options: EvalOptions | None,
     fit_evidence: Sequence[QueryEvidence] | None,
     progress: Progress | None,
+    ranking: Sequence[RankingPool] | None = None,
 ) -> dict[str, Any]:
     opts = options or EvalOptions()
-    evidence = [e for e in evidence if len(e.scores)]
+    if ranking is not None and len(ranking) != len(evidence):
+        raise ValueError("ranking needs one pool per query of evidence")
+    kept = [i for i, e in enumerate(evidence) if len(e.scores)]
+    evidence = [evidence[i] for i in kept]
+    pools = None if ranking is None else [ranking[i] for i in kept]
+    rank_evidence = [] if pools is None else [p.evidence for p in pools]
     doc_ref = NormReference().fit(doc_norms, doc_tokens)
     y = labels_of(evidence)
     groups = np.repeat(
@@ -606,17 +823,33 @@ def _evaluate_calibration(
     confidence = None
     if fit_evidence is None:
         protocol = f"{opts.n_splits}-fold nested cross-validation grouped by query"
-        proba, chosen_folds, chosen_reorder_folds = nested_cv(
-            evidence, doc_ref, opts, progress
+        cv = _nested_cv(evidence, doc_ref, opts, progress, rank_evidence)
+        proba, chosen_folds, chosen_reorder_folds = (
+            cv.proba,
+            cv.chosen,
+            cv.chosen_reorder,
         )
+        rank_proba = cv.rank_proba
         fit_pool = list(evidence)
     else:
         fit_pool = [e for e in fit_evidence if len(e.scores)]
         protocol = "fit on the fitting split, evaluated on the test split"
         if progress is not None:
             progress("fitting on the fitting split")
-        fitted = _fit_predict(fit_pool, evidence, doc_ref, opts, with_confidence=True)
+        fitted = _fit_predict(
+            fit_pool,
+            evidence,
+            doc_ref,
+            opts,
+            with_confidence=True,
+            rank_test=rank_evidence,
+        )
         proba, confidence = fitted.proba, fitted.confidence
+        bounds = _offsets(rank_evidence)
+        rank_proba = {
+            m: [p[bounds[q] : bounds[q + 1]] for q in range(len(rank_evidence))]
+            for m, p in fitted.rank_proba.items()
+        }
         chosen_folds = [fitted.chosen]
         chosen_reorder_folds = (
             [] if fitted.chosen_reorder is None else [fitted.chosen_reorder]
@@ -665,7 +898,19 @@ def _evaluate_calibration(
         progress=progress,
     )
     platt_brier = methods["platt"]["brier"]
+    retrieval = (
+        {}
+        if pools is None
+        else {
+            "retrieval": mode_rankings(
+                pools,
+                _query_folds(len(pools), opts.n_splits, opts.seed),
+                rank_proba,
+            )
+        }
+    )
     return {
+        **retrieval,
         "protocol": protocol,
         "k": opts.k,
         "n_queries": len(evidence),

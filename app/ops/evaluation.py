@@ -15,11 +15,21 @@ from calibration.evaluation import (
     AUTO,
     EvalOptions,
     Progress,
+    RankingPool,
     evaluate_calibration,
-    retrieval_metrics,
 )
+from calibration.features import LEXICAL_DEPTH
 
-__all__ = ["method_table", "norm_lift_summary", "run_eval", "summary_table"]
+__all__ = [
+    "MODES",
+    "method_table",
+    "mode_table",
+    "norm_lift_summary",
+    "run_eval",
+    "summary_table",
+]
+
+MODES = ("dense", "lexical", "rrf", "blend", "calibrated")
 
 
 def run_eval(
@@ -32,8 +42,14 @@ def run_eval(
     options: EvalOptions | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Embed, retrieve and evaluate one BEIR-layout dataset (``normcal eval``)."""
-    from app.ops.beir import embed_corpus, read_qrels, read_queries, retrieve
+    """Embed, index, retrieve and evaluate one BEIR-layout dataset (``normcal eval``).
+
+    Calibration pairs are the hybrid pool of ``k`` (dense top-k and BM25 top-k, the
+    pool hybrid search scores); ``calibration_by_pool.dense`` repeats Platt vs auto on
+    the dense top-k alone. Retrieval modes rank the hybrid pool of ``depth`` (at most
+    ``LEXICAL_DEPTH``), the same pool for every mode.
+    """
+    from app.ops.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
 
     opts = options or EvalOptions()
     say = progress or (lambda _msg: None)
@@ -42,30 +58,46 @@ def run_eval(
     queries = read_queries(data_dir)
     qrels = read_qrels(data_dir, split)
     qids = sorted(q for q in qrels if q in queries)
-    say(f"retrieving {len(qids)} judged queries over {len(corpus.ids)} documents")
-    depth = min(max(opts.depth, opts.k), len(corpus.ids))
-    retrieval = retrieve(embedder, corpus, queries, qids, depth)
-    ranked = {
-        q: [corpus.ids[r] for r in retrieval.doc_index[i] if r >= 0]
-        for i, q in enumerate(retrieval.query_ids)
-    }
-    evidence = retrieval.evidence(corpus, qrels, opts.k)
-    fit_evidence = None
+    depth = min(max(opts.depth, opts.k), LEXICAL_DEPTH, len(corpus.ids))
+    say(f"dense and BM25 top-{depth} of {len(qids)} judged queries")
+    hybrid = hybrid_retrieve(
+        embedder, data_dir, corpus, queries, qids, depth, cache_dir
+    )
+    k = min(opts.k, depth)
+    ranking = [
+        RankingPool(
+            query_id=qid,
+            docs=[corpus.ids[r] for r in hybrid.members(i, depth)[0]],
+            evidence=e,
+            n_dense=int((hybrid.dense[i] >= 0).sum()),
+            depth=depth,
+            judged=qrels.get(qid, {}),
+        )
+        for i, (qid, e) in enumerate(
+            zip(qids, hybrid.evidence(corpus, qrels, depth), strict=True)
+        )
+    ]
+    fit_evidence = fit_dense = None
     if fit_split is not None:
         fit_qrels = read_qrels(data_dir, fit_split)
         fit_ids = sorted(q for q in fit_qrels if q in queries and q not in qrels)
         say(f"retrieving {len(fit_ids)} judged queries of the {fit_split!r} split")
-        fit_evidence = retrieve(embedder, corpus, queries, fit_ids, opts.k).evidence(
-            corpus, fit_qrels, opts.k
+        fit_hybrid = hybrid_retrieve(
+            embedder, data_dir, corpus, queries, fit_ids, depth, cache_dir
         )
+        fit_evidence = fit_hybrid.evidence(corpus, fit_qrels, k)
+        fit_dense = fit_hybrid.evidence(corpus, fit_qrels, k, hybrid=False)
     calibration = evaluate_calibration(
-        evidence,
+        hybrid.evidence(corpus, qrels, k),
         corpus.norms,
         corpus.n_tokens,
         opts,
         fit_evidence=fit_evidence,
         progress=say,
         default_profile=load_default_profile(embedder.model_name),
+        ranking=ranking,
+        dense_evidence=hybrid.evidence(corpus, qrels, k, hybrid=False),
+        fit_dense_evidence=fit_dense,
     )
     return {
         "dataset": data_dir.name,
@@ -73,7 +105,10 @@ def run_eval(
         "split": split,
         "fit_split": fit_split,
         "n_documents": len(corpus.ids),
-        "retrieval": retrieval_metrics(ranked, qrels),
+        "pool": {
+            "calibration": f"hybrid pool of {k} (dense top-{k} + BM25 top-{k})",
+            "retrieval": f"hybrid pool of {depth}",
+        },
         **calibration,
     }
 
@@ -81,6 +116,23 @@ def run_eval(
 # -- reporting --------------------------------------------------------------------------
 def _f(value: Any, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _modes(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Retrieval metrics per mode; a report of one dense list (older) is ``dense``."""
+    retrieval = result["retrieval"]
+    return retrieval if "dense" in retrieval else {"dense": retrieval}
+
+
+def mode_table(result: Mapping[str, Any]) -> str:
+    """Markdown rows of nDCG@10 and Recall@100 per retrieval mode (same pools)."""
+    lines = ["| mode | nDCG@10 | Recall@100 |", "|---|---|---|"]
+    for name, m in _modes(result).items():
+        if isinstance(m, Mapping):
+            lines.append(
+                f"| {name} | {_f(m.get('ndcg@10'))} | {_f(m.get('recall@100'))} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def norm_lift_summary(lift: Mapping[str, Any]) -> str:
@@ -110,8 +162,7 @@ def method_table(result: Mapping[str, Any]) -> str:
         f"### {result['dataset']} ({result['protocol']}, top-{result['k']}, "
         f"{result['n_queries']} queries, {result['n_pairs']} pairs)",
         "",
-        f"nDCG@10 {_f(result['retrieval']['ndcg@10'])}, "
-        f"Recall@100 {_f(result['retrieval']['recall@100'])}; "
+        mode_table(result),
         f"chosen on all data: `{result['chosen']}` (per fold: "
         f"{', '.join(result['chosen_per_fold'])})",
         "",
@@ -122,6 +173,15 @@ def method_table(result: Mapping[str, Any]) -> str:
         lines.append(
             f"| {name} | {_f(m['ece'])} | {_f(m['brier'])} | {_f(m['nll'])} | "
             f"{_f(m['auroc'], 3)} |"
+        )
+    for pool, m in result.get("calibration_by_pool", {}).items():
+        lines.append(
+            f"| {pool} pool: Platt → auto | "
+            f"{_f(m['platt']['ece'])} → {_f(m[AUTO]['ece'])} | "
+            f"{_f(m['platt']['brier'])} → {_f(m[AUTO]['brier'])} "
+            f"({m['brier_change_pct']:+.1f}%) | "
+            f"{_f(m['platt']['nll'])} → {_f(m[AUTO]['nll'])} | "
+            f"{_f(m['platt']['auroc'], 3)} → {_f(m[AUTO]['auroc'], 3)} |"
         )
     floor = result.get("ece_noise_floor", {})
     lines += [
@@ -149,18 +209,27 @@ def method_table(result: Mapping[str, Any]) -> str:
 def summary_table(results: Sequence[Mapping[str, Any]]) -> str:
     """The README table: one row per dataset."""
     lines = [
-        "| dataset | queries | nDCG@10 | R@100 | Platt Brier / NLL / ECE / AUROC "
+        "| dataset | queries | nDCG@10 dense / lexical / rrf / blend / calibrated "
+        "| R@100 dense / calibrated | Platt Brier / NLL / ECE / AUROC "
         "| auto Brier / NLL / ECE / AUROC | auto vs Platt Brier | chosen "
         "| norm lift (gamma +- sd) | query AUROC | ECE noise floor |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         p, a = r["methods"]["platt"], r["methods"][AUTO]
+        modes = _modes(r)
+        ndcg = " / ".join(
+            _f(modes[m].get("ndcg@10"), 3) if m in modes else "-" for m in MODES
+        )
+        recall = " / ".join(
+            _f(modes[m].get("recall@100"), 3) if m in modes else "-"
+            for m in ("dense", "calibrated")
+        )
         lines.append(
             f"| {r['dataset']}{'' if not r.get('fit_split') else ' (train→test)'} "
             f"| {r['n_queries']} "
-            f"| {_f(r['retrieval']['ndcg@10'], 3)} "
-            f"| {_f(r['retrieval']['recall@100'], 3)} "
+            f"| {ndcg} "
+            f"| {recall} "
             f"| {_f(p['brier'])} / {_f(p['nll'])} / {_f(p['ece'])} / {_f(p['auroc'], 3)} "
             f"| {_f(a['brier'])} / {_f(a['nll'])} / {_f(a['ece'])} / {_f(a['auroc'], 3)} "
             f"| {r['auto_vs_platt']['brier_change_pct']:+.1f}% "

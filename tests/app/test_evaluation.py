@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,20 @@ from calibration import NormReference
 from calibration.evaluation import (
     AUTO,
     EvalOptions,
+    RankingPool,
+    _nested_cv,
     _query_folds,
     ece_noise_floor,
     evaluate_calibration,
+    mode_order,
+    mode_rankings,
     ndcg_at_k,
     nested_cv,
     recall_at_k,
     retrieval_metrics,
+    tune_blend,
 )
+from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 from calibration.profile import QueryEvidence
 from tests.conftest import shared_dataset
 
@@ -61,6 +68,58 @@ def test_retrieval_metrics_average_queries_with_relevant_documents() -> None:
     assert out["recall@100"] == pytest.approx(0.5)
 
 
+# -- retrieval modes over one shared pool -------------------------------------------------
+def hand_pool(judged: dict[str, int] | None = None) -> RankingPool:
+    """Dense list a, b, c (cosine order); BM25 list c, d, a; d is BM25-only."""
+    evidence = QueryEvidence(
+        norm=1.0,
+        n_tokens=5,
+        scores=np.array([0.9, 0.8, 0.7, 0.1]),
+        doc_norms=np.ones(4),
+        doc_tokens=np.full(4, 10),
+        labels=np.zeros(4),
+        lexical=LexicalEvidence(
+            bm25=np.array([2.0, 0.0, 9.0, 5.0]),
+            rank=np.array([3.0, LEXICAL_DEPTH + 1, 1.0, 2.0]),
+            idf_mass=10.0,
+            top=9.0,
+        ),
+    )
+    return RankingPool("q", ["a", "b", "c", "d"], evidence, 3, 3, judged or {})
+
+
+def test_every_mode_orders_the_same_pool_as_computed_by_hand() -> None:
+    pool = hand_pool()
+    assert mode_order(pool, "dense") == ["a", "b", "c", "d"]
+    assert mode_order(pool, "lexical") == ["c", "d", "a", "b"]
+    # rrf: a 1/61+1/63, c 1/63+1/61 (tie: dense order), d 1/62, b 1/62 (tie: dense)
+    assert mode_order(pool, "rrf") == ["a", "c", "b", "d"]
+    # blend, cosine weight 1 and 0: the two lists' own orders
+    assert mode_order(pool, "blend", weight=1.0) == ["a", "b", "c", "d"]
+    assert mode_order(pool, "blend", weight=0.0) == ["c", "d", "a", "b"]
+    proba = np.array([0.1, 0.2, 0.3, 0.9])
+    assert mode_order(pool, "calibrated", proba=proba) == ["d", "c", "b", "a"]
+    with pytest.raises(ValueError):
+        mode_order(pool, "calibrated")
+
+
+def test_blend_weight_is_tuned_on_other_queries_only() -> None:
+    lexical_wins = [hand_pool({"d": 1}) for _ in range(4)]  # only BM25 ranks d high
+    dense_wins = [hand_pool({"b": 1}) for _ in range(4)]  # only the cosine ranks b high
+    assert tune_blend(lexical_wins) < 0.5 < tune_blend(dense_wins)
+    pools = [
+        RankingPool(f"q{i}", p.docs, p.evidence, 3, 3, p.judged)
+        for i, p in enumerate(lexical_wins + dense_wins)
+    ]
+    folds = [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)]
+    out = mode_rankings(pools, folds, {AUTO: [np.zeros(4)] * 8})
+    assert set(out) >= {"dense", "lexical", "rrf", "blend", "calibrated", "pool"}
+    # each fold's weight comes from the other fold, whose winner is the other list
+    low, high = out["blend"]["cosine_weight_per_fold"]
+    assert high < 0.5 < low
+    assert out["blend"]["ndcg@10"] < min(out["dense"]["ndcg@10"], 1.0)
+
+
 # -- calibration on synthetic evidence --------------------------------------------------
 def synthetic_evidence(n_queries: int = 40, k: int = 10, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -79,6 +138,39 @@ def synthetic_evidence(n_queries: int = 40, k: int = 10, seed: int = 0):
             )
         )
     return out
+
+
+def with_pools(evidence, extra: int = 5, seed: int = 4):
+    """Each query's evidence with BM25 evidence, and a deeper ranking pool of it."""
+    rng = np.random.default_rng(seed)
+    out, pools = [], []
+    for i, e in enumerate(evidence):
+        assert e.labels is not None
+        k = len(e.scores)
+        bm25 = np.where(e.labels > 0, rng.uniform(3, 9, k), rng.uniform(0, 4, k))
+        lex = LexicalEvidence(
+            bm25, np.argsort(np.argsort(-bm25)) + 1.0, 12.0, float(bm25.max())
+        )
+        out.append(dataclass_replace(e, lexical=lex))
+        more = np.sort(rng.uniform(0.0, e.scores.min(), extra))[::-1]
+        deep = QueryEvidence(
+            e.norm,
+            e.n_tokens,
+            np.concatenate([e.scores, more]),
+            np.concatenate([e.doc_norms, rng.lognormal(1.0, 0.1, extra)]),
+            np.concatenate([e.doc_tokens, rng.integers(20, 300, extra)]),
+            np.concatenate([e.labels, np.zeros(extra)]),
+            LexicalEvidence(
+                np.concatenate([bm25, np.zeros(extra)]),
+                np.concatenate([lex.rank, np.full(extra, LEXICAL_DEPTH + 1.0)]),
+                12.0,
+                float(bm25.max()),
+            ),
+        )
+        docs = [f"d{i}-{j}" for j in range(k + extra)]
+        judged = {d: int(y) for d, y in zip(docs, e.labels, strict=False) if y > 0}
+        pools.append(RankingPool(f"q{i}", docs, deep, k, k + extra, judged))
+    return out, pools
 
 
 def corpus_sample(seed: int = 1):
@@ -120,6 +212,52 @@ def test_nested_cv_predicts_every_pair_without_seeing_its_labels() -> None:
     rows = np.concatenate([np.arange(offsets[q], offsets[q + 1]) for q in fold])
     for method in proba:
         np.testing.assert_allclose(proba[method][rows], proba2[method][rows])
+
+
+def test_calibrated_ranking_of_a_fold_never_saw_its_labels() -> None:
+    evidence, pools = with_pools(synthetic_evidence())
+    doc_ref = NormReference().fit(*corpus_sample())
+    rank = [p.evidence for p in pools]
+    cv = _nested_cv(evidence, doc_ref, FAST, rank_evidence=rank)
+    assert [len(p) for p in cv.rank_proba[AUTO]] == [len(e.scores) for e in rank]
+    fold = _query_folds(len(evidence), FAST.n_splits, FAST.seed)[0]
+    flipped = list(evidence)
+    for q in fold:
+        e = evidence[q]
+        assert e.labels is not None
+        flipped[q] = dataclass_replace(e, labels=1 - e.labels)
+    cv2 = _nested_cv(flipped, doc_ref, FAST, rank_evidence=rank)
+    for q in fold:
+        np.testing.assert_allclose(cv.rank_proba[AUTO][q], cv2.rank_proba[AUTO][q])
+
+
+def test_evaluate_calibration_reports_every_mode_and_both_pools() -> None:
+    evidence, pools = with_pools(synthetic_evidence())
+    dense = [dataclass_replace(e, lexical=None) for e in evidence]
+    out = evaluate_calibration(
+        evidence, *corpus_sample(), FAST, ranking=pools, dense_evidence=dense
+    )
+    modes = out["retrieval"]
+    assert {"dense", "lexical", "rrf", "blend", "calibrated"} <= set(modes)
+    for name in ("dense", "lexical", "rrf", "blend", "calibrated"):
+        assert 0 <= modes[name]["ndcg@10"] <= 1
+        assert modes[name]["n_queries"] == 40
+    # BM25 here is built from the labels: the lexical list beats the cosine
+    assert modes["lexical"]["ndcg@10"] > modes["dense"]["ndcg@10"]
+    by_pool = out["calibration_by_pool"]
+    assert set(by_pool) == {"hybrid", "dense"}
+    assert by_pool["hybrid"]["auto"] == out["methods"][AUTO]
+    for pool in by_pool.values():
+        assert pool["brier_change_pct"] == pytest.approx(
+            100 * (pool["auto"]["brier"] / pool["platt"]["brier"] - 1)
+        )
+    assert "pool" in modes
+    json.dumps(out)
+    assert "| calibrated |" in method_table(
+        {**out, "dataset": "synthetic", "retrieval": modes}
+    )
+    with pytest.raises(ValueError):
+        evaluate_calibration(evidence, *corpus_sample(), FAST, ranking=pools[:3])
 
 
 def test_evaluate_calibration_report_is_complete_and_in_range() -> None:
@@ -228,10 +366,15 @@ def test_cli_eval_on_a_real_scifact_slice(
     assert REQUIRED_KEYS <= set(result)
     assert result["dataset"] == "scifact-slice"
     assert result["n_queries"] == 30
-    assert result["n_pairs"] == 30 * 20
     # every relevant document is in the slice, so dense retrieval finds many
-    assert 0.3 < result["retrieval"]["ndcg@10"] <= 1
-    assert 0.5 < result["retrieval"]["recall@100"] <= 1
+    modes = result["retrieval"]
+    for name in ("dense", "lexical", "rrf", "blend", "calibrated"):
+        assert modes[name]["n_queries"] == 30
+        # every relevant document is in the slice, so every list finds many
+        assert 0.3 < modes[name]["ndcg@10"] <= 1
+        assert 0.5 < modes[name]["recall@100"] <= 1
+    assert result["n_pairs"] >= 30 * 20  # hybrid pools: dense top-20 + BM25 top-20
+    assert set(result["calibration_by_pool"]) == {"hybrid", "dense"}
     for name in ("platt", "isotonic", "nt", "nt-list", AUTO):
         m = result["methods"][name]
         assert 0 <= m["ece"] <= 1 and 0 <= m["brier"] <= 1 and m["nll"] > 0
@@ -257,3 +400,50 @@ def test_cli_eval_on_a_real_scifact_slice(
     assert "scifact-slice" in method_table(result)
     # the corpus embedding is cached: a second run does not embed documents again
     assert list((tmp_path / "cache").glob("scifact-slice-*.npz"))
+
+
+@pytest.mark.slow
+def test_hybrid_pools_hold_the_product_bm25_and_the_exact_lists(
+    tmp_path: Path, embedder
+) -> None:
+    from app.collections import lexical
+    from app.ops.beir import (
+        embed_corpus,
+        hybrid_retrieve,
+        lexical_index,
+        read_qrels,
+        read_queries,
+        retrieve,
+    )
+    from calibration.fusion import candidate_pool
+
+    data = scifact_slice(tmp_path, n_queries=8, n_extra=150)
+    corpus = embed_corpus(embedder, data)
+    queries, qrels = read_queries(data), read_qrels(data, "test")
+    qids = sorted(qrels)
+    cache = tmp_path / "cache"
+    hybrid = hybrid_retrieve(embedder, data, corpus, queries, qids, 50, cache)
+    again = hybrid_retrieve(embedder, data, corpus, queries, qids, 50, cache)
+    np.testing.assert_array_equal(again.pool_bm25, hybrid.pool_bm25)  # cached
+    conn = lexical_index(data, corpus.ids)
+    flat = retrieve(embedder, corpus, queries, qids, 10)
+    evidence = hybrid.evidence(corpus, qrels, 10)
+    dense_only = hybrid.evidence(corpus, qrels, 10, hybrid=False)
+    for i, q in enumerate(qids):
+        hits = lexical.search(conn, queries[q], LEXICAL_DEPTH)
+        dense, lex = hybrid.lists(i)
+        assert lex == hits.seqs.tolist()
+        rows = candidate_pool(dense, lex, 10)
+        e = evidence[i]
+        assert e.lexical is not None
+        np.testing.assert_allclose(
+            e.lexical.bm25, lexical.bm25_of(conn, queries[q], rows)
+        )
+        assert e.lexical.top == pytest.approx(float(hits.scores[0]))
+        assert e.lexical.idf_mass == pytest.approx(lexical.idf_mass(conn, queries[q]))
+        assert len(dense_only[i].scores) == 10
+        np.testing.assert_allclose(dense_only[i].scores, e.scores[:10])
+        # pool cosines are the exact (FAISS flat) cosines of the dense list
+        np.testing.assert_allclose(e.scores[:10], flat.scores[i, :10], atol=1e-5)
+        # lexical-only members come after the dense ones with lower cosines
+        assert e.scores[10:].max(initial=-1) <= e.scores[:10].min() + 1e-6
