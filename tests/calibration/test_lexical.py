@@ -55,14 +55,14 @@ FORMAT1_DEFAULT = (
 @pytest.fixture(scope="module")
 def lexical_world():
     return simulate_judgments(
-        150, rng=SEED, lexical=True, **LIST_WORLD, **LEXICAL_SIGNAL
+        80, rng=SEED, lexical=True, **LIST_WORLD, **LEXICAL_SIGNAL
     )
 
 
 @pytest.fixture(scope="module")
 def noise_world():
     """BM25 columns vary but say nothing about relevance; norms are noise too."""
-    return simulate_judgments(150, rng=SEED + 1, lexical=True, **PLAIN_WORLD)
+    return simulate_judgments(80, rng=SEED + 1, lexical=True, **PLAIN_WORLD)
 
 
 @pytest.fixture(scope="module")
@@ -197,8 +197,10 @@ def test_hits_keep_their_order_a_lexical_model_is_never_served(chosen_in_order):
     assert any("reorder" in n and "lexical" in n for n in res.notes)
 
 
-def test_a_named_nt_list_fit_without_reordering_is_not_lexical(lexical_world):
-    d = lexical_world
+def test_a_named_nt_list_fit_without_reordering_is_not_lexical():
+    d = simulate_judgments(
+        40, rng=SEED + 4, lexical=True, **LIST_WORLD, **LEXICAL_SIGNAL
+    )
     res = select_calibrator(d.X, d.y, d.groups, method="nt-list", query_side_only=True)
     assert res.method == "nt-list" and not res.estimator.use_lexical
     assert not res.estimator.reorders_hits
