@@ -1,12 +1,12 @@
 """The typed fit report of a calibration profile, and its JSON forms.
 
 A :class:`FitReport` says what a fit saw and decided: data sizes, every method's
-grouped-CV scores, the norm lift, the lift of each evidence group, the reliability curve, the query-level model and the
-abstain guarantee. It is stored through :mod:`calibration.io` (versioned, like the
-fitted objects); :meth:`FitReport.to_jsonable` gives the plain JSON dict shown to
-users (``report`` of the calibrator endpoints), and :meth:`FitReport.from_jsonable`
-reads that dict back, which is also how profiles stored before the report was typed
-load.
+grouped-CV scores, the norm lift, the lift of each evidence group, the reliability
+curve, the query-level model and the abstain guarantee. It is stored through
+:mod:`calibration.io` (versioned, like the fitted objects);
+:meth:`FitReport.to_jsonable` gives the plain JSON dict shown to users (``report`` of
+the calibrator endpoints), and :meth:`FitReport.from_jsonable` reads that dict back,
+which is also how profiles stored before the report was typed load.
 """
 
 from __future__ import annotations

@@ -593,7 +593,7 @@ def select_calibrator(
     query_side_only: bool = False,
     prior: CrossDomainPrior | None = None,
 ) -> SelectionResult:
-    """Cross-validate every method by query, choose one, refit it, report norm lift.
+    """Cross-validate every method by query, choose one, refit it, report the lifts.
 
     With a cross-domain ``prior`` the few-label ``"prior"`` family
     (:class:`~calibration.prior.PriorCalibrator`) joins the candidates and becomes the
@@ -611,14 +611,14 @@ def select_calibrator(
 
     Parameters
     ----------
-    X : array-like of shape (n_pairs, 7)
+    X : array-like of shape (n_pairs, 10)
         Pair features in ``FEATURES`` order.
     y : array-like of shape (n_pairs,)
         Binary relevance labels.
     groups : array-like of shape (n_pairs,)
         Query id of each pair.
     method : {"auto", "platt", "isotonic", "nt", "nt-list", "prior"}, default="auto"
-        ``"auto"`` keeps the lowest OOF NLL after the norm fallbacks and the
+        ``"auto"`` keeps the lowest OOF NLL after the norm and lexical fallbacks and the
         one-standard-error rule of the module docstring; a named method is served as
         asked (metrics of all are reported).
     n_splits : int, default=5
@@ -626,7 +626,8 @@ def select_calibrator(
     probe_rho : float or None, default=None
         Sign probe from unlabelled data for the NT prior; ``None`` probes ``X``.
     query_side_only : bool, default=False
-        Restrict NT models to query-side terms (no reordering of hits).
+        Restrict NT models to query-side terms and serve no lexical model (no
+        reordering of hits).
     prior : CrossDomainPrior or None, default=None
         Shipped cross-domain prior; adds the ``"prior"`` family (required by
         ``method="prior"``).
@@ -634,7 +635,7 @@ def select_calibrator(
     Returns
     -------
     SelectionResult
-        Fitted estimator, choice, per-method CV metrics and norm lift.
+        Fitted estimator, choice, per-method CV metrics, norm and evidence lift.
 
     Raises
     ------
@@ -828,9 +829,7 @@ def _unmeasured(has_norms: bool, has_lexical: bool) -> dict[str, str]:
             "columns are constant)."
         )
     if not has_norms:
-        out["residual norm"] = (
-            "The norm columns are all zero (unit-norm embeddings)."
-        )
+        out["residual norm"] = "The norm columns are all zero (unit-norm embeddings)."
     return out
 
 
