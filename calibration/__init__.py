@@ -3,7 +3,7 @@
 Pure numpy / scipy / scikit-learn; importing this package never imports fastapi, torch
 or faiss. Modules: :mod:`~calibration.features` (NormReference, pair features, sign
 probe), :mod:`~calibration.models` (Platt, isotonic, NT, NT-list),
-:mod:`~calibration.selection` (grouped CV, method choice, norm lift),
+:mod:`~calibration.selection` (grouped CV, method choice, norm and evidence lift),
 :mod:`~calibration.query` (query confidence, risk-controlled abstention),
 :mod:`~calibration.prior` (cross-domain prior, few-label fit, coherent confidence),
 :mod:`~calibration.metrics`, :mod:`~calibration.io` (versioned JSON) and
@@ -72,17 +72,21 @@ from calibration.query import (
     query_table,
 )
 from calibration.selection import (
+    EVIDENCE_LADDER,
     METHODS,
+    GroupLift,
     MethodScores,
     NormLift,
     SelectionResult,
     cross_val_predict_grouped,
+    evidence_lift,
     make_calibrator,
     select_calibrator,
 )
 from calibration.simulate import SimulatedJudgments, simulate_judgments
 
 __all__ = [
+    "EVIDENCE_LADDER",
     "FEATURES",
     "FORMAT_VERSION",
     "METHODS",
@@ -94,6 +98,7 @@ __all__ = [
     "CalibrationFitError",
     "ConvergenceError",
     "CrossDomainPrior",
+    "GroupLift",
     "InsufficientDataError",
     "InvalidInputError",
     "IsotonicCalibrator",
@@ -120,6 +125,7 @@ __all__ = [
     "cross_fit_query_confidence",
     "cross_val_predict_grouped",
     "dumps",
+    "evidence_lift",
     "expected_calibration_error",
     "fit_abstain_policy",
     "fit_confidence_weight",

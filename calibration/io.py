@@ -27,6 +27,7 @@ from calibration.exceptions import FORMAT_VERSION, UnsupportedFormatError
 from calibration.features import NormReference
 from calibration.metrics import ReliabilityCurve
 from calibration.models import (
+    LEXICAL_PARAMS,
     LIST_PARAMS,
     NT_PARAMS,
     IsotonicCalibrator,
@@ -37,7 +38,7 @@ from calibration.models import (
 from calibration.prior import PriorCalibrator
 from calibration.query import AbstainPolicy, QueryConfidenceModel
 from calibration.report import FitReport, QueryLevelReport
-from calibration.selection import MethodScores, NormLift, SelectionResult
+from calibration.selection import GroupLift, MethodScores, NormLift, SelectionResult
 
 __all__ = ["FORMAT_VERSION", "dumps", "from_dict", "loads", "to_dict"]
 
@@ -97,11 +98,20 @@ _ESTIMATORS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
         ("coef_", "intercept_", "n_features_in_"),
     ),
 }
+# State that only some estimators of a class have: the lexical shifts of a list model
+# fitted with ``use_lexical=True`` (payloads written before they existed lack them).
+_OPTIONAL_STATE: dict[str, tuple[str, ...]] = {
+    "ListAwareCalibrator": (
+        *(f"{n}_" for n in LEXICAL_PARAMS),
+        *(f"{n}_sd_" for n in LEXICAL_PARAMS),
+    ),
+}
 _DATACLASSES: dict[str, type[Any]] = {
     "AbstainPolicy": AbstainPolicy,
     "SelectionResult": SelectionResult,
     "MethodScores": MethodScores,
     "NormLift": NormLift,
+    "GroupLift": GroupLift,
     "ReliabilityCurve": ReliabilityCurve,
     "FitReport": FitReport,
     "QueryLevelReport": QueryLevelReport,
@@ -184,7 +194,11 @@ def to_dict(obj: Any) -> dict[str, Any]:
             "format_version": FORMAT_VERSION,
             "class": name,
             "params": {k: _enc(v) for k, v in obj.get_params(deep=False).items()},
-            "state": {a: _enc(getattr(obj, a)) for a in attrs},
+            "state": {
+                a: _enc(getattr(obj, a))
+                for a in (*attrs, *_OPTIONAL_STATE.get(name, ()))
+                if hasattr(obj, a)
+            },
         }
     if name in _DATACLASSES and dataclasses.is_dataclass(obj):
         fields: dict[str, Any] = {}
@@ -235,6 +249,9 @@ def from_dict(data: Any) -> Any:
             state = data["state"]
             for a in attrs:
                 setattr(obj, a, _dec(state[a]))
+            for a in _OPTIONAL_STATE.get(str(name), ()):
+                if a in state:
+                    setattr(obj, a, _dec(state[a]))
             return obj
         if name in _DATACLASSES:
             cls = _DATACLASSES[str(name)]

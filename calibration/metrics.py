@@ -32,6 +32,7 @@ __all__ = [
     "clear_nll_gain",
     "expected_calibration_error",
     "negative_log_likelihood",
+    "paired_nll_gain",
     "reliability_by_tercile",
     "reliability_curve",
 ]
@@ -373,14 +374,15 @@ def reliability_by_tercile(
     )
 
 
-def clear_nll_gain(
+def paired_nll_gain(
     p_new: FloatArray, p_base: FloatArray, y: FloatArray, codes: IntArray
-) -> bool:
-    """Whether ``p_new`` beats ``p_base`` in OOF NLL by more than one standard error.
+) -> tuple[float, float]:
+    """OOF NLL gain of ``p_new`` over ``p_base`` and its standard error, nats per pair.
 
-    The one-standard-error rule of cross-validation (Breiman et al., 1984), applied to
-    the paired per-query difference of summed log loss (pairs of one query are
-    correlated, queries are the independent units).
+    Paired per query: pairs of one query are correlated, so the standard error is that
+    of the sum of per-query differences of summed log loss (queries are the
+    independent units), divided like the gain by the number of pairs. Infinite with
+    a single query.
     """
 
     def loss(p: FloatArray) -> FloatArray:
@@ -388,7 +390,19 @@ def clear_nll_gain(
         return -(y * np.log(p) + (1.0 - y) * np.log1p(-p))
 
     per_query = np.bincount(codes, weights=loss(p_base) - loss(p_new))
-    n_q = per_query.shape[0]
+    n_q, n = per_query.shape[0], y.shape[0]
     gain = float(per_query.sum())
     se = float(np.sqrt(n_q) * per_query.std(ddof=1)) if n_q > 1 else float("inf")
+    return gain / n, se / n
+
+
+def clear_nll_gain(
+    p_new: FloatArray, p_base: FloatArray, y: FloatArray, codes: IntArray
+) -> bool:
+    """Whether ``p_new`` beats ``p_base`` in OOF NLL by more than one standard error.
+
+    The one-standard-error rule of cross-validation (Breiman et al., 1984), applied to
+    the paired per-query difference of summed log loss (:func:`paired_nll_gain`).
+    """
+    gain, se = paired_nll_gain(p_new, p_base, y, codes)
     return gain > se

@@ -13,7 +13,9 @@ isotonic also accept a 1-D array of cosines).
 
 Ranking contract: ``reorders_hits`` tells whether the calibrated probability can change
 the order of one query's hits relative to the cosine order. Platt and isotonic never
-do (isotonic may create ties); NT and NT-list do unless ``query_side_only=True``.
+do (isotonic may create ties); NT and NT-list do unless ``query_side_only=True``, and
+NT-list with lexical terms (``use_lexical=True``) always does: BM25 evidence is a
+property of each document, independent of its cosine.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ from calibration.features import (
     GAP,
     LEN_D,
     LEN_Q,
+    LEX,
+    LEX_RANK,
+    LEX_REL,
+    LEXICAL_DEPTH,
     RANK,
     query_probe_rho,
     regime_from_rho,
@@ -66,12 +72,13 @@ NT_PARAMS: tuple[str, ...] = (
     "beta_d",
 )
 LIST_PARAMS: tuple[str, ...] = ("delta_rank", "delta_gap", "delta_len_q", "delta_len_d")
+LEXICAL_PARAMS: tuple[str, ...] = ("delta_lex", "delta_lex_rel", "delta_lex_rank")
 _N_TEMP = 3  # alpha, gamma_q, gamma_d multiply the temperature features [1, lq, ld]
 
 
 def _at(*names: str) -> list[int]:
-    """Positions of named parameters in the parameter vector (NT, then list terms)."""
-    order = NT_PARAMS + LIST_PARAMS
+    """Positions of named parameters in the vector (NT, list, then lexical terms)."""
+    order = NT_PARAMS + LIST_PARAMS + LEXICAL_PARAMS
     return [order.index(n) for n in names]
 
 
@@ -81,6 +88,8 @@ _LENGTH_SHIFTS = _at("delta_len_q", "delta_len_d")
 (_DELTA_RANK,) = _at("delta_rank")
 (_DELTA_GAP,) = _at("delta_gap")
 (_DELTA_LEN_D,) = _at("delta_len_d")
+_LEX_RAISES = _at("delta_lex", "delta_lex_rel")  # more BM25 lowers the threshold
+(_LEX_RANK,) = _at("delta_lex_rank")
 # exp() of a log-temperature beyond this only happens in line-search probes; capping it
 # keeps the objective finite instead of overflowing.
 _MAX_LOG_TEMP = 30.0
@@ -549,18 +558,31 @@ class _NTBase(_Calibrator):
         """True unless ``query_side_only`` pins the document-side terms."""
         return not self.query_side_only
 
+    def _shift_params(self) -> tuple[str, ...]:
+        """Names of the threshold shifts after the NT parameters (none for NT)."""
+        return ()
+
     def _design(self, Xa: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
         n = Xa.shape[0]
         one = np.ones(n)
         lq, ld = Xa[:, ELL_Q], Xa[:, ELL_D]
         V = np.column_stack([one, lq, ld])
         cols = [one, lq, ld]
-        if self._list_terms:
+        shifts = self._shift_params()
+        if shifts:
             cols += [
                 np.log(np.maximum(Xa[:, RANK], 1.0)),
                 Xa[:, GAP],
                 Xa[:, LEN_Q],
                 Xa[:, LEN_D],
+            ]
+        if len(shifts) > len(LIST_PARAMS):
+            # log(lex_rank / (depth + 1)) is 0 for "not in the BM25 list", like lex
+            # and lex_rel without a match: no lexical evidence shifts nothing.
+            cols += [
+                Xa[:, LEX],
+                Xa[:, LEX_REL],
+                np.log(np.maximum(Xa[:, LEX_RANK], 1.0) / (LEXICAL_DEPTH + 1)),
             ]
         return Xa[:, COSINE], V, np.column_stack(cols)
 
@@ -587,7 +609,7 @@ class _NTBase(_Calibrator):
     def _extra_free(self, free: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
         """Let subclasses pin list terms."""
 
-    def _extra_bounds(self, lower: FloatArray) -> None:
+    def _extra_bounds(self, lower: FloatArray, upper: FloatArray) -> None:
         """Let subclasses bound list terms."""
 
     def fit(self, X: ArrayLike, y: ArrayLike, groups: ArrayLike | None = None) -> Any:
@@ -628,8 +650,9 @@ class _NTBase(_Calibrator):
             width = "fixed" if n_queries < self.min_queries else "tight"
         self.prior_width_ = width
 
-        n_list = len(LIST_PARAMS) if self._list_terms else 0
-        # List/length shifts are in cosine units; N(0, 1) is weak at that scale.
+        shifts = self._shift_params()
+        n_list = len(shifts)
+        # List/length/lexical shifts are in cosine units; N(0, 1) is weak at that scale.
         list_sd = np.inf if width == "none" else 1.0
         mu = np.concatenate([mean6, np.zeros(n_list)])
         sd = np.concatenate([sd6, np.full(n_list, list_sd)])
@@ -642,14 +665,14 @@ class _NTBase(_Calibrator):
         self._extra_free(free)
         lower = np.full(mu.shape[0], -np.inf)
         upper = np.full(mu.shape[0], np.inf)
-        self._extra_bounds(lower)
+        self._extra_bounds(lower, upper)
 
         # NT_PARAMS order is already temperature terms (V) then threshold terms (C).
         s, V, C = self._design(Xa)
         res = _fit_map(s, V, C, yv, mu, sd, free, lower, upper)
         theta = res.theta
         sds = np.sqrt(np.clip(np.diag(res.cov), 0.0, None))
-        for j, name in enumerate(NT_PARAMS + (LIST_PARAMS if n_list else ())):
+        for j, name in enumerate(NT_PARAMS + shifts):
             setattr(self, f"{name}_", float(theta[j]))
             setattr(self, f"{name}_sd_", float(sds[j]))
         self.coef_ = theta
@@ -806,24 +829,37 @@ class NormTemperedCalibrator(_NTBase):
 
 
 class ListAwareCalibrator(_NTBase):
-    r"""NT with result-list and length terms in the threshold ("nt-list").
+    r"""NT with result-list, length and lexical terms in the threshold ("nt-list").
 
     .. math::
 
         \operatorname{logit} P = e^{\alpha + \gamma_q\ell_q + \gamma_d\ell_d}\,
         \big(s - \beta_0 - \beta_q\ell_q - \beta_d\ell_d
         - \delta_r \log(\text{rank}) - \delta_g\,\text{gap}
-        - \delta_{lq}\,\text{len}_q - \delta_{ld}\,\text{len}_d\big)
+        - \delta_{lq}\,\text{len}_q - \delta_{ld}\,\text{len}_d
+        - [\delta_x\,\text{lex} + \delta_{xr}\,\text{lex\_rel}
+        + \delta_{xk}\log\tfrac{\text{lex\_rank}}{D + 1}]\big)
 
-    The list and length shifts are in cosine units with a weak
+    The list, length and lexical shifts are in cosine units with a weak
     :math:`\mathcal N(0, 1)` prior; the norm terms use exactly the prior and
-    label-budget logic of :class:`NormTemperedCalibrator`. Uses all seven columns of
+    label-budget logic of :class:`NormTemperedCalibrator`. Uses the columns of
     ``FEATURES``.
 
-    With ``query_side_only=True`` the document terms (:math:`\gamma_d, \beta_d,
-    \delta_{ld}`) are pinned at 0 and the optimiser keeps :math:`\delta_r \ge 0`,
-    :math:`\delta_g \ge -1`; within a query rank falls and gap falls as :math:`s`
-    rises, so the logit is then non-decreasing in :math:`s` and never reorders hits.
+    The bracketed lexical terms (``use_lexical=True``; :math:`D` =
+    :data:`~calibration.features.LEXICAL_DEPTH`) are 0 for a hit without lexical
+    evidence (no match, not in the BM25 list), so ``lexical=None`` scores as the
+    lexical-free model would. Their signs are bounded the way the cross-domain prior
+    bounds them: :math:`\delta_x, \delta_{xr} \le 0` and :math:`\delta_{xk} \ge 0`,
+    so more BM25 and a better BM25 rank can only raise a hit's probability.
+
+    With ``query_side_only=True`` the document norm and length terms
+    (:math:`\gamma_d, \beta_d, \delta_{ld}`) are pinned at 0 and the optimiser keeps
+    :math:`\delta_r \ge 0`, :math:`\delta_g \ge -1`; within a query rank falls and
+    gap falls as :math:`s` rises, so without lexical terms the logit is then
+    non-decreasing in :math:`s` and never reorders hits. Lexical evidence belongs to
+    each document whatever its cosine, so a model with ``use_lexical=True`` always
+    may reorder hits (``reorders_hits`` is True); model selection never serves one
+    when reordering is disallowed.
 
     Parameters
     ----------
@@ -831,6 +867,9 @@ class ListAwareCalibrator(_NTBase):
         Fit the norm terms; ``False`` pins all four at 0 (a norm-free list model).
     use_length : bool, default=True
         Fit the length shifts :math:`\delta_{lq}, \delta_{ld}`.
+    use_lexical : bool, default=False
+        Add the three lexical shifts (``False``: the model and parameter vector of
+        estimators stored before lexical evidence existed).
     regime, probe_rho, prior_width, query_side_only, min_queries
         As in :class:`NormTemperedCalibrator`.
 
@@ -838,10 +877,13 @@ class ListAwareCalibrator(_NTBase):
     ----------
     delta_rank_, delta_gap_, delta_len_q_, delta_len_d_ : float
         List and length threshold shifts (cosine units), with ``*_sd_``.
+    delta_lex_, delta_lex_rel_, delta_lex_rank_ : float
+        Lexical threshold shifts with ``*_sd_`` (only with ``use_lexical=True``).
     alpha_, gamma_q_, gamma_d_, beta0_, beta_q_, beta_d_ : float
         As in :class:`NormTemperedCalibrator`, with ``*_sd_``.
-    coef_ : ndarray of shape (10,)
-        All estimates (NT order, then rank, gap, len_q, len_d).
+    coef_ : ndarray of shape (10,) or (13,)
+        All estimates (NT order, then rank, gap, len_q, len_d, then lex, lex_rel,
+        lex_rank with ``use_lexical``).
     """
 
     _list_terms: ClassVar[bool] = True
@@ -851,6 +893,7 @@ class ListAwareCalibrator(_NTBase):
         *,
         use_norms: bool = True,
         use_length: bool = True,
+        use_lexical: bool = False,
         regime: str = "auto",
         probe_rho: float | None = None,
         prior_width: str = "auto",
@@ -859,11 +902,20 @@ class ListAwareCalibrator(_NTBase):
     ):
         self.use_norms = use_norms
         self.use_length = use_length
+        self.use_lexical = use_lexical
         self.regime = regime
         self.probe_rho = probe_rho
         self.prior_width = prior_width
         self.query_side_only = query_side_only
         self.min_queries = min_queries
+
+    @property
+    def reorders_hits(self) -> bool:
+        """True with lexical terms or without ``query_side_only``."""
+        return bool(self.use_lexical) or not self.query_side_only
+
+    def _shift_params(self) -> tuple[str, ...]:
+        return LIST_PARAMS + (LEXICAL_PARAMS if self.use_lexical else ())
 
     def _resolve_regime(self, Xa: FloatArray, codes: IntArray, grouped: bool) -> None:
         super()._resolve_regime(Xa, codes, grouped)
@@ -878,10 +930,13 @@ class ListAwareCalibrator(_NTBase):
         if self.query_side_only:
             free[_DELTA_LEN_D] = False
 
-    def _extra_bounds(self, lower: FloatArray) -> None:
+    def _extra_bounds(self, lower: FloatArray, upper: FloatArray) -> None:
         if self.query_side_only:  # hits keep their cosine order
             lower[_DELTA_RANK] = 0.0
             lower[_DELTA_GAP] = -1.0
+        if self.use_lexical:  # lexical evidence can only raise a hit
+            upper[_LEX_RAISES] = 0.0
+            lower[_LEX_RANK] = 0.0
 
     def fit(
         self, X: ArrayLike, y: ArrayLike, groups: ArrayLike | None = None
@@ -890,7 +945,7 @@ class ListAwareCalibrator(_NTBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_pairs, 7)
+        X : array-like of shape (n_pairs, 10)
             Pair features in ``FEATURES`` order.
         y : array-like of shape (n_pairs,)
             Binary relevance labels.

@@ -419,6 +419,7 @@ def fit_profile(
         doc_unit_norm=bool(doc_ref.unit_norm_),
         notes=tuple(selection.notes),
         fit_seconds=time.perf_counter() - started,
+        evidence_lift=selection.evidence_lift,
         extra=dict(extra_report or {}),
     )
     return Profile(

@@ -1,12 +1,12 @@
 """The typed fit report of a calibration profile, and its JSON forms.
 
 A :class:`FitReport` says what a fit saw and decided: data sizes, every method's
-grouped-CV scores, the norm lift, the reliability curve, the query-level model and the
-abstain guarantee. It is stored through :mod:`calibration.io` (versioned, like the
-fitted objects); :meth:`FitReport.to_jsonable` gives the plain JSON dict shown to
-users (``report`` of the calibrator endpoints), and :meth:`FitReport.from_jsonable`
-reads that dict back, which is also how profiles stored before the report was typed
-load.
+grouped-CV scores, the norm lift, the lift of each evidence group, the reliability
+curve, the query-level model and the abstain guarantee. It is stored through
+:mod:`calibration.io` (versioned, like the fitted objects);
+:meth:`FitReport.to_jsonable` gives the plain JSON dict shown to users (``report`` of
+the calibrator endpoints), and :meth:`FitReport.from_jsonable` reads that dict back,
+which is also how profiles stored before the report was typed load.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from calibration.metrics import ReliabilityCurve
 from calibration.query import AbstainPolicy
-from calibration.selection import MethodScores, NormLift
+from calibration.selection import GroupLift, MethodScores, NormLift
 
 __all__ = ["FitReport", "QueryLevelReport", "to_jsonable"]
 
@@ -77,6 +77,10 @@ class FitReport:
         Decisions taken.
     fit_seconds : float
         Wall time of the fit.
+    evidence_lift : tuple of GroupLift or None
+        Lift of each evidence group (list, length, lexical, residual norm) along the
+        ladder of :func:`~calibration.selection.evidence_lift`; None in reports
+        stored before it existed (and then absent from the JSON form).
     extra : dict
         Caller's JSON-able additions (``collection``, ``source`` ...), shown at the
         top level of the JSON form.
@@ -100,6 +104,7 @@ class FitReport:
     doc_unit_norm: bool
     notes: tuple[str, ...] = ()
     fit_seconds: float = 0.0
+    evidence_lift: tuple[GroupLift, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_jsonable(self) -> dict[str, Any]:
@@ -108,6 +113,7 @@ class FitReport:
             f.name: to_jsonable(getattr(self, f.name))
             for f in dataclasses.fields(self)
             if f.name not in _FLATTENED
+            and not (f.name == "evidence_lift" and self.evidence_lift is None)
         }
         out["query_ref"] = {"unit_norm": self.query_unit_norm}
         out["doc_ref"] = {"unit_norm": self.doc_unit_norm}
@@ -120,6 +126,7 @@ class FitReport:
         lift = dict(data["norm_lift"])
         curve = data["reliability"]
         abstain = data.get("abstain")
+        lifts = data.get("evidence_lift")
         return cls(
             requested_method=str(data["requested_method"]),
             allow_reorder=bool(data["allow_reorder"]),
@@ -155,6 +162,9 @@ class FitReport:
             doc_unit_norm=bool(data["doc_ref"]["unit_norm"]),
             notes=tuple(data.get("notes", ())),
             fit_seconds=_f(data.get("fit_seconds")),
+            evidence_lift=None
+            if lifts is None
+            else tuple(GroupLift(**_nan_for_none(g)) for g in lifts),
             extra={k: v for k, v in data.items() if k not in known},
         )
 

@@ -1,4 +1,4 @@
-r"""Model selection by grouped cross-validation, and the norm-lift report.
+r"""Model selection by grouped cross-validation, the norm-lift and evidence-lift reports.
 
 Pairs of one query are correlated, so every split is by query (``GroupKFold``) and
 every metric is computed on pooled out-of-fold (OOF) predictions. ``method="auto"``
@@ -13,6 +13,13 @@ terms, each by more than one standard error of the paired per-query difference
 signal at all, e.g. unit-norm embeddings). With at least 200 labelled queries a fitted
 norm model whose every norm term is within 2 posterior SD of zero is also replaced
 (theory.md §4.7).
+
+Lexical evidence (BM25 columns, when the judged hits carry it) must earn its place the
+same way: the list model with lexical terms stands for ``nt-list`` only while the
+lexical rung of the evidence ladder (:func:`evidence_lift`) "pays"; otherwise its
+lexical-free counterpart is served. Lexical terms reorder hits, so with
+``query_side_only=True`` no lexical model is a candidate; the lexical rung is still
+fitted, for the report, so a user learns whether allowing reordering would pay.
 
 :func:`select_calibrator` is a pure function of ``(X, y, groups)``, so the service can
 nest it inside an outer grouped CV for an honest evaluation of the whole procedure.
@@ -29,7 +36,7 @@ from sklearn.model_selection import GroupKFold
 from calibration._typing import ArrayLike, FloatArray, IntArray, MethodName
 from calibration._validation import as_float_2d, as_groups, as_labels, require_queries
 from calibration.exceptions import InvalidInputError, SingleClassError
-from calibration.features import ELL_D, ELL_Q, FEATURES
+from calibration.features import ELL_D, ELL_Q, FEATURES, LEX
 from calibration.metrics import (
     BINNING,
     ReliabilityCurve,
@@ -37,6 +44,7 @@ from calibration.metrics import (
     brier_score,
     clear_nll_gain,
     negative_log_likelihood,
+    paired_nll_gain,
 )
 from calibration.models import (
     IsotonicCalibrator,
@@ -50,11 +58,14 @@ from calibration.prior import CrossDomainPrior, PriorCalibrator, norm_lift_verdi
 
 __all__ = [
     "ECE_GUARD",
+    "EVIDENCE_LADDER",
     "METHODS",
+    "GroupLift",
     "MethodScores",
     "NormLift",
     "SelectionResult",
     "cross_val_predict_grouped",
+    "evidence_lift",
     "make_calibrator",
     "select_calibrator",
 ]
@@ -83,6 +94,9 @@ class Variant:
         Uses the residual-norm terms (needs norm signal in ``X``).
     length_terms : bool
         Uses the length shifts (list models only).
+    lexical_terms : bool
+        Uses the lexical shifts (list models only; needs lexical evidence in ``X``;
+        reorders hits).
     prior_width : str
         NT prior width.
     min_queries : int
@@ -94,21 +108,46 @@ class Variant:
         Key in ``NormLift.variants`` (the decomposition of the list model).
     note : str or None
         Note recorded when this variant stands for its method.
+    norm_free, lexical_free : str or None
+        The same model without its norm / lexical terms (what the fallbacks serve).
     """
 
     name: str
     family: MethodName
     norm_terms: bool = False
     length_terms: bool = True
+    lexical_terms: bool = False
     prior_width: str = "auto"
     min_queries: int = 0
     candidate: bool = False
     lift_key: str | None = None
     note: str | None = None
+    norm_free: str | None = None
+    lexical_free: str | None = None
 
-    def available(self, has_norms: bool, n_queries: int) -> bool:
-        """Whether this variant is tried on data with/without norms and this size."""
-        return (has_norms or not self.norm_terms) and n_queries >= self.min_queries
+    def available(
+        self, has_norms: bool, has_lexical: bool, n_queries: int, reorder: bool
+    ) -> bool:
+        """Whether this variant is tried on this data (norms, lexical evidence, size).
+
+        Without reordering only the lexical rung of the evidence ladder is fitted,
+        for the report: lexical models reorder hits, so none can be served.
+        """
+        lexical_ok = has_lexical and (reorder or self.name == _LEXICAL_RUNG)
+        return (
+            (has_norms or not self.norm_terms)
+            and (lexical_ok or not self.lexical_terms)
+            and n_queries >= self.min_queries
+        )
+
+    def without(self, *, norms: bool, lexical: bool) -> str:
+        """Name of this model without its norm terms and/or its lexical terms."""
+        name = self.name
+        if norms and self.norm_free is not None:
+            name = self.norm_free
+        if lexical and _VARIANTS[name].lexical_free is not None:
+            name = str(_VARIANTS[name].lexical_free)
+        return name
 
     def template(self, prior: dict[str, Any] | None = None, **kw: Any) -> Any:
         """An unfitted estimator (``kw``: ``probe_rho``, ``query_side_only``)."""
@@ -123,9 +162,13 @@ class Variant:
         return ListAwareCalibrator(
             use_norms=self.norm_terms,
             use_length=self.length_terms,
+            use_lexical=self.lexical_terms,
             prior_width=self.prior_width,
             **kw,
         )
+
+
+_LEXICAL_RUNG = "nt-list/length+lexical"
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -134,13 +177,14 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("isotonic", "isotonic", candidate=True),
     Variant("nt-list/none", "nt-list", length_terms=False, lift_key="none"),
     Variant("nt-list/length", "nt-list", lift_key="length"),
-    Variant("nt", "nt", norm_terms=True, candidate=True),
+    Variant("nt", "nt", norm_terms=True, candidate=True, norm_free="platt"),
     Variant(
         "nt-list/residual",
         "nt-list",
         norm_terms=True,
         length_terms=False,
         lift_key="residual",
+        norm_free="nt-list/none",
     ),
     Variant(
         "nt-list/length+residual",
@@ -148,6 +192,23 @@ VARIANTS: tuple[Variant, ...] = (
         norm_terms=True,
         candidate=True,
         lift_key="length+residual",
+        norm_free="nt-list/length",
+    ),
+    Variant(
+        _LEXICAL_RUNG,
+        "nt-list",
+        lexical_terms=True,
+        candidate=True,
+        lexical_free="nt-list/length",
+    ),
+    Variant(
+        "nt-list/length+lexical+residual",
+        "nt-list",
+        norm_terms=True,
+        lexical_terms=True,
+        candidate=True,
+        norm_free=_LEXICAL_RUNG,
+        lexical_free="nt-list/length+residual",
     ),
     Variant(
         "nt/wide",
@@ -157,6 +218,7 @@ VARIANTS: tuple[Variant, ...] = (
         min_queries=_WIDE_FROM,
         candidate=True,
         note="nt: the wide prior won in CV (>= 200 labelled queries).",
+        norm_free="platt",
     ),
     Variant(
         "nt-list/wide",
@@ -165,12 +227,13 @@ VARIANTS: tuple[Variant, ...] = (
         prior_width="wide",
         min_queries=_WIDE_FROM,
         candidate=True,
+        norm_free="nt-list/length",
     ),
 )
 """Every model tried, in the order candidates are compared."""
 _VARIANTS = {v.name: v for v in VARIANTS}
 _NORM_FAMILIES = ("nt", "nt-list")
-_NORM_FREE = {  # what a family serves without norm terms
+_NORM_FREE = {  # what a family serves without candidates (no norms, no lexical)
     "prior": "prior",
     "platt": "platt",
     "isotonic": "isotonic",
@@ -239,6 +302,125 @@ class NormLift:
 
 
 @dataclass(frozen=True)
+class GroupLift:
+    """What one group of evidence bought on this data: one rung of the ladder.
+
+    Attributes
+    ----------
+    group : str
+        ``"list"`` (rank, gap), ``"length"``, ``"lexical"`` or ``"residual norm"``.
+    model, base : str
+        The model with the group and the rung below it, without (variant names).
+    nll_gain : float
+        OOF NLL of ``base`` minus that of ``model``, nats per pair (positive: the
+        group helps).
+    nll_gain_se : float
+        Standard error of ``nll_gain`` (paired per query, nats per pair).
+    brier_change : float
+        OOF Brier of ``model`` minus that of ``base`` (negative: the group helps).
+    verdict : str
+        ``"pays"`` when ``nll_gain`` exceeds ``nll_gain_se`` (the one-standard-error
+        rule of ``auto``) and :data:`NEGLIGIBLE_GAIN`, ``"no measurable gain"``
+        otherwise, ``"not measured"`` when
+        the data cannot show it (numbers NaN; ``reason`` says why).
+    reason : str
+        User-readable explanation.
+    """
+
+    group: str
+    model: str
+    base: str
+    nll_gain: float
+    nll_gain_se: float
+    brier_change: float
+    verdict: str
+    reason: str
+
+
+EVIDENCE_LADDER: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("list", (("nt-list/none", "platt"),)),
+    ("length", (("nt-list/length", "nt-list/none"),)),
+    ("lexical", ((_LEXICAL_RUNG, "nt-list/length"),)),
+    (
+        "residual norm",
+        (
+            ("nt-list/length+lexical+residual", _LEXICAL_RUNG),
+            ("nt-list/length+residual", "nt-list/length"),
+        ),
+    ),
+)
+"""Evidence groups in ladder order, each with its ``(model, base)`` rungs: the first
+rung whose two models were both fitted is measured (the residual norm is measured on
+top of lexical evidence when the lexical models exist, else on top of length)."""
+
+NEGLIGIBLE_GAIN = 1e-5
+"""Nats per pair below which a gain is optimiser noise, whatever its standard error:
+when every added term ends at its bound of zero, the two fits still differ by about
+1e-7 nats per pair (their L-BFGS-B paths differ), with a standard error as small."""
+
+
+def evidence_lift(
+    oof: dict[str, FloatArray],
+    y: FloatArray,
+    codes: IntArray,
+    unmeasured: dict[str, str] | None = None,
+) -> tuple[GroupLift, ...]:
+    """The lift of each evidence group, from OOF probabilities already computed.
+
+    The ladder is platt → +list (rank, gap) → +length → +lexical → +residual norm.
+    Each group is added to the rung below it (:data:`EVIDENCE_LADDER`) and judged by
+    the paired per-query NLL difference (:func:`~calibration.metrics.paired_nll_gain`,
+    the same one-standard-error rule as ``auto`` and the norm verdict). A ladder
+    rather than leave-one-out, because each rung is a model selection fits anyway:
+    the report costs no extra fit.
+
+    Parameters
+    ----------
+    oof : dict
+        ``{variant name: OOF probabilities}``.
+    y : ndarray of shape (n_pairs,)
+        Labels.
+    codes : ndarray of shape (n_pairs,)
+        Query codes.
+    unmeasured : dict or None
+        ``{group: reason}`` shown for a group whose models were not fitted.
+
+    Returns
+    -------
+    tuple of GroupLift
+        One per group, in ladder order.
+    """
+    out = []
+    for group, rungs in EVIDENCE_LADDER:
+        fitted = [(m, b) for m, b in rungs if m in oof and b in oof]
+        model, base = (fitted or rungs)[0]
+        if not fitted:
+            why = (unmeasured or {}).get(group, f"{model} was not fitted")
+            nan = float("nan")
+            out.append(
+                GroupLift(group, model, base, nan, nan, nan, "not measured", why)
+            )
+            continue
+        gain, se = paired_nll_gain(oof[model], oof[base], y, codes)
+        brier = brier_score(y, oof[model]) - brier_score(y, oof[base])
+        pays = gain > max(se, NEGLIGIBLE_GAIN)
+        verdict = "pays" if pays else "no measurable gain"
+        size = (
+            "more than one standard error"
+            if pays
+            else "within one standard error"
+            if gain <= se
+            else f"negligible (below {NEGLIGIBLE_GAIN:g})"
+        )
+        reason = (
+            f"{model} vs {base}: held-out NLL gain {gain:+.4f} ± {se:.4f} nats per "
+            f"pair, {size}."
+        )
+        out.append(GroupLift(group, model, base, gain, se, brier, verdict, reason))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class SelectionResult:
     """Outcome of :func:`select_calibrator`.
 
@@ -262,6 +444,9 @@ class SelectionResult:
         OOF probabilities of the chosen method (for query-level fitting).
     notes : tuple of str
         Decisions taken (fallbacks, skipped methods).
+    evidence_lift : tuple of GroupLift
+        Lift of each evidence group (:func:`evidence_lift`); empty in results
+        stored before it existed.
     """
 
     estimator: _Calibrator
@@ -275,6 +460,7 @@ class SelectionResult:
     reliability: ReliabilityCurve
     oof_proba: FloatArray
     notes: tuple[str, ...] = ()
+    evidence_lift: tuple[GroupLift, ...] = ()
 
 
 def make_calibrator(
@@ -407,7 +593,7 @@ def select_calibrator(
     query_side_only: bool = False,
     prior: CrossDomainPrior | None = None,
 ) -> SelectionResult:
-    """Cross-validate every method by query, choose one, refit it, report norm lift.
+    """Cross-validate every method by query, choose one, refit it, report the lifts.
 
     With a cross-domain ``prior`` the few-label ``"prior"`` family
     (:class:`~calibration.prior.PriorCalibrator`) joins the candidates and becomes the
@@ -425,14 +611,14 @@ def select_calibrator(
 
     Parameters
     ----------
-    X : array-like of shape (n_pairs, 7)
+    X : array-like of shape (n_pairs, 10)
         Pair features in ``FEATURES`` order.
     y : array-like of shape (n_pairs,)
         Binary relevance labels.
     groups : array-like of shape (n_pairs,)
         Query id of each pair.
     method : {"auto", "platt", "isotonic", "nt", "nt-list", "prior"}, default="auto"
-        ``"auto"`` keeps the lowest OOF NLL after the norm fallbacks and the
+        ``"auto"`` keeps the lowest OOF NLL after the norm and lexical fallbacks and the
         one-standard-error rule of the module docstring; a named method is served as
         asked (metrics of all are reported).
     n_splits : int, default=5
@@ -440,7 +626,8 @@ def select_calibrator(
     probe_rho : float or None, default=None
         Sign probe from unlabelled data for the NT prior; ``None`` probes ``X``.
     query_side_only : bool, default=False
-        Restrict NT models to query-side terms (no reordering of hits).
+        Restrict NT models to query-side terms and serve no lexical model (no
+        reordering of hits).
     prior : CrossDomainPrior or None, default=None
         Shipped cross-domain prior; adds the ``"prior"`` family (required by
         ``method="prior"``).
@@ -448,7 +635,7 @@ def select_calibrator(
     Returns
     -------
     SelectionResult
-        Fitted estimator, choice, per-method CV metrics and norm lift.
+        Fitted estimator, choice, per-method CV metrics, norm and evidence lift.
 
     Raises
     ------
@@ -477,28 +664,40 @@ def select_calibrator(
     folds = _folds(Xa, yv, codes, n_splits)
     notes: list[str] = []
     has_norms = bool(np.any(Xa[:, [ELL_Q, ELL_D]] != 0.0))
+    has_lexical = bool(np.any(np.ptp(Xa[:, LEX:], axis=0) > 0.0))
+    reorder = not query_side_only
     kw: dict[str, Any] = {"probe_rho": probe_rho, "query_side_only": query_side_only}
     if not has_norms:
         notes.append("Norm columns are all zero (unit-norm model?): no norm terms.")
     variants = [
-        v for v in VARIANTS if v.available(has_norms, n_queries) and v.family in methods
+        v
+        for v in VARIANTS
+        if v.available(has_norms, has_lexical, n_queries, reorder)
+        and v.family in methods
     ]
     payload = None if prior is None else prior.to_dict()
     templates = {v.name: v.template(payload, **kw) for v in variants}
     oof = {k: _oof(t, Xa, yv, codes, folds) for k, t in templates.items()}
     scores = {k: _scores(k, yv, p) for k, p in oof.items()}
 
-    chosen_variant = {m: _representative(m, variants, scores) for m in methods}
+    chosen_variant = {
+        m: _best(m, variants, scores, reorder) or _NORM_FREE[m] for m in methods
+    }
     notes += [n for v in chosen_variant.values() if (n := _VARIANTS[v].note)]
     cv = {m: _rename(scores[chosen_variant[m]], m) for m in methods}
 
     # Norm lift: best norm-aware family vs its norm-free counterpart.
+    norm_key = {
+        m: _best(m, variants, scores, reorder, norms=True) or chosen_variant[m]
+        for m in _NORM_FAMILIES
+    }
     fam = (
-        min(_NORM_FAMILIES, key=lambda m: scores[chosen_variant[m]].nll)
+        min(_NORM_FAMILIES, key=lambda m: scores[norm_key[m]].nll)
         if has_norms
         else _NORM_FAMILIES[-1]
     )
-    with_key, free_key = chosen_variant[fam], _NORM_FREE[fam]
+    with_key = norm_key[fam]
+    free_key = _VARIANTS[with_key].norm_free or with_key
     lift = _norm_lift(
         fam,
         with_key,
@@ -514,12 +713,27 @@ def select_calibrator(
     )
     norm_est = lift.estimator
 
-    # Served variant per method after the norm fallback.
-    served = dict(chosen_variant)
-    if not lift.result.norm_signal:
-        served.update({f: _NORM_FREE[f] for f in _NORM_FAMILIES})
-        if has_norms:
-            notes.append(f"Norm fallback: {lift.result.reason}")
+    lifts = evidence_lift(oof, yv, codes, _unmeasured(has_norms, has_lexical))
+    lexical = next(g for g in lifts if g.group == "lexical")
+    lexical_pays = lexical.verdict == "pays"
+    # Served variant per method after the norm and lexical fallbacks.
+    served = {
+        m: _VARIANTS[k].without(
+            norms=not lift.result.norm_signal, lexical=not lexical_pays
+        )
+        for m, k in chosen_variant.items()
+    }
+    if not lift.result.norm_signal and has_norms:
+        notes.append(f"Norm fallback: {lift.result.reason}")
+    if has_lexical and not lexical_pays and reorder:
+        notes.append(
+            f"Lexical fallback: {lexical.reason} The lexical-free model is served."
+        )
+    if lexical_pays and not reorder:
+        notes.append(
+            f"{lexical.reason} Lexical terms reorder hits: fit with reordering "
+            "allowed to serve them."
+        )
     if method == "auto":
         method = _auto(methods, served, scores, oof, yv, codes, notes)
         key = served[method]
@@ -541,6 +755,7 @@ def select_calibrator(
         reliability=BINNING.curve(yv, oof[key]),
         oof_proba=oof[key],
         notes=tuple(notes),
+        evidence_lift=lifts,
     )
 
 
@@ -577,18 +792,45 @@ def _auto(
     return method
 
 
-def _representative(
-    family: str, variants: list[Variant], scores: dict[str, MethodScores]
-) -> str:
-    """The variant that stands for a wire method: its best candidate, else norm-free.
+def _best(
+    family: str,
+    variants: list[Variant],
+    scores: dict[str, MethodScores],
+    reorder: bool,
+    *,
+    norms: bool = False,
+) -> str | None:
+    """The best candidate of a wire method (``norms``: among norm-aware ones), if any.
 
     Candidates are tried in table order and a later one must be strictly better, so
-    a wide prior replaces the default one only when it wins.
+    a wide prior replaces the default one only when it wins. Lexical models are no
+    candidates when hits must keep their order. Without a candidate the method
+    stands for its norm-free model (``_NORM_FREE``).
     """
-    candidates = [v.name for v in variants if v.family == family and v.candidate]
+    candidates = [
+        v.name
+        for v in variants
+        if v.family == family
+        and v.candidate
+        and (reorder or not v.lexical_terms)
+        and (v.norm_terms or not norms)
+    ]
     if not candidates:
-        return _NORM_FREE[family]
+        return None
     return min(candidates, key=lambda name: scores[name].nll)
+
+
+def _unmeasured(has_norms: bool, has_lexical: bool) -> dict[str, str]:
+    """Why a group of the evidence ladder could not be measured on this data."""
+    out = {}
+    if not has_lexical:
+        out["lexical"] = (
+            "The judged hits carry no lexical evidence (the lexical "
+            "columns are constant)."
+        )
+    if not has_norms:
+        out["residual norm"] = "The norm columns are all zero (unit-norm embeddings)."
+    return out
 
 
 @dataclass(frozen=True)

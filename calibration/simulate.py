@@ -9,7 +9,17 @@ standard-ish draws; labels are Bernoulli with
 
     \operatorname{logit} P = e^{\alpha + \gamma_q\ell_q + \gamma_d\ell_d}
     (s - \beta_0 - \beta_q\ell_q - \beta_d\ell_d - \delta_r\log\text{rank}
-    - \delta_g\,\text{gap} - \delta_{lq}\text{len}_q - \delta_{ld}\text{len}_d).
+    - \delta_g\,\text{gap} - \delta_{lq}\text{len}_q - \delta_{ld}\text{len}_d
+    - \delta_x\text{lex} - \delta_{xr}\text{lex\_rel}
+    - \delta_{xk}\log\tfrac{\text{lex\_rank}}{D+1}).
+
+With ``lexical=True`` every query also gets BM25 evidence
+(:class:`~calibration.features.LexicalEvidence`), drawn independently of the cosines:
+each hit matches some query terms with probability 0.6, a match reaches a Beta(2, 3)
+share of 1.6 times the query's IDF mass, and BM25 ranks interleave the hits with other
+matching documents of the collection. The lexical shifts are those of
+:class:`~calibration.models.ListAwareCalibrator` (negative ``delta_lex`` raises a
+hit); without ``lexical`` the random stream and every draw are those of before.
 """
 
 from __future__ import annotations
@@ -19,7 +29,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibration._typing import FloatArray, IntArray
-from calibration.features import stack_pair_features
+from calibration.features import (
+    LEX,
+    LEXICAL_DEPTH,
+    LexicalEvidence,
+    stack_pair_features,
+)
 
 __all__ = ["SimulatedJudgments", "simulate_judgments"]
 
@@ -70,6 +85,10 @@ def simulate_judgments(
     query_sd: float = 0.05,
     pool: int = 200,
     probe_link: float = 0.0,
+    lexical: bool = False,
+    delta_lex: float = 0.0,
+    delta_lex_rel: float = 0.0,
+    delta_lex_rank: float = 0.0,
 ) -> SimulatedJudgments:
     """Draw ``n_queries`` queries with ``k`` judged hits each from the NT-list family.
 
@@ -94,6 +113,11 @@ def simulate_judgments(
     probe_link : float, default=0.0
         Added to :math:`m_q` per unit of query ell, so the label-free sign probe
         sees long queries in tighter (``> 0``) or looser (``< 0``) neighbourhoods.
+    lexical : bool, default=False
+        Draw BM25 evidence for every query (module docstring); without it the
+        lexical columns say "no lexical match".
+    delta_lex, delta_lex_rel, delta_lex_rank : float
+        Lexical threshold shifts (used with ``lexical=True``).
 
     Returns
     -------
@@ -112,8 +136,11 @@ def simulate_judgments(
         scores.append(np.sort(cand)[::-1][:k])
         ell_d.append(np.clip(ell_sd * gen.standard_normal(k), -1.5, 1.5))
         len_d.append(0.5 * gen.standard_normal(k))
-    X, groups = stack_pair_features(scores, ell_q, ell_d, len_q, len_d)
-    s, lq, ld, rank, gap, lnq, lnd = X.T[:7]
+    evidence = (
+        [_lexical_evidence(gen, k) for _ in range(n_queries)] if lexical else None
+    )
+    X, groups = stack_pair_features(scores, ell_q, ell_d, len_q, len_d, evidence)
+    s, lq, ld, rank, gap, lnq, lnd, lex, lex_rel, lex_rank = X.T[: LEX + 3]
     temp = np.exp(alpha + gamma_q * lq + gamma_d * ld)
     shift = (
         beta0
@@ -123,6 +150,9 @@ def simulate_judgments(
         + delta_gap * gap
         + delta_len_q * lnq
         + delta_len_d * lnd
+        + delta_lex * lex
+        + delta_lex_rel * lex_rel
+        + delta_lex_rank * np.log(lex_rank / (LEXICAL_DEPTH + 1))
     )
     p = 1.0 / (1.0 + np.exp(-temp * (s - shift)))
     y = (gen.random(p.shape[0]) < p).astype(np.float64)
@@ -137,5 +167,22 @@ def simulate_judgments(
         "delta_gap": delta_gap,
         "delta_len_q": delta_len_q,
         "delta_len_d": delta_len_d,
+        "delta_lex": delta_lex,
+        "delta_lex_rel": delta_lex_rel,
+        "delta_lex_rank": delta_lex_rank,
     }
     return SimulatedJudgments(X=X, y=y, groups=groups, p_true=p, params=params)
+
+
+def _lexical_evidence(gen: np.random.Generator, k: int) -> LexicalEvidence:
+    """BM25 evidence of ``k`` hits of one query (module docstring)."""
+    idf_mass = float(gen.uniform(4.0, 12.0))
+    matched = gen.random(k) < 0.6
+    bm25 = np.where(matched, 1.6 * gen.beta(2.0, 3.0, k) * idf_mass, 0.0)
+    top = max(float(bm25.max()), idf_mass * float(gen.uniform(0.8, 1.6)))
+    order = np.argsort(-bm25, kind="stable")
+    # Other matching documents of the collection interleave with the hits.
+    ranks = np.empty(k)
+    ranks[order] = np.arange(1, k + 1) + np.cumsum(gen.poisson(1.5, k))
+    ranks = np.where(matched, np.minimum(ranks, LEXICAL_DEPTH + 1), LEXICAL_DEPTH + 1)
+    return LexicalEvidence(bm25=bm25, rank=ranks, idf_mass=idf_mass, top=top)

@@ -45,7 +45,8 @@ def test_query_features_use_the_one_noisy_or():
 
 
 def test_variant_names_are_the_stored_report_names():
-    """Stored reports key CV scores and the norm lift by these names."""
+    """Stored reports key CV scores, the norm lift and the evidence lift by these
+    names (new variants are added, never renamed)."""
     names = [v.name for v in VARIANTS]
     assert names == [
         "prior",
@@ -56,6 +57,8 @@ def test_variant_names_are_the_stored_report_names():
         "nt",
         "nt-list/residual",
         "nt-list/length+residual",
+        "nt-list/length+lexical",
+        "nt-list/length+lexical+residual",
         "nt/wide",
         "nt-list/wide",
     ]
@@ -72,5 +75,11 @@ def test_variant_names_are_the_stored_report_names():
         "nt/wide",
         "nt-list/residual",
         "nt-list/length+residual",
+        "nt-list/length+lexical+residual",
         "nt-list/wide",
+    }
+    uses_lexical = {v.name for v in VARIANTS if v.lexical_terms}
+    assert uses_lexical == {
+        "nt-list/length+lexical",
+        "nt-list/length+lexical+residual",
     }
