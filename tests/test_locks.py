@@ -54,8 +54,17 @@ def closure(requirements: list[str]) -> set[str]:
         for want in ("", *sorted(req.extras)):
             if (name, want) not in queued:
                 queued.add((name, want))
-                todo += [(Requirement(r), want) for r in metadata.requires(name) or []]
+                todo += [(Requirement(r), want) for r in requires(name)]
     return names
+
+
+def requires(name: str) -> list[str]:
+    try:
+        return metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        pytest.fail(
+            f"{name} is not installed: a new dependency? `make lock`, then `make test`"
+        )
 
 
 @pytest.fixture(scope="module")
