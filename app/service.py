@@ -229,7 +229,9 @@ class Service:
         texts = request.texts
         k = request.k if request.k is not None else min(DEFAULT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
-        n = request.candidates if request.candidates is not None else max(k, POOL_DEPTH)
+        n = request.candidates
+        if n is None:  # never above max_k, so a small max_k still has a default
+            n = min(max(k, POOL_DEPTH), lim.max_k)
         limits.check_value("candidates", n, lim.max_k)
         if n < k:
             raise InvalidRequestError(

@@ -110,12 +110,15 @@ class Pool:
     ``hits`` holds the dense top-``n`` (first ``n_dense`` entries, cosine order), then
     the BM25 top-``n`` not among them (BM25 order), each with its cosine; ``lexical``
     is the BM25 evidence of every hit (ranks in the BM25 list of depth
-    ``LEXICAL_DEPTH``).
+    ``LEXICAL_DEPTH``); ``lexical_order`` the indices into ``hits`` of the BM25
+    top-``n``, best first (kept apart from the ranks, which stop at
+    ``LEXICAL_DEPTH`` while ``n`` may be deeper).
     """
 
     hits: list[Hit]
     n_dense: int
     lexical: LexicalEvidence
+    lexical_order: list[int]
 
     def dense(self, k: int) -> list[Hit]:
         """The dense top-``k`` (cosine order)."""
@@ -123,8 +126,7 @@ class Pool:
 
     def lexical_top(self, k: int) -> list[int]:
         """Indices into ``hits`` of the BM25 top-``k``, best first."""
-        ranked = [i for i, r in enumerate(self.lexical.rank) if r <= k]
-        return sorted(ranked, key=lambda i: self.lexical.rank[i])
+        return self.lexical_order[:k]
 
 
 @dataclass(frozen=True)
@@ -275,9 +277,11 @@ class Collection(Generic[C]):
         missing = [s for s in seqs if s not in bm25]
         bm25.update(zip(missing, store.bm25_of(text, missing).tolist(), strict=True))
         in_dense = set(dense)
+        at = {s: i for i, s in enumerate(seqs)}
         return Pool(
             hits=[Hit(docs[s], cosine[s]) for s in seqs],
             n_dense=sum(1 for s in seqs if s in in_dense),
+            lexical_order=[at[s] for s in lex_seqs[:n] if s in at],
             lexical=LexicalEvidence(
                 bm25=np.array([bm25[s] for s in seqs], dtype=np.float64),
                 rank=lexical_ranks(seqs, lex_seqs),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 import threading
 import time
 
@@ -27,7 +28,9 @@ from app.settings import Settings
 
 MIN_ACKED = 96  # documents acknowledged; writers stop once every goal is met
 MIN_SEARCHES = 30
+MIN_DELETED = 8
 SAFETY_S = 300.0  # only bounds a hang; the goals are counts
+DELETER = 9_000_000  # id range of the deleter's documents
 WORDS = (
     "river mountain protein galaxy violin harbour enzyme glacier poem lantern "
     "orbit falcon copper meadow circuit thunder saffron vaccine canyon marble"
@@ -88,8 +91,9 @@ async def test_parallel_upserts_and_searches_stay_consistent(
     for name in original:
         monkeypatch.setattr(Collection, name, recorded(name))
     acked: set[int] = set()
+    kept: set[int] = set()  # the deleter's documents still stored
     errors: list[str] = []
-    searches = 0
+    searches = deleted = 0
     pings = pings_during_embedding = 0
     safety = time.monotonic() + SAFETY_S
 
@@ -98,6 +102,7 @@ async def test_parallel_upserts_and_searches_stay_consistent(
             len(acked) >= MIN_ACKED
             and searches >= MIN_SEARCHES
             and pings_during_embedding >= 1
+            and deleted >= MIN_DELETED
         )
         return not met and not errors and time.monotonic() < safety
 
@@ -127,14 +132,42 @@ async def test_parallel_upserts_and_searches_stay_consistent(
                         continue
                     acked.update(ids)
 
+            async def deleter() -> None:
+                """Adds two documents of its own, then deletes one of them."""
+                nonlocal deleted
+                n = 0
+                while running():
+                    ids = [DELETER + n, DELETER + n + 1]
+                    n += 2
+                    docs = [{"id": str(i), "text": _text(i)} for i in ids]
+                    r = await client.put(
+                        "/v1/collections/c/documents", json={"documents": docs}
+                    )
+                    if r.status_code != 200:
+                        errors.append(f"upsert {r.status_code} {r.text}")
+                        continue
+                    kept.update(ids)
+                    r = await client.delete(f"/v1/collections/c/documents/{ids[0]}")
+                    if r.status_code != 204:
+                        errors.append(f"delete {r.status_code} {r.text}")
+                        continue
+                    kept.discard(ids[0])
+                    deleted += 1
+
             async def reader(s: int) -> None:
                 nonlocal searches
                 rng = random.Random(1000 + s)
                 while running():
                     query = " ".join(rng.choice(WORDS) for _ in range(4))
+                    mode = ("dense", "lexical", "hybrid")[searches % 3]
                     r = await client.post(
                         "/v1/collections/c/search",
-                        json={"query": query, "k": 20, "include_text": True},
+                        json={
+                            "query": query,
+                            "k": 20,
+                            "include_text": True,
+                            "mode": mode,
+                        },
                     )
                     if r.status_code != 200:
                         errors.append(f"search {r.status_code} {r.text}")
@@ -146,6 +179,8 @@ async def test_parallel_upserts_and_searches_stay_consistent(
                     for h in hits:
                         if h["text"] != _text(int(h["id"])):
                             errors.append(f"text mismatch for {h['id']}")
+                        if mode == "lexical" and h["bm25"] <= 0:
+                            errors.append(f"lexical hit without a query word {h}")
                     searches += 1
 
             async def pinger() -> None:
@@ -164,14 +199,18 @@ async def test_parallel_upserts_and_searches_stay_consistent(
             await asyncio.gather(
                 *(writer(w) for w in range(3)),
                 *(reader(s) for s in range(3)),
+                deleter(),
                 pinger(),
             )
 
             assert not errors, errors[:5]
             assert len(acked) >= MIN_ACKED and searches >= MIN_SEARCHES
             assert pings_during_embedding >= 1, (pings, "no ping while embedding")
+            assert deleted >= MIN_DELETED
             info = (await client.get("/v1/collections/c")).json()
-            assert info["documents"] == info["indexed"] == len(acked)
+            stored = len(acked) + len(kept)
+            assert info["documents"] == info["indexed"] == stored
+            assert info["lexical_indexed"] == stored
 
             # Every acknowledged document is found by its own text.
             ordered = sorted(acked)
@@ -184,6 +223,20 @@ async def test_parallel_upserts_and_searches_stay_consistent(
                 assert r.status_code == 200, r.text
                 for i, result in zip(chunk, r.json()["results"], strict=True):
                     assert str(i) in [h["id"] for h in result["hits"]], i
+
+    # Deleted and replaced texts left no postings behind: FTS5's own check passes,
+    # and a word every text holds matches exactly the stored documents.
+    conn = sqlite3.connect(settings.data_dir / "c.sqlite3")
+    try:
+        conn.execute(
+            "INSERT INTO documents_fts(documents_fts) VALUES('integrity-check')"
+        )
+        matched = conn.execute(
+            "SELECT count(*) FROM documents_fts WHERE documents_fts MATCH 'record'"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    assert matched == stored
 
     # CPU work ran in the bounded pool, never on the event loop's thread.
     assert recording.threads and cpu_threads

@@ -43,10 +43,14 @@ def test_acknowledged_upserts_survive_kill_9(tmp_path):
                 i = 0
                 while not stop.is_set():
                     attempted.append(i)
+                    # Each request also replaces the previous batch (same texts), so
+                    # the kill can land mid-replacement: a delete and an insert in
+                    # SQLite, the FTS5 index and FAISS alike.
+                    again = _batch(i - 1) if i else []
                     try:
                         r = c.put(
                             "/v1/collections/crash/documents",
-                            json={"documents": _batch(i)},
+                            json={"documents": _batch(i) + again},
                         )
                     except httpx.TransportError:
                         return  # the server died mid-request
@@ -75,6 +79,13 @@ def test_acknowledged_upserts_survive_kill_9(tmp_path):
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        # FTS5's own check: its postings are exactly those of the documents table.
+        conn.execute(
+            "INSERT INTO documents_fts(documents_fts) VALUES('integrity-check')"
+        )
+        fts = conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM documents").fetchone()[0]
+        assert fts == rows
     finally:
         conn.close()
 
@@ -82,7 +93,7 @@ def test_acknowledged_upserts_survive_kill_9(tmp_path):
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
             info = c.get("/v1/collections/crash").json()
-            assert info["documents"] == info["indexed"]
+            assert info["documents"] == info["lexical_indexed"] == info["indexed"]
             present = dict.fromkeys(attempted, 0)
             for i in attempted:
                 for doc in _batch(i):
@@ -104,6 +115,12 @@ def test_acknowledged_upserts_survive_kill_9(tmp_path):
                 )
                 top = [res["hits"][0]["id"] for res in r.json()["results"]]
                 assert top == [d["id"] for d in chunk]
+            # ... and the BM25 index holds exactly the surviving documents.
+            r = c.post(
+                "/v1/collections/crash/search",
+                json={"query": "record", "mode": "lexical", "k": 100},
+            )
+            assert len(r.json()["hits"]) == min(100, info["documents"])
     finally:
         # uvicorn re-raises the SIGTERM after its graceful shutdown
         assert server.stop() in (0, -15)

@@ -342,12 +342,14 @@ async def test_async_client_retries_with_its_async_sleep():
 
 
 def test_search_sends_only_given_options():
-    hit = {"id": "1", "score": 0.5, "probability": None, "norm": 4.0, "n_tokens": 3}
-    hit["metadata"] = {}
-    result = {"query": {"norm": 3.0, "n_tokens": 5, "truncated": False}, "hits": [hit]}
+    hit = {"id": "1", "score": 0.5, "bm25": 0.0, "probability": None, "norm": 4.0}
+    hit |= {"n_tokens": 3, "metadata": {}}
+    query = {"norm": 3.0, "n_tokens": 5, "truncated": False}
+    result = {"query": query, "mode": "dense", "hits": [hit]}
     handler = Recorder(
         httpx.Response(200, json=result),
         httpx.Response(200, json={"results": [result, result]}),
+        httpx.Response(200, json=result | {"mode": "hybrid"}),
     )
     nc, _ = mock(handler)
     one = nc.search("kb", "q", k=3, min_probability=0.2)
@@ -363,6 +365,14 @@ def test_search_sends_only_given_options():
         "queries": ["a", "b"],
         "include_text": False,
         "target_precision": 0.9,
+    }
+    hybrid = nc.search("kb", "q", mode="hybrid", candidates=50)
+    assert hybrid.mode == "hybrid"
+    assert json.loads(handler.requests[2].content) == {
+        "query": "q",
+        "mode": "hybrid",
+        "candidates": 50,
+        "include_text": False,
     }
 
 
@@ -498,6 +508,26 @@ def test_shared_client_across_threads(nc):
     assert errors == [] and nc.options.retry.max_attempts == 2
 
 
+def test_real_search_modes_and_stemmer(nc):
+    created = nc.create_collection("modes", stemmer="none")
+    assert created.stemmer == "none" and created.lexical_indexed == 0
+    assert nc.create_collection("porter", exist_ok=True).stemmer == "porter"
+    nc.upsert_documents("modes", DOCS)
+    info = nc.get_collection("modes")
+    assert info.documents == info.lexical_indexed == info.indexed == len(DOCS)
+    dense = nc.search("modes", QUERIES["paris"], k=3)
+    assert dense.mode == "dense" and dense.hits[0].id == "paris"
+    lexical = nc.search("modes", "capital", k=3, mode="lexical")
+    assert lexical.mode == "lexical" and [h.id for h in lexical.hits] == ["paris"]
+    assert lexical.hits[0].bm25 > 0
+    hybrid = nc.search_batch("modes", ["capital"], k=3, mode="hybrid", candidates=4)
+    assert hybrid[0].mode == "hybrid" and len(hybrid[0].hits) == 3
+    assert all(h.probability is not None for h in hybrid[0].hits)
+    with pytest.raises(InvalidRequest):
+        nc.search("modes", "capital", k=5, candidates=4)
+    nc.delete_collection("modes")
+
+
 @pytest.mark.anyio
 async def test_async_client_against_the_live_server(live):
     async with AsyncNormcalClient(live.url) as anc:
@@ -506,6 +536,10 @@ async def test_async_client_against_the_live_server(live):
         await anc.upsert_documents("async", DOCS, batch_size=3)
         result = await anc.search("async", QUERIES["python"], k=1)
         assert result.hits[0].id == "python"
+        lexical = await anc.search("async", "typing", k=3, mode="lexical")
+        assert [h.id for h in lexical.hits] == ["python"] and lexical.hits[0].bm25 > 0
+        info = await anc.create_collection("async-plain", stemmer="none")
+        assert info.stemmer == "none"
         assert [
             r.hits[0].id
             for r in await anc.search_batch("async", [QUERIES["paris"]], k=1)

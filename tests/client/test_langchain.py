@@ -24,6 +24,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from normcal_client.langchain import (
     NormcalRetriever,
+    NormcalVectorStore,
     documents_from_result,
 )
 
@@ -103,6 +104,34 @@ def test_retriever_filter_passes_through(kb):
     assert [d.id for d in retriever.invoke(QUERIES["paris"])] == ["faiss"]
 
 
+def test_retriever_and_vector_store_take_a_search_mode(kb):
+    """dense is the default; lexical hits contain a query word; a per-call mode wins."""
+    query = "capital chemical"  # two words two documents share with nothing else
+    dense = NormcalRetriever(collection="kb", base_url=kb.url, k=5)
+    lexical = NormcalRetriever(collection="kb", base_url=kb.url, k=5, mode="lexical")
+    with NormcalClient(kb.url) as nc:
+        expected = nc.search("kb", query, k=5, mode="lexical", include_text=True)
+        assert dense.invoke(query) == documents_from_result(
+            nc.search("kb", query, k=5, include_text=True)
+        )
+    assert [h.id for h in expected.hits] in (
+        ["paris", "photosynthesis"],
+        ["photosynthesis", "paris"],
+    )
+    assert lexical.invoke(query) == documents_from_result(expected)
+    assert [d.id for d in dense.invoke(query, mode="lexical")] == [
+        h.id for h in expected.hits
+    ]
+    hybrid = lexical.invoke(query, mode="hybrid", candidates=5)
+    assert {"paris", "photosynthesis"} <= {d.id for d in hybrid}
+    store = NormcalVectorStore("kb", base_url=kb.url, mode="lexical")
+    assert [d.id for d in store.similarity_search(query, k=5)] == [
+        h.id for h in expected.hits
+    ]
+    assert len(store.similarity_search(query, k=5, mode="dense")) == 5
+    assert len(NormcalVectorStore("kb", base_url=kb.url).similarity_search(query)) == 4
+
+
 @pytest.mark.anyio
 async def test_async_retriever_through_asgi(app):
     from asgi_lifespan import LifespanManager
@@ -136,6 +165,7 @@ def _result(abstain, probabilities, confidence=0.4):
         {
             "id": f"d{i}",
             "score": 0.9 - i / 10,
+            "bm25": 0.0,
             "probability": p,
             "norm": 4.0,
             "n_tokens": 7,
@@ -146,6 +176,7 @@ def _result(abstain, probabilities, confidence=0.4):
     ]
     return {
         "query": {"norm": 3.5, "n_tokens": 6, "truncated": False},
+        "mode": "dense",
         "hits": hits,
         "confidence": confidence,
         "abstain": abstain,
@@ -175,6 +206,7 @@ def test_abstain_returns_nothing():
     assert json.loads(seen[0].content) == {
         "query": "anything",
         "k": 4,
+        "mode": "dense",
         "include_text": True,
         "min_probability": 0.05,
     }

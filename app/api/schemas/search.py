@@ -29,7 +29,7 @@ class SearchRequest(RequestModel):
         None,
         ge=1,
         description="depth of the dense and the BM25 list the candidates come from; "
-        "default max(k, 20), at least k, at most limits.max_k",
+        "default max(k, 20) capped at limits.max_k; at least k, at most limits.max_k",
     )
     filter: Filter | None = Field(None, description="metadata equality on every key")
     include_text: bool = False

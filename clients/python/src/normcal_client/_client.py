@@ -33,8 +33,10 @@ from normcal_client._models import (
     JudgingQueriesResponse,
     QueryLogInfo,
     Readiness,
+    SearchMode,
     SearchResult,
     SkipRequest,
+    Stemmer,
     UpsertResponse,
 )
 from normcal_client._options import RequestOptions, RetryPolicy
@@ -238,10 +240,18 @@ class NormcalClient(_Base):
 
     # -- collections
     def create_collection(
-        self, name: str, description: str | None = None, *, exist_ok: bool = False
+        self,
+        name: str,
+        description: str | None = None,
+        *,
+        exist_ok: bool = False,
+        stemmer: Stemmer | None = None,
     ) -> CollectionInfo:
-        """Create a collection; with ``exist_ok`` an existing one is returned."""
-        return self._drive(op.create_collection(name, description, exist_ok))
+        """Create a collection; with ``exist_ok`` an existing one is returned.
+
+        ``stemmer`` ("porter" or "none") fixes how its BM25 index stems words.
+        """
+        return self._drive(op.create_collection(name, description, exist_ok, stemmer))
 
     def list_collections(self) -> list[CollectionInfo]:
         """All collections."""
@@ -294,12 +304,18 @@ class NormcalClient(_Base):
         query: str,
         *,
         k: int | None = None,
+        mode: SearchMode | None = None,
+        candidates: int | None = None,
         filter: op.Filter | None = None,
         include_text: bool = False,
         min_probability: float | None = None,
         target_precision: float | None = None,
     ) -> SearchResult:
-        """Top-k hits of one query with scores, norms and probabilities."""
+        """Top-k hits of one query with scores, norms and probabilities.
+
+        ``mode``: "dense" (cosine, the server's default), "lexical" (BM25) or "hybrid"
+        (both top-``candidates`` lists ranked by calibrated probability).
+        """
         plan = op.search(
             collection,
             query,
@@ -308,6 +324,8 @@ class NormcalClient(_Base):
             include_text=include_text,
             min_probability=min_probability,
             target_precision=target_precision,
+            mode=mode,
+            candidates=candidates,
         )
         return self._drive(plan)[0]
 
@@ -317,6 +335,8 @@ class NormcalClient(_Base):
         queries: Sequence[str],
         *,
         k: int | None = None,
+        mode: SearchMode | None = None,
+        candidates: int | None = None,
         filter: op.Filter | None = None,
         include_text: bool = False,
         min_probability: float | None = None,
@@ -331,6 +351,8 @@ class NormcalClient(_Base):
             include_text=include_text,
             min_probability=min_probability,
             target_precision=target_precision,
+            mode=mode,
+            candidates=candidates,
         )
         return self._drive(plan)
 
@@ -530,10 +552,20 @@ class AsyncNormcalClient(_Base):
 
     # -- collections
     async def create_collection(
-        self, name: str, description: str | None = None, *, exist_ok: bool = False
+        self,
+        name: str,
+        description: str | None = None,
+        *,
+        exist_ok: bool = False,
+        stemmer: Stemmer | None = None,
     ) -> CollectionInfo:
-        """Create a collection; with ``exist_ok`` an existing one is returned."""
-        return await self._drive(op.create_collection(name, description, exist_ok))
+        """Create a collection; with ``exist_ok`` an existing one is returned.
+
+        ``stemmer`` ("porter" or "none") fixes how its BM25 index stems words.
+        """
+        return await self._drive(
+            op.create_collection(name, description, exist_ok, stemmer)
+        )
 
     async def list_collections(self) -> list[CollectionInfo]:
         """All collections."""
@@ -590,12 +622,18 @@ class AsyncNormcalClient(_Base):
         query: str,
         *,
         k: int | None = None,
+        mode: SearchMode | None = None,
+        candidates: int | None = None,
         filter: op.Filter | None = None,
         include_text: bool = False,
         min_probability: float | None = None,
         target_precision: float | None = None,
     ) -> SearchResult:
-        """Top-k hits of one query with scores, norms and probabilities."""
+        """Top-k hits of one query with scores, norms and probabilities.
+
+        ``mode``: "dense" (cosine, the server's default), "lexical" (BM25) or "hybrid"
+        (both top-``candidates`` lists ranked by calibrated probability).
+        """
         plan = op.search(
             collection,
             query,
@@ -604,6 +642,8 @@ class AsyncNormcalClient(_Base):
             include_text=include_text,
             min_probability=min_probability,
             target_precision=target_precision,
+            mode=mode,
+            candidates=candidates,
         )
         return (await self._drive(plan))[0]
 
@@ -613,6 +653,8 @@ class AsyncNormcalClient(_Base):
         queries: Sequence[str],
         *,
         k: int | None = None,
+        mode: SearchMode | None = None,
+        candidates: int | None = None,
         filter: op.Filter | None = None,
         include_text: bool = False,
         min_probability: float | None = None,
@@ -627,6 +669,8 @@ class AsyncNormcalClient(_Base):
             include_text=include_text,
             min_probability=min_probability,
             target_precision=target_precision,
+            mode=mode,
+            candidates=candidates,
         )
         return await self._drive(plan)
 

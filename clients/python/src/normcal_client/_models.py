@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 MetadataScalar = str | int | float | bool | None
 CalibrationMethod = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
 InputType = Literal["query", "document"]
+SearchMode = Literal["dense", "lexical", "hybrid"]
+Stemmer = Literal["porter", "none"]
 
 
 class RequestModel(BaseModel):
@@ -45,6 +47,7 @@ class CollectionCreate(RequestModel):
 
     name: str
     description: str = ""
+    stemmer: Stemmer = "porter"
 
 
 class DocumentIn(RequestModel):
@@ -74,6 +77,8 @@ class SearchRequest(RequestModel):
     query: str | None = None
     queries: list[str] | None = None
     k: int | None = None
+    mode: SearchMode = "dense"
+    candidates: int | None = None
     filter: dict[str, MetadataScalar] | None = None
     include_text: bool = False
     min_probability: float | None = None
@@ -215,6 +220,8 @@ class CollectionInfo(ResponseModel):
     index_type: str | None = None
     documents: int | None = None
     indexed: int | None = None
+    lexical_indexed: int | None = None
+    stemmer: str | None = None
     created_at: float | None = None
     calibrator: CalibratorRef | None = None
 
@@ -258,6 +265,7 @@ class SearchHit(ResponseModel):
 
     id: str
     score: float
+    bm25: float
     probability: float | None
     probability_interval: tuple[float, float] | None = None
     norm: float
@@ -270,6 +278,7 @@ class SearchResult(ResponseModel):
     """Hits of one query, best first, with query-level confidence."""
 
     query: QueryInfo
+    mode: SearchMode
     hits: list[SearchHit]
     confidence: float | None = None
     confidence_interval: tuple[float, float] | None = None

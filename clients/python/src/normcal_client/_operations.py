@@ -43,8 +43,10 @@ from normcal_client._models import (
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
+    SearchMode,
     SearchRequest,
     SearchResult,
+    Stemmer,
     UpsertRequest,
     UpsertResponse,
 )
@@ -99,10 +101,12 @@ def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedRespo
 
 
 def create_collection(
-    name: str, description: str | None, exist_ok: bool
+    name: str, description: str | None, exist_ok: bool, stemmer: Stemmer | None = None
 ) -> Plan[CollectionInfo]:
     """Create a collection; with ``exist_ok`` return the existing one instead."""
-    body = CollectionCreate(name=name, **_given(description=description))
+    body = CollectionCreate(
+        name=name, **_given(description=description, stemmer=stemmer)
+    )
     try:
         created: CollectionInfo = yield ep.CREATE_COLLECTION(body)
         return created
@@ -172,10 +176,14 @@ def search(
     include_text: bool,
     min_probability: float | None,
     target_precision: float | None,
+    mode: SearchMode | None = None,
+    candidates: int | None = None,
 ) -> Plan[list[SearchResult]]:
     """One result per query; a single ``str`` is sent as ``query``."""
     options = _given(
         k=k,
+        mode=mode,
+        candidates=candidates,
         filter=dict(filter) if filter is not None else None,
         min_probability=min_probability,
         target_precision=target_precision,

@@ -28,7 +28,13 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, Field
 
 from normcal_client._client import DEFAULT_URL, AsyncNormcalClient, NormcalClient
-from normcal_client._models import DocumentIn, DocumentOut, MetadataScalar, SearchResult
+from normcal_client._models import (
+    DocumentIn,
+    DocumentOut,
+    MetadataScalar,
+    SearchMode,
+    SearchResult,
+)
 
 __all__ = ["NormcalRetriever", "NormcalVectorStore", "documents_from_result"]
 
@@ -104,9 +110,9 @@ class _Connection:
 class NormcalRetriever(_Connection, BaseRetriever):
     """Retrieve from a normcal collection, with calibrated probabilities.
 
-    ``k``, ``min_probability``, ``target_precision`` and ``filter`` are sent with
-    every query and applied by the service; each can be overridden per call, e.g.
-    ``retriever.invoke(query, k=1)``.
+    ``k``, ``mode``, ``candidates``, ``min_probability``, ``target_precision`` and
+    ``filter`` are sent with every query and applied by the service; each can be
+    overridden per call, e.g. ``retriever.invoke(query, k=1, mode="hybrid")``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -119,6 +125,10 @@ class NormcalRetriever(_Connection, BaseRetriever):
     """Bearer token, when the service has ``NORMCAL_API_KEY`` set."""
     k: int = 4
     """Hits to ask for (before probability filters)."""
+    mode: SearchMode = "dense"
+    """dense (cosine), lexical (BM25) or hybrid (both, ranked by probability)."""
+    candidates: int | None = None
+    """Depth of the dense and BM25 lists hybrid draws from (server default if None)."""
     min_probability: float | None = Field(None, ge=0.0, le=1.0)
     """Drop hits whose calibrated probability is below this."""
     target_precision: float | None = Field(None, ge=0.0, le=1.0)
@@ -135,16 +145,13 @@ class NormcalRetriever(_Connection, BaseRetriever):
     """A ready async client (caller-owned)."""
 
     def _search_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(overrides) - {
-            "k",
-            "filter",
-            "min_probability",
-            "target_precision",
-        }
+        unknown = set(overrides) - {"k", *_SEARCH_OPTIONS}
         if unknown:
             raise TypeError(f"unknown search options: {sorted(unknown)}")
         return {
             "k": self.k,
+            "mode": self.mode,
+            "candidates": self.candidates,
             "filter": self.filter,
             "min_probability": self.min_probability,
             "target_precision": self.target_precision,
@@ -193,13 +200,15 @@ class NormcalVectorStore(_Connection, VectorStore):
     ``similarity_search_with_relevance_scores`` the calibrated probability, with
     ``score_threshold`` applied by the service as ``min_probability``. Similarity
     search returns the top ``k`` whatever the service's abstain decision; use
-    :class:`NormcalRetriever` to honour it.
+    :class:`NormcalRetriever` to honour it. ``mode`` ("dense", "lexical" or
+    "hybrid") is the search mode of every call unless one passes its own ``mode``.
     """
 
     def __init__(
         self,
         collection: str,
         *,
+        mode: SearchMode = "dense",
         base_url: str = DEFAULT_URL,
         api_key: str | None = None,
         timeout: float = 120.0,
@@ -207,6 +216,7 @@ class NormcalVectorStore(_Connection, VectorStore):
         async_client: AsyncNormcalClient | None = None,
     ) -> None:
         self.collection = collection
+        self.mode: SearchMode = mode
         self.base_url = base_url
         self.api_key = api_key
         self.timeout = timeout
@@ -292,7 +302,9 @@ class NormcalVectorStore(_Connection, VectorStore):
     ) -> list[tuple[Document, float]]:
         """Documents with their cosine similarity to ``query``, best first."""
         with self._sync() as client:
-            result = client.search(self.collection, query, **_search(k, kwargs))
+            result = client.search(
+                self.collection, query, **_search(k, self.mode, kwargs)
+            )
         return [(doc, hit.score) for doc, hit in _pairs(result)]
 
     async def asimilarity_search_with_score(
@@ -300,7 +312,9 @@ class NormcalVectorStore(_Connection, VectorStore):
     ) -> list[tuple[Document, float]]:
         """Documents with their cosine similarity to ``query``, best first."""
         async with self._async() as client:
-            result = await client.search(self.collection, query, **_search(k, kwargs))
+            result = await client.search(
+                self.collection, query, **_search(k, self.mode, kwargs)
+            )
         return [(doc, hit.score) for doc, hit in _pairs(result)]
 
     def similarity_search_with_relevance_scores(
@@ -308,7 +322,9 @@ class NormcalVectorStore(_Connection, VectorStore):
     ) -> list[tuple[Document, float]]:
         """Documents with their calibrated P(relevant); ``score_threshold`` filters."""
         with self._sync() as client:
-            result = client.search(self.collection, query, **_relevance(k, kwargs))
+            result = client.search(
+                self.collection, query, **_relevance(k, self.mode, kwargs)
+            )
         return _with_probabilities(result)
 
     async def asimilarity_search_with_relevance_scores(
@@ -317,7 +333,7 @@ class NormcalVectorStore(_Connection, VectorStore):
         """Documents with their calibrated P(relevant); ``score_threshold`` filters."""
         async with self._async() as client:
             result = await client.search(
-                self.collection, query, **_relevance(k, kwargs)
+                self.collection, query, **_relevance(k, self.mode, kwargs)
             )
         return _with_probabilities(result)
 
@@ -396,18 +412,27 @@ def _ids(ids: list[str] | None, kwargs: dict[str, Any]) -> list[str]:
     return ids
 
 
-def _search(k: int, kwargs: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(kwargs) - {"filter", "min_probability", "target_precision"}
+_SEARCH_OPTIONS = {
+    "mode",
+    "candidates",
+    "filter",
+    "min_probability",
+    "target_precision",
+}
+
+
+def _search(k: int, mode: SearchMode, kwargs: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(kwargs) - _SEARCH_OPTIONS
     if unknown:
         raise TypeError(f"unknown search options: {sorted(unknown)}")
-    return {**kwargs, "k": k, "include_text": True}
+    return {"mode": mode, **kwargs, "k": k, "include_text": True}
 
 
-def _relevance(k: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _relevance(k: int, mode: SearchMode, kwargs: dict[str, Any]) -> dict[str, Any]:
     threshold = kwargs.pop("score_threshold", None)
     if threshold is not None:
         kwargs["min_probability"] = threshold
-    return _search(k, kwargs)
+    return _search(k, mode, kwargs)
 
 
 def _pairs(result: SearchResult) -> list[tuple[Document, Any]]:
