@@ -113,19 +113,32 @@ class LexicalHits:
 def search(
     conn: sqlite3.Connection,
     text: str,
-    n: int,
+    n: int | None,
     allowed: NDArray[np.int64] | None = None,
 ) -> LexicalHits:
-    """Top-``n`` documents by BM25, optionally only among the ``allowed`` seqs."""
+    """Top-``n`` documents by BM25 (every match if ``n`` is None), among ``allowed``.
+
+    FTS5 scores every match to sort them anyway, so fetching all of them costs about
+    what a ``LIMIT`` does; the ``allowed`` filter is applied here, in one pass, since
+    an FTS5 match filtered by ``rowid IN (...)`` is re-run per row.
+    """
     expr = match_expression(text)
-    if expr is None or n <= 0 or (allowed is not None and allowed.size == 0):
-        return LexicalHits(np.zeros(0, np.int64), np.zeros(0))
-    sql = f"SELECT rowid, -bm25({FTS_TABLE}) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?"
-    params: list[object] = [expr]
+    empty = LexicalHits(np.zeros(0, np.int64), np.zeros(0))
+    if expr is None or (n is not None and n <= 0):
+        return empty
+    if allowed is not None and allowed.size == 0:
+        return empty
+    sql = (
+        f"SELECT rowid, -bm25({FTS_TABLE}) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?"
+        " ORDER BY rank"
+    )
+    params: tuple[object, ...] = (expr,)
+    if n is not None and allowed is None:
+        sql, params = sql + " LIMIT ?", (expr, n)
+    rows = conn.execute(sql, params).fetchall()
     if allowed is not None:
-        sql += " AND rowid IN (SELECT value FROM json_each(?))"
-        params.append(_json_ints(allowed))
-    rows = conn.execute(f"{sql} ORDER BY rank LIMIT ?", (*params, n)).fetchall()
+        keep = set(allowed.tolist())
+        rows = [r for r in rows if r[0] in keep][:n]
     return LexicalHits(
         np.array([r[0] for r in rows], dtype=np.int64),
         np.array([r[1] for r in rows], dtype=np.float64),
@@ -136,19 +149,9 @@ def bm25_of(
     conn: sqlite3.Connection, text: str, seqs: Sequence[int]
 ) -> NDArray[np.float64]:
     """BM25 of the given documents for ``text`` (0 for one that matches no term)."""
-    out = np.zeros(len(seqs))
-    expr = match_expression(text)
-    if expr is None or not len(seqs):
-        return out
-    rows = conn.execute(
-        f"SELECT rowid, -bm25({FTS_TABLE}) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?"
-        " AND rowid IN (SELECT value FROM json_each(?))",
-        (expr, _json_ints(seqs)),
-    ).fetchall()
-    where = {int(s): i for i, s in enumerate(seqs)}
-    for seq, score in rows:
-        out[where[int(seq)]] = float(score)
-    return out
+    hits = search(conn, text, None)
+    score = dict(zip(hits.seqs.tolist(), hits.scores.tolist(), strict=True))
+    return np.array([score.get(int(s), 0.0) for s in seqs], dtype=np.float64)
 
 
 def idf_mass(conn: sqlite3.Connection, text: str) -> float:
@@ -174,7 +177,3 @@ def idf_mass(conn: sqlite3.Connection, text: str) -> float:
     return float(
         sum(max(math.log((total - n + 0.5) / (n + 0.5)), 1e-6) for n in row[1:])
     )
-
-
-def _json_ints(values: Sequence[int] | NDArray[np.int64]) -> str:
-    return "[" + ",".join(str(int(v)) for v in values) + "]"

@@ -54,7 +54,7 @@ from app.exceptions import (
     NotFoundError,
     StorageUnavailableError,
 )
-from calibration.features import LEXICAL_DEPTH, LexicalEvidence
+from calibration.features import LexicalEvidence
 from calibration.fusion import candidate_pool, lexical_ranks
 
 logger = logging.getLogger(__name__)
@@ -265,7 +265,8 @@ class Collection(Generic[C]):
         cosine = {
             int(s): float(c) for s, c in zip(dense_seqs, dense_scores, strict=True)
         }
-        lex = store.lexical_search(text, max(n, LEXICAL_DEPTH), allowed)
+        # Every match at once: a pool member's BM25 is then a lookup.
+        lex, idf_mass = store.lexical_search(text, None, allowed)
         lex_seqs = [int(s) for s in lex.seqs]
         seqs = candidate_pool(dense, lex_seqs, n)
         docs = store.get_by_seqs(seqs)
@@ -274,8 +275,6 @@ class Collection(Generic[C]):
             cosine[seq] = float(np.dot(vec, vector))
         seqs = [s for s in seqs if s in docs]  # a doc deleted since the search is gone
         bm25 = dict(zip(lex_seqs, lex.scores.tolist(), strict=True))
-        missing = [s for s in seqs if s not in bm25]
-        bm25.update(zip(missing, store.bm25_of(text, missing).tolist(), strict=True))
         in_dense = set(dense)
         at = {s: i for i, s in enumerate(seqs)}
         return Pool(
@@ -283,9 +282,9 @@ class Collection(Generic[C]):
             n_dense=sum(1 for s in seqs if s in in_dense),
             lexical_order=[at[s] for s in lex_seqs[:n] if s in at],
             lexical=LexicalEvidence(
-                bm25=np.array([bm25[s] for s in seqs], dtype=np.float64),
+                bm25=np.array([bm25.get(s, 0.0) for s in seqs], dtype=np.float64),
                 rank=lexical_ranks(seqs, lex_seqs),
-                idf_mass=store.idf_mass(text),
+                idf_mass=idf_mass,
                 top=float(lex.scores[0]) if lex.scores.size else 0.0,
             ),
         )

@@ -395,21 +395,11 @@ class CollectionStore:
             return _seqs_by_id(conn, ids)
 
     def lexical_search(
-        self, text: str, n: int, allowed: NDArray[np.int64] | None = None
-    ) -> lexical.LexicalHits:
-        """Top-``n`` seqs by BM25 (among ``allowed`` if given), with scores."""
+        self, text: str, n: int | None, allowed: NDArray[np.int64] | None = None
+    ) -> tuple[lexical.LexicalHits, float]:
+        """Top-``n`` seqs by BM25 (all matches if None) and the query's IDF mass."""
         with self._use() as conn:
-            return lexical.search(conn, text, n, allowed)
-
-    def bm25_of(self, text: str, seqs: Sequence[int]) -> NDArray[np.float64]:
-        """BM25 of the given documents for ``text`` (0 where no term matches)."""
-        with self._use() as conn:
-            return lexical.bm25_of(conn, text, seqs)
-
-    def idf_mass(self, text: str) -> float:
-        """Sum of the BM25 IDFs of ``text``'s terms in this collection."""
-        with self._use() as conn:
-            return lexical.idf_mass(conn, text)
+            return lexical.search(conn, text, n, allowed), lexical.idf_mass(conn, text)
 
     def vectors_of(self, seqs: Sequence[int]) -> dict[int, NDArray[np.float32]]:
         """Unit vectors of the given seqs (unknown seqs are absent)."""

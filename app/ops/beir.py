@@ -361,7 +361,7 @@ def _hybrid_retrieve(
     for i, qid in enumerate(query_ids):
         text = queries[qid]
         # Every match at once: the BM25 of any pool member is then a lookup
-        # (lexical.bm25_of filters an FTS5 match by rowid, far slower per query).
+        # (as the service does, app.collections.registry).
         hits = lexical.search(conn, text, len(corpus.ids))
         lex[i, : min(len(hits.seqs), LEXICAL_DEPTH)] = hits.seqs[:LEXICAL_DEPTH]
         idf[i] = lexical.idf_mass(conn, text)
