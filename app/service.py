@@ -550,7 +550,8 @@ def _result(
     """One query's answer.
 
     The whole pool is scored once, so a document's probability for a query is the
-    same number whichever mode returned it; the mode only picks and orders hits.
+    same number whichever mode returned it; the mode alone picks and orders the hits:
+    dense by cosine, lexical by BM25, hybrid by probability.
     """
     norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
     hits = pool.hits
@@ -588,8 +589,6 @@ def _result(
         out = sorted(out, key=lambda h: (-(h.probability or 0.0), -h.score))[:k]
     else:
         out = out[: min(k, pool.n_dense)]
-        if profile is not None and profile.reorders_hits:
-            out.sort(key=lambda h: -(h.probability or 0.0))
     confidence = abstain = band = None
     if profile is not None and scored is not None:
         out = _cut(out, request.min_probability, request.target_precision)

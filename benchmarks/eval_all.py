@@ -138,7 +138,9 @@ def hybrid_rows(results: list[dict]) -> list[dict]:
     for r in results:
         modes = r["retrieval"]
         ndcg = {
-            m: modes[m]["ndcg@10"] for m in (*MODES, "calibrated+reorder") if m in modes
+            m: modes[m]["ndcg@10"]
+            for m in (*MODES, "calibrated/query-side")
+            if m in modes
         }
         pools = r["calibration_by_pool"]
         hyb, dense = pools["hybrid"], pools["dense"]
@@ -165,7 +167,7 @@ def hybrid_table(rows: list[dict]) -> str:
     """The issue-12 table (markdown) with the target counts underneath."""
     lines = [
         "| dataset | nDCG@10 dense | lexical | rrf | blend | calibrated "
-        "| calibrated+reorder | Brier Platt → auto (hybrid pool) | change "
+        "| calibrated/query-side | Brier Platt → auto (hybrid pool) | change "
         "| ECE Platt → auto (hybrid) | ECE Platt → auto (dense pool) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -173,7 +175,7 @@ def hybrid_table(rows: list[dict]) -> str:
         n, h, d = row["ndcg@10"], row["hybrid"], row["dense"]
         cells = [
             f"{n[m]:.3f}" if n.get(m) is not None else "-"
-            for m in (*MODES, "calibrated+reorder")
+            for m in (*MODES, "calibrated/query-side")
         ]
         lines.append(
             f"| {row['dataset']} | "

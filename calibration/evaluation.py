@@ -23,8 +23,10 @@ dataset, embedding and printing tables is ``app.ops.evaluation``. Evaluates:
   **reliability by query-ell tercile** (Platt vs auto), a **few-label curve** and the
   **query-level confidence AUROC** (cross-fitted).
 
-The main mode is the service's: ``query_side_only=True`` (probabilities never reorder
-hits). ``auto+reorder`` additionally evaluates document-side norm terms.
+The main mode is the service's default (``allow_reorder: true``): document-side
+evidence (BM25, document norm and length) may be used, so probabilities may order a
+query's hits differently from cosine; ``auto/query-side`` additionally evaluates the
+``allow_reorder: false`` fit (query-side terms only).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ IntArray = NDArray[np.int64]
 Progress = Callable[[str], None]
 
 AUTO = "auto"
-AUTO_REORDER = "auto+reorder"
+AUTO_QUERY_SIDE = "auto/query-side"
 MIN_HELD_OUT_QUERIES = 10
 RRF_K = 60
 BLEND_GRID = np.linspace(0.0, 1.0, 21)
@@ -94,8 +96,9 @@ class EvalOptions:
         Numbers of labelled queries of the few-label curve.
     few_label_draws : int
         Random draws per size.
-    reorder : bool
-        Also evaluate ``auto`` with document-side terms (``auto+reorder``).
+    query_side : bool
+        Also evaluate ``auto`` restricted to query-side terms, whose probabilities
+        never order a query's hits differently from cosine (``auto/query-side``).
     seed : int
         Seed of the fold assignment and the few-label draws.
     prior : CrossDomainPrior or None
@@ -108,7 +111,7 @@ class EvalOptions:
     n_splits: int = 5
     few_label_sizes: tuple[int, ...] = (5, 10, 30, 100)
     few_label_draws: int = 5
-    reorder: bool = True
+    query_side: bool = True
     seed: int = 0
     prior: CrossDomainPrior | None = None
 
@@ -254,7 +257,7 @@ def mode_rankings(
 
     ``folds`` (query indices) are the outer folds: the blend weight of a fold's
     queries is tuned on the other folds' queries only. ``calibrated`` maps ``auto``
-    (and ``auto+reorder``) to held-out probabilities per pool member.
+    (and ``auto/query-side``) to held-out probabilities per pool member.
     """
     qrels = {p.query_id: p.judged for p in pools}
     out: dict[str, Any] = {
@@ -274,7 +277,10 @@ def mode_rankings(
         "cosine_weight_per_fold": weights,
         "tuned": "max mean nDCG@10 over the other outer folds' queries (grouped CV)",
     }
-    for method, name in ((AUTO, "calibrated"), (AUTO_REORDER, "calibrated+reorder")):
+    for method, name in (
+        (AUTO, "calibrated"),
+        (AUTO_QUERY_SIDE, "calibrated/query-side"),
+    ):
         if method in calibrated:
             out[name] = retrieval_metrics(
                 {
@@ -332,9 +338,9 @@ class _Fitted:
 
     proba: dict[str, FloatArray]
     chosen: str
-    chosen_reorder: str | None
+    chosen_query_side: str | None
     confidence: FloatArray | None  # auto's query confidence per held-out query
-    rank_proba: dict[str, FloatArray]  # auto (and auto+reorder) on the ranking pools
+    rank_proba: dict[str, FloatArray]  # auto (and auto/query-side) on the ranking pools
 
 
 def _fit_predict(
@@ -358,7 +364,7 @@ def _fit_predict(
     proba: dict[str, FloatArray] = {}
     for method in METHODS:
         try:
-            est = make_calibrator(method, query_side_only=True).fit(X_tr, y_tr, g_tr)
+            est = make_calibrator(method, query_side_only=False).fit(X_tr, y_tr, g_tr)
             proba[method] = est.predict_proba(X_te)
         except SingleClassError:
             proba[method] = np.full(len(X_te), np.clip(y_tr.mean(), 1e-4, 1 - 1e-4))
@@ -369,26 +375,26 @@ def _fit_predict(
         g_tr,
         method=AUTO,
         n_splits=n_splits,
-        query_side_only=True,
+        query_side_only=False,
         prior=options.prior,
     )
     proba[AUTO] = sel.estimator.predict_proba(X_te)
     rank_proba = {} if X_rank is None else {AUTO: sel.estimator.predict_proba(X_rank)}
-    chosen_reorder = None
-    if options.reorder:
+    chosen_query_side = None
+    if options.query_side:
         sel_r = select_calibrator(
             X_tr,
             y_tr,
             g_tr,
             method=AUTO,
             n_splits=n_splits,
-            query_side_only=False,
+            query_side_only=True,
             prior=options.prior,
         )
-        proba[AUTO_REORDER] = sel_r.estimator.predict_proba(X_te)
+        proba[AUTO_QUERY_SIDE] = sel_r.estimator.predict_proba(X_te)
         if X_rank is not None:
-            rank_proba[AUTO_REORDER] = sel_r.estimator.predict_proba(X_rank)
-        chosen_reorder = sel_r.method
+            rank_proba[AUTO_QUERY_SIDE] = sel_r.estimator.predict_proba(X_rank)
+        chosen_query_side = sel_r.method
     confidence = None
     if with_confidence:
         Q_tr, hit, _ = query_table(sel.oof_proba, g_tr, X_tr[:, ELL_Q], y_tr)
@@ -397,7 +403,7 @@ def _fit_predict(
             model = QueryConfidenceModel().fit(Q_tr, hit)
             Q_te, _, _ = query_table(proba[AUTO], g_te, X_te[:, ELL_Q])
             confidence = model.predict_proba(Q_te)
-    return _Fitted(proba, sel.method, chosen_reorder, confidence, rank_proba)
+    return _Fitted(proba, sel.method, chosen_query_side, confidence, rank_proba)
 
 
 def _offsets(evidence: Sequence[QueryEvidence]) -> IntArray:
@@ -430,18 +436,18 @@ def nested_cv(
     -------
     proba : dict
         ``{method: ndarray of shape (n_pairs,)}`` in evidence order.
-    chosen, chosen_reorder : list of str
-        ``auto``'s choice per outer fold (and with reordering allowed).
+    chosen, chosen_query_side : list of str
+        ``auto``'s choice per outer fold (and restricted to query-side terms).
     """
     out = _nested_cv(evidence, doc_ref, options, progress)
-    return out.proba, out.chosen, out.chosen_reorder
+    return out.proba, out.chosen, out.chosen_query_side
 
 
 @dataclass
 class _NestedCV:
     proba: dict[str, FloatArray]
     chosen: list[str]
-    chosen_reorder: list[str]
+    chosen_query_side: list[str]
     rank_proba: dict[str, list[FloatArray]]  # per query, in evidence order
 
 
@@ -488,8 +494,8 @@ def _nested_cv(
                     per_query[q] = p[start : start + size]
                     start += size
             out.chosen.append(fitted.chosen)
-            if fitted.chosen_reorder is not None:
-                out.chosen_reorder.append(fitted.chosen_reorder)
+            if fitted.chosen_query_side is not None:
+                out.chosen_query_side.append(fitted.chosen_query_side)
     return out
 
 
@@ -547,16 +553,16 @@ def _few_label_curve(
     has_pos = np.array([float(labels_of([e]).max()) for e in pool])
     offsets = _offsets(pool)
     full_test_brier = full_test_nll = None
-    options_no_reorder = EvalOptions(
+    options_main_only = EvalOptions(
         k=options.k,
         n_splits=options.n_splits,
-        reorder=False,
+        query_side=False,
         seed=options.seed,
         prior=options.prior,
     )
     if test is not None:
         y_test = labels_of(test)
-        full = _fit_predict(pool, test, doc_ref, options_no_reorder)
+        full = _fit_predict(pool, test, doc_ref, options_main_only)
         full_test_brier = brier_score(y_test, full.proba[AUTO])
         full_test_nll = negative_log_likelihood(y_test, full.proba[AUTO])
     out: dict[str, Any] = {
@@ -592,7 +598,7 @@ def _few_label_curve(
             else:
                 held = list(test)
             fitted = _fit_predict(
-                [pool[q] for q in train_q], held, doc_ref, options_no_reorder
+                [pool[q] for q in train_q], held, doc_ref, options_main_only
             )
             y = labels_of(held)
             b_auto = brier_score(y, fitted.proba[AUTO])
@@ -739,9 +745,9 @@ def _pool_methods(
 ) -> dict[str, dict[str, float]]:
     """Held-out metrics of every method on another pool of the same queries.
 
-    Same protocol as the main evaluation, without the auto+reorder row.
+    Same protocol as the main evaluation, without the auto/query-side row.
     """
-    opts = dataclasses.replace(options, reorder=False)
+    opts = dataclasses.replace(options, query_side=False)
     evidence = [e for e in evidence if len(e.scores)]
     doc_ref = NormReference().fit(doc_norms, doc_tokens)
     if fit_evidence is None:
@@ -824,10 +830,10 @@ def _evaluate_calibration(
     if fit_evidence is None:
         protocol = f"{opts.n_splits}-fold nested cross-validation grouped by query"
         cv = _nested_cv(evidence, doc_ref, opts, progress, rank_evidence)
-        proba, chosen_folds, chosen_reorder_folds = (
+        proba, chosen_folds, chosen_query_side_folds = (
             cv.proba,
             cv.chosen,
-            cv.chosen_reorder,
+            cv.chosen_query_side,
         )
         rank_proba = cv.rank_proba
         fit_pool = list(evidence)
@@ -851,8 +857,8 @@ def _evaluate_calibration(
             for m, p in fitted.rank_proba.items()
         }
         chosen_folds = [fitted.chosen]
-        chosen_reorder_folds = (
-            [] if fitted.chosen_reorder is None else [fitted.chosen_reorder]
+        chosen_query_side_folds = (
+            [] if fitted.chosen_query_side is None else [fitted.chosen_query_side]
         )
     methods = {m: _metrics(y, p) for m, p in proba.items()}
 
@@ -866,21 +872,21 @@ def _evaluate_calibration(
         g_all,
         method=AUTO,
         n_splits=n_inner,
-        query_side_only=True,
+        query_side_only=False,
         prior=opts.prior,
     )
     lift: dict[str, Any] = to_jsonable(sel.norm_lift)
-    if opts.reorder:
+    if opts.query_side:
         sel_r = select_calibrator(
             X_all,
             y_all,
             g_all,
             method=AUTO,
             n_splits=n_inner,
-            query_side_only=False,
+            query_side_only=True,
             prior=opts.prior,
         )
-        lift["reorder"] = to_jsonable(sel_r.norm_lift)
+        lift["query_side"] = to_jsonable(sel_r.norm_lift)
 
     terciles = {
         m: to_jsonable(reliability_by_tercile(y, proba[m], ell_q))
@@ -920,8 +926,8 @@ def _evaluate_calibration(
         "methods": methods,
         "chosen": sel.method,
         "chosen_per_fold": chosen_folds,
-        "chosen_reorder": None if not opts.reorder else sel_r.method,
-        "chosen_reorder_per_fold": chosen_reorder_folds,
+        "chosen_query_side": None if not opts.query_side else sel_r.method,
+        "chosen_query_side_per_fold": chosen_query_side_folds,
         "ece_noise_floor": {m: ece_noise_floor(proba[m]) for m in ("platt", AUTO)},
         "auto_vs_platt": {
             "brier_change_pct": 100.0 * (methods[AUTO]["brier"] / platt_brier - 1.0),

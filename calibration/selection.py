@@ -630,7 +630,8 @@ def select_calibrator(
         reordering of hits).
     prior : CrossDomainPrior or None, default=None
         Shipped cross-domain prior; adds the ``"prior"`` family (required by
-        ``method="prior"``).
+        ``method="prior"``), unless its document-side terms would reorder hits and
+        ``query_side_only`` forbids that.
 
     Returns
     -------
@@ -646,6 +647,8 @@ def select_calibrator(
     InsufficientDataError
         Fewer distinct queries than ``n_splits`` (or fewer than 2).
     """
+    if prior is not None and prior.reorders_hits and query_side_only:
+        prior = None  # its document-side (lexical) terms reorder hits
     methods = METHODS if prior is None else ("prior", *METHODS)
     if method != "auto" and method not in methods:
         raise InvalidInputError(

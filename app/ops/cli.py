@@ -296,7 +296,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                 method=args.method,
                 k=args.k,
                 abstain_target=args.abstain_target,
-                allow_reorder=args.allow_reorder,
+                allow_reorder=not args.query_side_only,
             )
             while not wait([future], timeout=1.0).done:  # one request: show it lives
                 bar.update(1)
@@ -379,7 +379,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         n_splits=args.folds,
         few_label_sizes=tuple(args.few_label),
         few_label_draws=args.draws,
-        reorder=not args.no_reorder,
+        query_side=not args.no_query_side,
         seed=args.seed,
     )
     started = time.perf_counter()
@@ -548,9 +548,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of queries the abstention threshold aims to refuse",
     )
     fit.add_argument(
-        "--allow-reorder",
+        "--query-side-only",
         action="store_true",
-        help="let the calibrator reorder hits when that scores better",
+        help="only query-side terms (allow_reorder: false): probabilities stay "
+        "monotone in cosine within a query, at the cost of BM25 evidence",
     )
     _add_url(fit)
     fit.set_defaults(func=cmd_fit)
@@ -584,7 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--draws", type=_positive, default=5, help="random draws per few-label N"
     )
     ev.add_argument(
-        "--no-reorder", action="store_true", help="skip the auto+reorder row"
+        "--no-query-side",
+        action="store_true",
+        help="skip the auto/query-side row (the allow_reorder: false fit)",
     )
     ev.add_argument("--seed", type=int, default=0, help="seed of folds and draws")
     ev.add_argument(

@@ -151,8 +151,8 @@ def norm_lift_summary(lift: Mapping[str, Any]) -> str:
     )
     kept = "kept" if lift.get("norm_signal") else "not kept"
     out = f"{lift.get('base_method')}: {kept}{pct}; {gamma or 'no gamma fitted'}"
-    if isinstance(lift.get("reorder"), Mapping):
-        out += f"; with doc side: {norm_lift_summary(lift['reorder'])}"
+    if isinstance(lift.get("query_side"), Mapping):
+        out += f"; query-side only: {norm_lift_summary(lift['query_side'])}"
     return out
 
 

@@ -167,7 +167,26 @@ def test_fit_reports_every_method_and_norm_lift(fitted):
     assert {"nll_with", "nll_without", "terms", "reason"} <= set(fitted["norm_lift"])
     assert fitted["report"]["n_queries"] == N_QUERIES
     assert fitted["active"] is True and fitted["default"] is False
-    assert fitted["reorders_hits"] is False
+    # Document-side evidence (BM25) is allowed by default.
+    assert fitted["report"]["allow_reorder"] is True
+
+
+def test_a_query_side_fit_never_reorders_hits(client, fitted, scifact):
+    """allow_reorder false: no lexical or document-side model, not even the prior."""
+    _, judgments = scifact
+    r = client.post(
+        "/v1/collections/sci/calibrators",
+        json={
+            "judgments": judgments,
+            "k": 10,
+            "allow_reorder": False,
+            "activate": False,
+        },
+    )
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["reorders_hits"] is False and body["report"]["allow_reorder"] is False
+    assert "prior" not in body["cv"]  # the shipped prior carries BM25 terms
 
 
 def test_search_is_calibrated_by_the_fitted_calibrator(client, fitted, scifact):
@@ -196,7 +215,7 @@ def test_search_is_calibrated_by_the_fitted_calibrator(client, fitted, scifact):
             "id": fitted["id"],
             "method": fitted["method"],
             "default": False,
-            "reorders_hits": False,
+            "reorders_hits": fitted["reorders_hits"],
             "n_queries": N_QUERIES,
             "guarantee": guarantee,
             "reason": None,

@@ -264,7 +264,13 @@ def test_unsupported_profile_format_is_rejected(profile):
 def _hits(probs):
     return [
         SearchHit(
-            id=str(i), score=0.0, probability=p, norm=1.0, n_tokens=1, metadata={}
+            id=str(i),
+            score=0.0,
+            bm25=0.0,
+            probability=p,
+            norm=1.0,
+            n_tokens=1,
+            metadata={},
         )
         for i, p in enumerate(probs)
     ]

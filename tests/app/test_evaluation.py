@@ -41,7 +41,7 @@ REQUIRED_KEYS = {
     "few_label",
     "query_level",
 }
-FAST = EvalOptions(few_label_sizes=(10,), few_label_draws=2, reorder=False)
+FAST = EvalOptions(few_label_sizes=(10,), few_label_draws=2, query_side=False)
 
 
 # -- retrieval metrics against a hand-computed oracle ----------------------------------
@@ -357,7 +357,7 @@ def test_cli_eval_on_a_real_scifact_slice(
         "10",
         "--draws",
         "2",
-        "--no-reorder",
+        "--no-query-side",
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out

@@ -46,7 +46,10 @@ class FitRequest(RequestModel):
     activate: bool = Field(True, description="serve it right away")
     include_feedback: bool = Field(True, description="also use POSTed feedback")
     allow_reorder: bool = Field(
-        False, description="allow document-side terms that can reorder a query's hits"
+        True,
+        description="allow document-side evidence (BM25, document norm and length), "
+        "whose probabilities can order a query's hits differently from cosine; "
+        "false keeps probabilities monotone in cosine within a query",
     )
 
 

@@ -103,7 +103,7 @@ class FitRequest(RequestModel):
     abstain_delta: float = 0.1
     activate: bool = True
     include_feedback: bool = True
-    allow_reorder: bool = False
+    allow_reorder: bool = True
 
 
 class FeedbackRequest(RequestModel):
