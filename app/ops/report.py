@@ -71,6 +71,12 @@ def report_html(profile: Profile, png_url: str, collection: str | None) -> str:
         f"<li>{html.escape(k)} = {_fmt(v, 3)} ± {_fmt(sd, 3)}</li>"
         for k, (v, sd) in lift.terms.items()
     )
+    evidence = "\n".join(
+        f"<tr><td>{html.escape(g.group)}</td><td>{html.escape(g.verdict)}</td>"
+        f"<td>{_fmt(g.nll_gain)} ± {_fmt(g.nll_gain_se)}</td>"
+        f"<td>{_fmt(g.brier_change)}</td><td>{html.escape(g.reason)}</td></tr>"
+        for g in r.evidence_lift or ()
+    )
     abstain = r.abstain
     if abstain:
         guarantee = (
@@ -112,6 +118,11 @@ tr.chosen {{ font-weight: bold; background: #eef; }}
 <table id="methods"><thead><tr><th>method</th><th>NLL</th><th>Brier</th><th>ECE</th>
 <th>AUROC</th></tr></thead><tbody>
 {rows}
+</tbody></table>
+<h2>What each kind of evidence bought (held-out)</h2>
+<table id="evidence"><thead><tr><th>evidence</th><th>verdict</th>
+<th>NLL gain ± SE (nats/pair)</th><th>Brier change</th><th>why</th></tr></thead><tbody>
+{evidence or '<tr><td colspan="5">not measured for this calibrator</td></tr>'}
 </tbody></table>
 <h2>Norm lift</h2>
 <p id="norm-lift">{html.escape(lift.reason)}

@@ -271,6 +271,9 @@ def test_report_png_and_list(client, fitted):
         "text/html"
     )
     assert page.text.count('<tr class="method') == 5 and "reliability.png" in page.text
+    # The evidence ladder: what list, length, lexical and norm terms bought here.
+    for group in ("list", "length", "lexical", "residual norm"):
+        assert f"<td>{group}</td>" in page.text
     assert_problem(client.get("/v1/collections/sci/calibrators/nope"), 404)
     assert_problem(
         client.get("/v1/collections/sci/calibrators/nope/reliability.png"), 404
