@@ -8,8 +8,10 @@ runs in the bounded pool.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +24,15 @@ from app.api.schemas.calibrators import (
     MethodMetrics,
 )
 from app.api.schemas.collections import CalibratorRef, CollectionInfo, Guarantee
-from app.api.schemas.documents import DocumentIn, DocumentOut, UpsertResponse
+from app.api.schemas.documents import (
+    DocumentIn,
+    DocumentOut,
+    DocumentPage,
+    DocumentsDeleted,
+    DocumentsDeleteRequest,
+    DocumentsFound,
+    UpsertResponse,
+)
 from app.api.schemas.embed import Embedding, EmbedResponse
 from app.api.schemas.health import Readiness, UnavailableCollection
 from app.api.schemas.judging import (
@@ -34,12 +44,13 @@ from app.api.schemas.judging import (
 )
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.collections.registry import Collection, CollectionRegistry, Pool
-from app.collections.store import DEFAULT_STEMMER, NewDocument
+from app.collections.store import DEFAULT_STEMMER, NewDocument, StoredDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
+from app.paging import decode_cursor, encode_cursor
 from app.settings import Settings
 from calibration.prior import CrossDomainPrior
 from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
@@ -51,6 +62,8 @@ DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
 # Default depth of the dense and BM25 lists a search draws candidates from: the depth
 # calibrators are fitted at, so served pools look like the fitted ones.
 POOL_DEPTH = DEFAULT_FIT_K
+DEFAULT_PAGE_SIZE = 100  # documents per page of a listing without a limit
+EXPORT_CHUNK = 500  # documents read (and sent) per chunk of an export
 
 
 @dataclass
@@ -214,13 +227,76 @@ class Service:
 
     def get_document(self, name: str, doc_id: str) -> DocumentOut:
         """Read one document."""
-        doc = self.registry.get(name).get(doc_id)
-        return DocumentOut.model_validate(doc, from_attributes=True)
+        return _document_out(self.registry.get(name).get(doc_id))
 
     async def delete_document(self, name: str, doc_id: str) -> None:
         """Delete one document."""
         collection = self.registry.get(name)
         await self.pool.run(collection.delete, doc_id)
+
+    def list_documents(
+        self, name: str, limit: int | None, cursor: str | None
+    ) -> DocumentPage:
+        """A page of documents in write order (see ``DocumentPage``)."""
+        lim = self.settings.limits
+        size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, lim.max_page_size)
+        limits.check_value("limit", size, lim.max_page_size)
+        after = decode_cursor(cursor) if cursor is not None else 0
+        # One more than asked tells whether another page follows.
+        docs = self.registry.get(name).page(after, size + 1)
+        more = len(docs) > size
+        docs = docs[:size]
+        return DocumentPage(
+            data=[_document_out(d) for d in docs],
+            count=len(docs),
+            next_cursor=encode_cursor(docs[-1].seq) if more else None,
+        )
+
+    def get_documents(self, name: str, ids: list[str]) -> DocumentsFound:
+        """The documents among ``ids`` in request order (once each), and the missing."""
+        limits.check_count("ids", ids, self.settings.limits.max_ids_per_get)
+        wanted = list(dict.fromkeys(ids))
+        found = self.registry.get(name).get_many(wanted)
+        data = [_document_out(found[i]) for i in wanted if i in found]
+        return DocumentsFound(
+            data=data, count=len(data), missing=[i for i in wanted if i not in found]
+        )
+
+    async def delete_documents_where(
+        self, name: str, body: DocumentsDeleteRequest
+    ) -> DocumentsDeleted:
+        """Delete the documents matching a metadata filter, or all of them."""
+        if body.all == bool(body.filter):
+            raise InvalidRequestError(
+                'give a non-empty filter, or "all": true (without a filter) to '
+                "delete every document",
+                field="filter",
+            )
+        collection = self.registry.get(name)
+        deleted = await self.pool.run(collection.delete_where, body.filter)
+        return DocumentsDeleted(deleted=deleted)
+
+    def export_documents(self, name: str) -> AsyncIterator[bytes]:
+        """The collection as JSONL (``{"id","text","metadata"}`` a line), in chunks.
+
+        The collection is looked up now, so an unknown one is a 404 before the
+        response starts; the chunks are then read page by page (each under its own
+        read lock, like ``list_documents``), never the whole collection at once.
+        """
+        return self._export(self.registry.get(name))
+
+    async def _export(self, collection: Collection[Profile]) -> AsyncIterator[bytes]:
+        after = 0
+        while docs := await self.pool.run(collection.page, after, EXPORT_CHUNK):
+            yield "".join(
+                json.dumps(
+                    {"id": d.id, "text": d.text, "metadata": d.metadata},
+                    ensure_ascii=False,
+                )
+                + "\n"
+                for d in docs
+            ).encode()
+            after = docs[-1].seq
 
     # -- search -----------------------------------------------------------------------
     async def search(self, name: str, request: SearchRequest) -> list[SearchResult]:
@@ -519,6 +595,11 @@ class Service:
             abstain=abstain,
             report=report.to_jsonable(),
         )
+
+
+def _document_out(doc: StoredDocument) -> DocumentOut:
+    """A stored document as the wire shows it."""
+    return DocumentOut.model_validate(doc, from_attributes=True)
 
 
 def _query_log_settings(collection: Collection[Profile]) -> QueryLogSettings:

@@ -57,6 +57,12 @@ class Limits(BaseSettings):
     max_judging_queries: int = Field(
         1000, ge=1, description="queries per upload to the judging queue"
     )
+    max_page_size: int = Field(
+        1000, ge=1, description="documents per page of GET .../documents"
+    )
+    max_ids_per_get: int = Field(
+        1000, ge=1, description="ids per batch get (POST .../documents/get)"
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):

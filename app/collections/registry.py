@@ -231,6 +231,27 @@ class Collection(Generic[C]):
             raise NotFoundError("document", doc_id)
         return doc
 
+    def page(self, after: int, limit: int) -> list[StoredDocument]:
+        """Up to ``limit`` documents with a seq above ``after``, in seq order."""
+        with self._reading() as store:
+            return store.page(after, limit)
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
+        """The stored documents among ``ids``, by id."""
+        with self._reading() as store:
+            return store.get_many(ids)
+
+    def delete_where(self, where: dict[str, MetadataValue]) -> int:
+        """Delete every document matching ``where`` (all when empty); return how many.
+
+        One SQLite transaction, then the index, under the write lock: a search sees
+        all of them or none gone.
+        """
+        with self._writing() as store:
+            seqs = store.delete_where(where)
+            self.index.remove(seqs)
+        return len(seqs)
+
     def search(
         self,
         vectors: NDArray[np.float32],

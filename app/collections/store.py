@@ -427,36 +427,52 @@ class CollectionStore:
             return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def filter_seqs(self, where: dict[str, MetadataValue]) -> NDArray[np.int64]:
-        """Seqs of documents whose metadata equals ``where`` on every key.
-
-        Keys are matched through ``json_each`` rather than a JSON path: a path has no
-        escape for every character a key may hold (``"`` inside a quoted label), and a
-        key compared as a bound parameter needs none. JSON types are kept apart
-        (``true`` is not ``1``, ``"1"`` is not ``1``).
-        """
-        clauses: list[str] = []
-        params: list[str | int | float] = []
-        for key, value in where.items():
-            if value is None:
-                kind = "'null'"
-            else:
-                kind = {bool: "'true','false'", str: "'text'"}.get(
-                    type(value), "'integer','real'"
-                )
-            match = f"m.key = ? AND m.type IN ({kind})"
-            params.append(key)
-            if value is not None:
-                match += " AND m.value = ?"
-                params.append(int(value) if isinstance(value, bool) else value)
-            clauses.append(
-                f"EXISTS (SELECT 1 FROM json_each(documents.metadata) AS m WHERE {match})"
-            )
-        sql = "SELECT seq FROM documents"
-        if clauses:
-            sql += " WHERE " + " AND ".join(clauses)
+        """Seqs of documents whose metadata equals ``where`` on every key."""
+        condition, params = _metadata_condition(where)
         with self._use() as conn:
-            rows = conn.execute(sql, params).fetchall()
+            rows = conn.execute(
+                f"SELECT seq FROM documents WHERE {condition}", params
+            ).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64)
+
+    def page(self, after: int, limit: int) -> list[StoredDocument]:
+        """Up to ``limit`` documents with a seq above ``after``, in seq order.
+
+        Keyset paging on the never-reused ``seq``: a page is one indexed range read,
+        whatever the depth, and writes between pages shift nothing already passed.
+        """
+        with self._use() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        return [_to_document(row) for row in rows]
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
+        """Read documents by id (unknown ids are absent from the result)."""
+        out: dict[str, StoredDocument] = {}
+        with self._use() as conn:
+            for chunk in _chunks(list(ids), 500):
+                marks = ",".join("?" * len(chunk))
+                for row in conn.execute(
+                    f"SELECT {_COLUMNS} FROM documents WHERE id IN ({marks})", chunk
+                ):
+                    doc = _to_document(row)
+                    out[doc.id] = doc
+        return out
+
+    def delete_where(self, where: dict[str, MetadataValue]) -> list[int]:
+        """Delete, in one transaction, every document matching ``where``.
+
+        An empty ``where`` matches every document. Returns the deleted seqs (for the
+        index); the lexical index follows by its delete trigger.
+        """
+        condition, params = _metadata_condition(where)
+        with self._write() as conn:
+            rows = conn.execute(
+                f"DELETE FROM documents WHERE {condition} RETURNING seq", params
+            ).fetchall()
+        return [int(r[0]) for r in rows]
 
     def iter_vectors(
         self, batch: int = 4096
@@ -729,6 +745,36 @@ def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
         " ORDER BY last_seen DESC, rowid DESC LIMIT -1 OFFSET ?)",
         (retention,),
     )
+
+
+def _metadata_condition(
+    where: dict[str, MetadataValue],
+) -> tuple[str, list[str | int | float]]:
+    """A SQL condition on ``documents`` true when metadata equals ``where`` on every key.
+
+    Keys are matched through ``json_each`` rather than a JSON path: a path has no
+    escape for every character a key may hold (``"`` inside a quoted label), and a
+    key compared as a bound parameter needs none. JSON types are kept apart
+    (``true`` is not ``1``, ``"1"`` is not ``1``). An empty ``where`` is ``1``: true.
+    """
+    clauses: list[str] = []
+    params: list[str | int | float] = []
+    for key, value in where.items():
+        if value is None:
+            kind = "'null'"
+        else:
+            kind = {bool: "'true','false'", str: "'text'"}.get(
+                type(value), "'integer','real'"
+            )
+        match = f"m.key = ? AND m.type IN ({kind})"
+        params.append(key)
+        if value is not None:
+            match += " AND m.value = ?"
+            params.append(int(value) if isinstance(value, bool) else value)
+        clauses.append(
+            f"EXISTS (SELECT 1 FROM json_each(documents.metadata) AS m WHERE {match})"
+        )
+    return " AND ".join(clauses) or "1", params
 
 
 def _seqs_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:

@@ -1,13 +1,31 @@
-"""Documents of a collection: batch upsert, read one, delete one."""
+"""Documents of a collection: batch upsert, list, batch get, read, delete, export.
+
+``GET .../documents/export`` is declared before ``GET .../documents/{doc_id}``, so a
+document whose id is ``export`` is read with the batch get (``POST .../get``).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import StreamingResponse
 
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName, DocumentIdParam
-from app.api.schemas.documents import DocumentOut, UpsertRequest, UpsertResponse
+from app.api.schemas.documents import (
+    DocumentOut,
+    DocumentPage,
+    DocumentsDeleted,
+    DocumentsDeleteRequest,
+    DocumentsFound,
+    DocumentsGetRequest,
+    UpsertRequest,
+    UpsertResponse,
+)
+
+NDJSON = "application/x-ndjson"
 
 router = APIRouter(
     prefix="/collections/{name}/documents",
@@ -16,12 +34,63 @@ router = APIRouter(
 )
 
 
+class NdjsonResponse(StreamingResponse):
+    """A streamed body of one JSON object per line."""
+
+    media_type = NDJSON
+
+
 @router.put("")
 async def upsert_documents(
     *, name: CollectionName, body: UpsertRequest, service: ServiceDep
 ) -> UpsertResponse:
     """Upsert documents by id; the response means they are durable."""
     return await service.upsert(name, body.documents)
+
+
+@router.get("")
+def list_documents(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    limit: Annotated[
+        int | None, Query(ge=1, description="page size (limits.max_page_size)")
+    ] = None,
+    cursor: Annotated[
+        str | None, Query(description="next_cursor of the previous page")
+    ] = None,
+) -> DocumentPage:
+    """A page of documents in write order; follow ``next_cursor`` until null."""
+    return service.list_documents(name, limit, cursor)
+
+
+@router.post("/get")
+def get_documents(
+    *, name: CollectionName, body: DocumentsGetRequest, service: ServiceDep
+) -> DocumentsFound:
+    """Several documents by id; the unknown ones are listed in ``missing``."""
+    return service.get_documents(name, body.ids)
+
+
+@router.post("/delete")
+async def delete_documents(
+    *, name: CollectionName, body: DocumentsDeleteRequest, service: ServiceDep
+) -> DocumentsDeleted:
+    """Delete every document matching a metadata filter (or all, explicitly)."""
+    return await service.delete_documents_where(name, body)
+
+
+@router.get(
+    "/export",
+    response_class=NdjsonResponse,
+    responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}}}},
+)
+def export_documents(*, name: CollectionName, service: ServiceDep) -> NdjsonResponse:
+    """Every document as JSONL, ``{"id","text","metadata"}`` a line, streamed.
+
+    The file is what ``normcal ingest FILE.jsonl`` reads back.
+    """
+    return NdjsonResponse(service.export_documents(name))
 
 
 @router.get("/{doc_id:path}")

@@ -1,10 +1,18 @@
-"""Schemas of the document resource."""
+"""Schemas of the document resource: upsert, read, list, batch get, delete, export."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.common import DocumentId, Metadata, MetadataIn, RequestModel, Text
+from app.api.schemas.common import (
+    DocumentId,
+    Filter,
+    ListEnvelope,
+    Metadata,
+    MetadataIn,
+    RequestModel,
+    Text,
+)
 
 
 class DocumentIn(RequestModel):
@@ -42,3 +50,48 @@ class DocumentOut(BaseModel):
     norm: float
     n_tokens: int
     truncated: bool
+
+
+class DocumentPage(ListEnvelope):
+    """One page of a collection's documents, oldest write first.
+
+    Pass ``next_cursor`` back as ``cursor`` for the next page; it is null on the last
+    page. Listing follows write order (``seq``): a document inserted or replaced
+    while paging gets a new position at the end, so it appears there (a replaced one
+    possibly a second time); a document present throughout is never skipped.
+    """
+
+    data: list[DocumentOut]
+    next_cursor: str | None = Field(description="cursor of the next page; null: done")
+
+
+class DocumentsGetRequest(RequestModel):
+    """Several documents by id (at most ``limits.max_ids_per_get``)."""
+
+    ids: list[DocumentId] = Field(min_length=1)
+
+
+class DocumentsFound(ListEnvelope):
+    """The documents found, in request order, and the ids that were not."""
+
+    data: list[DocumentOut]
+    missing: list[str] = Field(description="requested ids not in the collection")
+
+
+class DocumentsDeleteRequest(RequestModel):
+    """Delete every document whose metadata equals ``filter`` on every key.
+
+    An empty filter would delete everything; that takes ``"all": true`` (and then no
+    filter), so a forgotten filter is a 422 rather than an emptied collection.
+    """
+
+    filter: Filter = Field(
+        default_factory=dict, description="metadata equality on every key"
+    )
+    all: bool = Field(False, description="delete every document (no filter)")
+
+
+class DocumentsDeleted(BaseModel):
+    """How many documents a delete-by-filter removed."""
+
+    deleted: int

@@ -24,6 +24,8 @@ from normcal_client._models import (
     CalibratorInfo,
     CollectionInfo,
     DocumentOut,
+    DocumentPage,
+    DocumentsFound,
     EmbedResponse,
     FeedbackResponse,
     Health,
@@ -296,6 +298,32 @@ class NormcalClient(_Base):
     ) -> None:
         """Delete documents; with ``missing_ok`` unknown ids are no error."""
         self._drive(op.delete_documents(collection, ids, missing_ok))
+
+    def list_documents(
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> DocumentPage:
+        """One page in write order; pass ``next_cursor`` back until it is None."""
+        return self._drive(op.list_documents(collection, limit, cursor))
+
+    def batch_get_documents(
+        self, collection: str, ids: Iterable[str]
+    ) -> DocumentsFound:
+        """Several documents in one request; unknown ids come back in ``missing``."""
+        return self._drive(op.batch_get_documents(collection, ids))
+
+    def delete_documents_where(
+        self,
+        collection: str,
+        filter: op.Filter | None = None,
+        *,
+        all: bool = False,
+    ) -> int:
+        """Delete by metadata equality (or everything with ``all=True``); the count."""
+        return self._drive(op.delete_documents_where(collection, filter, all))
+
+    def export_documents(self, collection: str) -> str:
+        """The collection as JSONL text, what ``normcal ingest FILE.jsonl`` reads."""
+        return self._drive(op.one(ep.EXPORT_DOCUMENTS(name=collection)))
 
     # -- search
     def search(
@@ -614,6 +642,32 @@ class AsyncNormcalClient(_Base):
     ) -> None:
         """Delete documents; with ``missing_ok`` unknown ids are no error."""
         await self._drive(op.delete_documents(collection, ids, missing_ok))
+
+    async def list_documents(
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> DocumentPage:
+        """One page in write order; pass ``next_cursor`` back until it is None."""
+        return await self._drive(op.list_documents(collection, limit, cursor))
+
+    async def batch_get_documents(
+        self, collection: str, ids: Iterable[str]
+    ) -> DocumentsFound:
+        """Several documents in one request; unknown ids come back in ``missing``."""
+        return await self._drive(op.batch_get_documents(collection, ids))
+
+    async def delete_documents_where(
+        self,
+        collection: str,
+        filter: op.Filter | None = None,
+        *,
+        all: bool = False,
+    ) -> int:
+        """Delete by metadata equality (or everything with ``all=True``); the count."""
+        return await self._drive(op.delete_documents_where(collection, filter, all))
+
+    async def export_documents(self, collection: str) -> str:
+        """The collection as JSONL text, what ``normcal ingest FILE.jsonl`` reads."""
+        return await self._drive(op.one(ep.EXPORT_DOCUMENTS(name=collection)))
 
     # -- search
     async def search(

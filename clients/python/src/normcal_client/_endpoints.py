@@ -84,6 +84,16 @@ GET_COLLECTION = Endpoint("GET", _C, m.CollectionInfo)
 DELETE_COLLECTION = Endpoint("DELETE", _C, NoBody)
 UPSERT_DOCUMENTS = Endpoint("PUT", _C + "/documents", m.UpsertResponse, m.UpsertRequest)
 GET_DOCUMENT = Endpoint("GET", _C + "/documents/{doc_id}", m.DocumentOut)
+LIST_DOCUMENTS = Endpoint("GET", _C + "/documents", m.DocumentPage)
+GET_DOCUMENTS = Endpoint(
+    "POST", _C + "/documents/get", m.DocumentsFound, m.DocumentsGetRequest
+)
+DELETE_DOCUMENTS = Endpoint(
+    "POST", _C + "/documents/delete", m.DocumentsDeleted, m.DocumentsDeleteRequest
+)
+EXPORT_DOCUMENTS = Endpoint(
+    "GET", _C + "/documents/export", str, accept="application/x-ndjson"
+)
 DELETE_DOCUMENT = Endpoint("DELETE", _C + "/documents/{doc_id}", NoBody)
 SEARCH = Endpoint("POST", _C + "/search", m.SearchResult, m.SearchRequest)
 SEARCH_BATCH = Endpoint("POST", _C + "/search", m.BatchSearchResponse, m.SearchRequest)
@@ -113,6 +123,10 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     UPSERT_DOCUMENTS,
     GET_DOCUMENT,
     DELETE_DOCUMENT,
+    LIST_DOCUMENTS,
+    GET_DOCUMENTS,
+    DELETE_DOCUMENTS,
+    EXPORT_DOCUMENTS,
     SEARCH,
     SEARCH_BATCH,
     FIT_CALIBRATOR,

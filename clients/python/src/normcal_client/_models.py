@@ -64,6 +64,19 @@ class UpsertRequest(RequestModel):
     documents: list[DocumentIn]
 
 
+class DocumentsGetRequest(RequestModel):
+    """``POST /v1/collections/{name}/documents/get``: several documents by id."""
+
+    ids: list[str]
+
+
+class DocumentsDeleteRequest(RequestModel):
+    """``POST /v1/collections/{name}/documents/delete``: a filter, or ``all``."""
+
+    filter: dict[str, MetadataScalar] = Field(default_factory=dict)
+    all: bool = False
+
+
 class EmbedRequest(RequestModel):
     """``POST /v1/embed``."""
 
@@ -250,6 +263,28 @@ class DocumentOut(ResponseModel):
     norm: float
     n_tokens: int
     truncated: bool
+
+
+class DocumentPage(ResponseModel):
+    """One page of a listing; ``next_cursor`` is None on the last page."""
+
+    data: list[DocumentOut]
+    count: int
+    next_cursor: str | None
+
+
+class DocumentsFound(ResponseModel):
+    """A batch get: the documents found (request order) and the ``missing`` ids."""
+
+    data: list[DocumentOut]
+    count: int
+    missing: list[str]
+
+
+class DocumentsDeleted(ResponseModel):
+    """How many documents a delete-by-filter removed."""
+
+    deleted: int
 
 
 class QueryInfo(ResponseModel):

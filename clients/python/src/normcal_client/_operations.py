@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlencode
 
 from normcal_client import _endpoints as ep
 from normcal_client._errors import (
@@ -31,6 +32,11 @@ from normcal_client._models import (
     CollectionInfo,
     DocumentIn,
     DocumentOut,
+    DocumentPage,
+    DocumentsDeleted,
+    DocumentsDeleteRequest,
+    DocumentsFound,
+    DocumentsGetRequest,
     EmbedRequest,
     EmbedResponse,
     FeedbackRequest,
@@ -165,6 +171,34 @@ def delete_documents(
         except NotFound:
             if not missing_ok:
                 raise
+
+
+def list_documents(
+    collection: str, limit: int | None, cursor: str | None
+) -> Plan[DocumentPage]:
+    """One page of documents in write order; pass ``next_cursor`` as ``cursor``."""
+    call = ep.LIST_DOCUMENTS(name=collection)
+    query = urlencode(_given(limit=limit, cursor=cursor))
+    return one(replace(call, path=f"{call.path}?{query}") if query else call)
+
+
+def batch_get_documents(collection: str, ids: Iterable[str]) -> Plan[DocumentsFound]:
+    """Several documents in one request, with the ids that were ``missing``."""
+    if isinstance(ids, str):
+        raise TypeError("ids must be an iterable of strings, not one string")
+    body = DocumentsGetRequest(ids=list(ids))
+    return one(ep.GET_DOCUMENTS(body, name=collection))
+
+
+def delete_documents_where(
+    collection: str, filter: Filter | None, all: bool
+) -> Plan[int]:
+    """Delete the documents matching ``filter`` (or every one with ``all``)."""
+    body = DocumentsDeleteRequest(
+        **_given(filter=dict(filter) if filter else None, all=all or None)
+    )
+    done: DocumentsDeleted = yield ep.DELETE_DOCUMENTS(body, name=collection)
+    return done.deleted
 
 
 def search(
