@@ -57,6 +57,9 @@ class Limits(BaseSettings):
     max_judging_queries: int = Field(
         1000, ge=1, description="queries per upload to the judging queue"
     )
+    max_page_size: int = Field(
+        1000, ge=1, description="items per page of a listing (limit=)"
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 
@@ -95,3 +95,52 @@ class FeedbackResponse(BaseModel):
 
     stored: int
     total: int
+
+
+class CalibratorProfile(BaseModel):
+    """A calibrator as portable JSON (``Profile.to_json``).
+
+    Exported from one collection, it can be imported into another collection of the
+    same embedding model.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    format: int = Field(description="profile format version")
+    id: str
+    model: str = Field(description="the embedding model it was fitted for")
+    method: str
+
+
+class CalibratorImport(RequestModel):
+    """An exported profile to add to this collection under a new id."""
+
+    profile: dict[str, Any] = Field(
+        description="the JSON of GET .../calibrators/{id}/export"
+    )
+    activate: bool = Field(False, description="serve it right away")
+
+
+class StoredJudgment(BaseModel):
+    """One stored feedback judgment; ``n`` orders them and is the page cursor."""
+
+    n: int
+    query: str
+    document_id: str
+    relevance: int
+    created_at: float
+
+
+class FeedbackPage(ListEnvelope):
+    """A page of stored feedback, oldest first."""
+
+    data: list[StoredJudgment]
+    next_cursor: int | None = Field(
+        description="pass as cursor for the next page; null on the last page"
+    )
+
+
+class FeedbackDeleted(BaseModel):
+    """How many judgments were deleted."""
+
+    deleted: int
