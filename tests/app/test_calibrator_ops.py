@@ -314,7 +314,11 @@ def test_page_limit_at_the_bound_and_past_it(client):
         "/v1/collections/kb/feedback", params={"limit": LIMITS.max_page_size + 1}
     )
     assert "limit" in assert_problem(past)["detail"]
-    for params in ({"limit": 0}, {"cursor": -1}, {"limit": "x"}):
+    at_cursor_bound = client.get(
+        "/v1/collections/kb/feedback", params={"cursor": 2**63 - 1}
+    )
+    assert at_cursor_bound.status_code == 200 and at_cursor_bound.json()["data"] == []
+    for params in ({"limit": 0}, {"cursor": -1}, {"cursor": 2**63}, {"limit": "x"}):
         assert_problem(client.get("/v1/collections/kb/feedback", params=params))
 
 
