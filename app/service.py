@@ -47,6 +47,7 @@ from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
+from app.paging import decode_cursor, encode_cursor
 from app.settings import Settings
 from calibration.exceptions import CalibrationError
 from calibration.prior import CrossDomainPrior
@@ -56,10 +57,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_K = 10  # hits per search
 DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
-DEFAULT_PAGE_SIZE = 100  # items per page of a listing
 # Default depth of the dense and BM25 lists a search draws candidates from: the depth
 # calibrators are fitted at, so served pools look like the fitted ones.
 POOL_DEPTH = DEFAULT_FIT_K
+DEFAULT_PAGE_SIZE = 100  # items per page of a listing without a limit
 
 
 @dataclass
@@ -431,19 +432,30 @@ class Service:
         return len(judgments), total
 
     def list_feedback(
-        self, name: str, limit: int | None, cursor: int | None
+        self, name: str, limit: int | None, cursor: str | None
     ) -> FeedbackPage:
-        """A page of stored feedback after ``cursor``, oldest first."""
+        """A page of stored feedback after ``cursor``, oldest first.
+
+        The cursor is that of document listings (``app.paging``) over the
+        judgments' ``n``, a position later additions and deletions cannot move.
+        """
         largest = self.settings.limits.max_page_size
-        limit = limit if limit is not None else min(DEFAULT_PAGE_SIZE, largest)
-        limits.check_value("limit", limit, largest)
-        rows = self.registry.get(name).judgments_page(limit, cursor)
+        size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, largest)
+        limits.check_value("limit", size, largest)
+        after = decode_cursor(cursor) if cursor is not None else 0
+        # One more than asked tells whether another page follows.
+        rows = self.registry.get(name).judgments_page(size + 1, after)
+        more = len(rows) > size
         data = [
-            StoredJudgment(n=n, query=q, document_id=d, relevance=r, created_at=t)
-            for n, q, d, r, t in rows
+            StoredJudgment(query=q, document_id=d, relevance=r, created_at=t)
+            for _, q, d, r, t in rows[:size]
         ]
-        last = data[-1].n if len(data) == limit else None
-        return FeedbackPage(data=data, count=len(data), next_cursor=last)
+        last = rows[size - 1][0] if more else None
+        return FeedbackPage(
+            data=data,
+            count=len(data),
+            next_cursor=None if last is None else encode_cursor(last),
+        )
 
     def delete_feedback(self, name: str, query: str | None) -> FeedbackDeleted:
         """Delete stored feedback: all of it, or one query's judgments."""

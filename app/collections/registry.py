@@ -412,7 +412,7 @@ class Collection(Generic[C]):
             )
 
     def judgments_page(
-        self, limit: int, after: int | None
+        self, limit: int, after: int
     ) -> list[tuple[int, str, str, int, float]]:
         """A page of stored feedback after cursor ``after`` (see the store)."""
         with self._reading() as store:

@@ -576,7 +576,7 @@ class CollectionStore:
         return [(str(q), str(d), int(r)) for q, d, r in rows]
 
     def judgments_page(
-        self, limit: int, after: int | None
+        self, limit: int, after: int
     ) -> list[tuple[int, str, str, int, float]]:
         """Up to ``limit`` judgments after cursor ``after``, in ``n`` order.
 
@@ -589,7 +589,7 @@ class CollectionStore:
             rows = conn.execute(
                 "SELECT n, query, document_id, relevance, created_at FROM judgments"
                 " WHERE n > ? ORDER BY n LIMIT ?",
-                (-1 if after is None else after, limit),
+                (after, limit),
             ).fetchall()
         return [(int(n), str(q), str(d), int(r), float(t)) for n, q, d, r, t in rows]
 

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
+from app.paging import encode_cursor
 from app.settings import Limits, Settings
 from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import assert_problem
@@ -256,7 +257,12 @@ def _all_pages(client: TestClient, limit: int) -> list[dict]:
         cursor = page["next_cursor"]
         if cursor is None:
             return rows
+        assert page["count"] == limit  # only the last page is short
     raise AssertionError("paging never ended")
+
+
+def _labels(rows: list[dict]) -> list[dict]:
+    return [{k: r[k] for k in ("query", "document_id", "relevance")} for r in rows]
 
 
 def test_feedback_is_listed_in_pages(client):
@@ -267,41 +273,37 @@ def test_feedback_is_listed_in_pages(client):
     expected = [*JUDGMENTS, *JUDGMENTS[:2]]
     for limit in (1, 3, LIMITS.max_page_size):
         rows = _all_pages(client, limit)
-        assert [
-            {k: r[k] for k in ("query", "document_id", "relevance")} for r in rows
-        ] == expected
-        ns = [r["n"] for r in rows]
-        assert ns == sorted(ns) and len(set(ns)) == len(ns)
+        assert _labels(rows) == expected
         assert all(r["created_at"] > 0 for r in rows)
+    # A page that ends exactly at the end has no next page.
+    _post_feedback(client, JUDGMENTS[:1])  # 8 in all: two full pages of 4
+    last = client.get(
+        "/v1/collections/kb/feedback",
+        params={"limit": 4, "cursor": _cursor_after(client, 4)},
+    ).json()
+    assert last["count"] == 4 and last["next_cursor"] is None
+
+
+def _cursor_after(client: TestClient, n: int) -> str:
+    page = client.get("/v1/collections/kb/feedback", params={"limit": n}).json()
+    return str(page["next_cursor"])
 
 
 def test_a_page_cursor_is_stable_under_deletes_and_additions(client):
     _post_feedback(client, JUDGMENTS)
-    first = client.get("/v1/collections/kb/feedback", params={"limit": 2}).json()
-    # The first page's judgments go away, new ones arrive: the next page is unchanged.
+    cursor = _cursor_after(client, 2)
+    # The first page's judgments go away, new ones arrive: nothing after is skipped.
     r = client.request(
         "DELETE", "/v1/collections/kb/feedback", params={"query": JUDGMENTS[0]["query"]}
     )
     assert r.json() == {"deleted": 1}
     _post_feedback(client, JUDGMENTS[:1])
-    rest = _all_pages_from(client, first["next_cursor"])
-    assert [r["query"] for r in rest] == [
-        j["query"] for j in [*JUDGMENTS[2:], *JUDGMENTS[:1]]
-    ]
-
-
-def _all_pages_from(client: TestClient, cursor: int) -> list[dict]:
-    r = client.get(
+    page = client.get(
         "/v1/collections/kb/feedback",
         params={"cursor": cursor, "limit": LIMITS.max_page_size},
-    )
-    page = r.json()
-    assert page["next_cursor"] is not None  # exactly a full page left
-    tail = client.get(
-        "/v1/collections/kb/feedback", params={"cursor": page["next_cursor"]}
     ).json()
-    assert tail["data"] == [] and tail["next_cursor"] is None
-    return list(page["data"])
+    assert _labels(page["data"]) == [*JUDGMENTS[2:], *JUDGMENTS[:1]]
+    assert page["next_cursor"] is None
 
 
 def test_page_limit_at_the_bound_and_past_it(client):
@@ -315,10 +317,16 @@ def test_page_limit_at_the_bound_and_past_it(client):
     )
     assert "limit" in assert_problem(past)["detail"]
     at_cursor_bound = client.get(
-        "/v1/collections/kb/feedback", params={"cursor": 2**63 - 1}
+        "/v1/collections/kb/feedback", params={"cursor": encode_cursor(2**63 - 1)}
     )
     assert at_cursor_bound.status_code == 200 and at_cursor_bound.json()["data"] == []
-    for params in ({"limit": 0}, {"cursor": -1}, {"cursor": 2**63}, {"limit": "x"}):
+    for params in (
+        {"limit": 0},
+        {"limit": "x"},
+        {"cursor": "5"},
+        {"cursor": encode_cursor(2**63)},  # past SQLite's integers: not a 500
+        {"cursor": "dj"},
+    ):
         assert_problem(client.get("/v1/collections/kb/feedback", params=params))
 
 

@@ -27,10 +27,6 @@ from app.api.schemas.calibrators import (
 )
 from app.ops.report import report_html
 
-MAX_CURSOR = (
-    2**63 - 1
-)  # SQLite integers are 64-bit: a larger cursor is a 422, not a 500
-
 router = APIRouter(
     prefix="/collections/{name}", tags=["calibrators"], responses=PROBLEM_RESPONSES
 )
@@ -137,8 +133,7 @@ def read_feedback(
         Query(ge=1, description="at most limits.max_page_size; default 100 or that"),
     ] = None,
     cursor: Annotated[
-        int | None,
-        Query(ge=0, le=MAX_CURSOR, description="next_cursor of the previous page"),
+        str | None, Query(description="next_cursor of the previous page")
     ] = None,
 ) -> FeedbackPage:
     """Stored judgments, oldest first, a page at a time."""

@@ -122,9 +122,8 @@ class CalibratorImport(RequestModel):
 
 
 class StoredJudgment(BaseModel):
-    """One stored feedback judgment; ``n`` orders them and is the page cursor."""
+    """One stored feedback judgment."""
 
-    n: int
     query: str
     document_id: str
     relevance: int
@@ -132,12 +131,15 @@ class StoredJudgment(BaseModel):
 
 
 class FeedbackPage(ListEnvelope):
-    """A page of stored feedback, oldest first."""
+    """A page of stored feedback, oldest first.
+
+    Pass ``next_cursor`` back as ``cursor`` for the next page; it is null on the last
+    page. A judgment added while paging appears at the end; one present throughout is
+    never skipped.
+    """
 
     data: list[StoredJudgment]
-    next_cursor: int | None = Field(
-        description="pass as cursor for the next page; null on the last page"
-    )
+    next_cursor: str | None = Field(description="cursor of the next page; null: done")
 
 
 class FeedbackDeleted(BaseModel):

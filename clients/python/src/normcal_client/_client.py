@@ -445,7 +445,7 @@ class NormcalClient(_Base):
         return self._drive(op.feedback(collection, judgments))
 
     def list_feedback(
-        self, collection: str, *, limit: int | None = None, cursor: int | None = None
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
     ) -> FeedbackPage:
         """One page of stored feedback; pass ``next_cursor`` for the next one."""
         return self._drive(op.list_feedback(collection, limit, cursor))
@@ -799,7 +799,7 @@ class AsyncNormcalClient(_Base):
         return await self._drive(op.feedback(collection, judgments))
 
     async def list_feedback(
-        self, collection: str, *, limit: int | None = None, cursor: int | None = None
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
     ) -> FeedbackPage:
         """One page of stored feedback; pass ``next_cursor`` for the next one."""
         return await self._drive(op.list_feedback(collection, limit, cursor))

@@ -348,9 +348,8 @@ class CalibratorProfile(ResponseModel):
 
 
 class StoredJudgment(ResponseModel):
-    """One stored feedback judgment; ``n`` orders them and is the page cursor."""
+    """One stored feedback judgment."""
 
-    n: int
     query: str
     document_id: str
     relevance: int
@@ -362,7 +361,7 @@ class FeedbackPage(ResponseModel):
 
     data: list[StoredJudgment]
     count: int
-    next_cursor: int | None
+    next_cursor: str | None
 
 
 class FeedbackDeleted(ResponseModel):

@@ -254,7 +254,7 @@ def import_calibrator(
 
 
 def list_feedback(
-    collection: str, limit: int | None, cursor: int | None
+    collection: str, limit: int | None, cursor: str | None
 ) -> Plan[FeedbackPage]:
     """One page of stored feedback after ``cursor``."""
     call = ep.LIST_FEEDBACK(name=collection)
