@@ -14,6 +14,7 @@ import binascii
 from app.exceptions import InvalidRequestError
 
 _PREFIX = "v1:"
+_MAX_POSITION = 2**63 - 1
 
 
 def encode_cursor(seq: int) -> str:
@@ -29,7 +30,13 @@ def decode_cursor(cursor: str) -> int:
     except (binascii.Error, UnicodeError, ValueError):
         text = ""
     number = text.removeprefix(_PREFIX)
-    if not text.startswith(_PREFIX) or not number.isdigit() or len(number) > 19:
+    # SQLite integers are 64-bit: a larger position is no cursor (a 422, not a 500).
+    if (
+        not text.startswith(_PREFIX)
+        or not number.isdigit()
+        or len(number) > 19
+        or int(number) > _MAX_POSITION
+    ):
         raise InvalidRequestError(
             "cursor is not one this service returned (pass next_cursor unchanged)",
             field="cursor",

@@ -11,17 +11,24 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from app import judging, limits
 from app.api.schemas.calibrators import (
+    CalibratorImport,
     CalibratorInfo,
+    CalibratorProfile,
+    FeedbackDeleted,
+    FeedbackPage,
     FitRequest,
     Judgment,
     MethodMetrics,
+    StoredJudgment,
 )
 from app.api.schemas.collections import CalibratorRef, CollectionInfo, Guarantee
 from app.api.schemas.documents import (
@@ -47,11 +54,12 @@ from app.collections.registry import Collection, CollectionRegistry, Pool
 from app.collections.store import DEFAULT_STEMMER, NewDocument, StoredDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
-from app.exceptions import InvalidRequestError, NotFoundError
+from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
 from app.paging import decode_cursor, encode_cursor
 from app.settings import Settings
+from calibration.exceptions import CalibrationError
 from calibration.prior import CrossDomainPrior
 from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
 
@@ -62,7 +70,7 @@ DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
 # Default depth of the dense and BM25 lists a search draws candidates from: the depth
 # calibrators are fitted at, so served pools look like the fitted ones.
 POOL_DEPTH = DEFAULT_FIT_K
-DEFAULT_PAGE_SIZE = 100  # documents per page of a listing without a limit
+DEFAULT_PAGE_SIZE = 100  # items per page of a listing without a limit
 EXPORT_CHUNK = 500  # documents read (and sent) per chunk of an export
 
 
@@ -404,9 +412,16 @@ class Service:
         return self._info(collection, profile)
 
     def list_calibrators(self, name: str) -> list[CalibratorInfo]:
-        """Every calibrator of a collection, oldest first."""
+        """Every calibrator of a collection, oldest first.
+
+        The shipped default comes first when it was fitted for the collection's model.
+        """
         collection = self.registry.get(name)
-        return [self._info(collection, p) for p in collection.calibrators()]
+        default = self._default_for(collection)
+        shipped = [] if default is None else [default]
+        return [
+            self._info(collection, p) for p in [*shipped, *collection.calibrators()]
+        ]
 
     def get_calibrator(self, name: str, calibrator_id: str) -> CalibratorInfo:
         """One calibrator's report."""
@@ -414,9 +429,13 @@ class Service:
         return self._info(collection, self.profile(name, calibrator_id))
 
     def profile(self, name: str, calibrator_id: str) -> Profile:
-        """A collection's calibrator, or the default profile by its id."""
+        """A collection's calibrator, or the default profile by its id.
+
+        The default is one of a collection's calibrators only when it was fitted for
+        the collection's model; otherwise its id is as unknown as any other.
+        """
         collection = self.registry.get(name)
-        default = self.default_profile
+        default = self._default_for(collection)
         if default is not None and calibrator_id == default.id:
             return default
         return collection.calibrator(calibrator_id)
@@ -428,10 +447,51 @@ class Service:
     async def activate_calibrator(
         self, name: str, calibrator_id: str
     ) -> CalibratorInfo:
-        """Serve a stored calibrator from now on (an atomic switch)."""
+        """Serve a stored calibrator, or the shipped default, from now on."""
         collection = self.registry.get_compatible(name)
+        default = self._default_for(collection)
+        if default is not None and calibrator_id == default.id:
+            await self.pool.run(collection.deactivate)
+            return self._info(collection, default)
         profile = await self.pool.run(collection.activate, calibrator_id)
         return self._info(collection, profile)
+
+    async def delete_calibrator(self, name: str, calibrator_id: str) -> None:
+        """Delete a fitted calibrator; the active one and the default are refused."""
+        collection = self.registry.get(name)
+        default = self._default_for(collection)
+        if default is not None and calibrator_id == default.id:
+            raise ConflictError(
+                f"calibrator {calibrator_id!r} is the shipped default of model "
+                f"{default.model!r}; it ships with the service and cannot be deleted"
+            )
+        await self.pool.run(collection.delete_calibrator, calibrator_id)
+
+    def export_calibrator(self, name: str, calibrator_id: str) -> CalibratorProfile:
+        """A calibrator (the default too) as portable profile JSON."""
+        profile = self.profile(name, calibrator_id)
+        return CalibratorProfile.model_validate(profile.to_json())
+
+    async def import_calibrator(
+        self, name: str, body: CalibratorImport
+    ) -> CalibratorInfo:
+        """Add an exported profile to a collection under a new id.
+
+        Refused (422, nothing stored) when the profile is not one this service can
+        read or score with, or was fitted for another embedding model: its maps are
+        only meaningful on that model's cosines and norms.
+        """
+        collection = self.registry.get_compatible(name)
+        model = collection.meta["model"]
+        if body.profile.get("model") != model:
+            raise InvalidRequestError(
+                f"the profile was fitted for embedding model "
+                f"{body.profile.get('model')!r}; collection {name!r} uses {model!r}",
+                field="profile.model",
+            )
+        imported = await self.pool.run(_imported_profile, body.profile)
+        await self.pool.run(collection.add_calibrator, imported, activate=body.activate)
+        return self._info(collection, imported)
 
     def add_feedback(self, name: str, judgments: list[Judgment]) -> tuple[int, int]:
         """Store judgments for the next fit; returns ``(stored, total)``."""
@@ -444,6 +504,37 @@ class Service:
             [(j.query, j.document_id, j.relevance) for j in judgments]
         )
         return len(judgments), total
+
+    def list_feedback(
+        self, name: str, limit: int | None, cursor: str | None
+    ) -> FeedbackPage:
+        """A page of stored feedback after ``cursor``, oldest first.
+
+        The cursor is that of document listings (``app.paging``) over the
+        judgments' ``n``, a position later additions and deletions cannot move.
+        """
+        largest = self.settings.limits.max_page_size
+        size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, largest)
+        limits.check_value("limit", size, largest)
+        after = decode_cursor(cursor) if cursor is not None else 0
+        # One more than asked tells whether another page follows.
+        rows = self.registry.get(name).judgments_page(size + 1, after)
+        more = len(rows) > size
+        data = [
+            StoredJudgment(query=q, document_id=d, relevance=r, created_at=t)
+            for _, q, d, r, t in rows[:size]
+        ]
+        last = rows[size - 1][0] if more else None
+        return FeedbackPage(
+            data=data,
+            count=len(data),
+            next_cursor=None if last is None else encode_cursor(last),
+        )
+
+    def delete_feedback(self, name: str, query: str | None) -> FeedbackDeleted:
+        """Delete stored feedback: all of it, or one query's judgments."""
+        collection = self.registry.get(name)
+        return FeedbackDeleted(deleted=collection.delete_judgments(query))
 
     # -- judging loop ------------------------------------------------------------------
     def query_log(self, name: str) -> QueryLogInfo:
@@ -567,6 +658,10 @@ class Service:
     def _profile_for(self, collection: Collection[Profile]) -> Profile | None:
         if collection.profile is not None:
             return collection.profile
+        return self._default_for(collection)
+
+    def _default_for(self, collection: Collection[Profile]) -> Profile | None:
+        """The shipped default profile, if it was fitted for the collection's model."""
         default = self.default_profile
         if default is not None and default.model == collection.meta.get("model"):
             return default
@@ -600,6 +695,35 @@ class Service:
 def _document_out(doc: StoredDocument) -> DocumentOut:
     """A stored document as the wire shows it."""
     return DocumentOut.model_validate(doc, from_attributes=True)
+
+
+def _imported_profile(data: dict[str, Any]) -> Profile:
+    """Decode an exported profile and give it a new id in this collection.
+
+    Any decoding failure, and a profile that cannot score a query, is a 422:
+    stored, it would break every later search.
+    """
+    try:
+        profile = Profile.from_json(data)
+        profile.score(
+            1.0,
+            8,
+            np.array([0.5, 0.1]),
+            np.array([1.0, 1.0]),
+            np.array([8, 8], dtype=np.int64),
+        )
+    except CalibrationError as error:
+        raise InvalidRequestError(
+            f"not a valid calibration profile: {error}", field="profile"
+        ) from error
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        raise InvalidRequestError(
+            f"not a valid calibration profile ({type(error).__name__}: {error})",
+            field="profile",
+        ) from error
+    return replace(
+        profile, id=uuid.uuid4().hex[:12], created_at=time.time(), default=False
+    )
 
 
 def _query_log_settings(collection: Collection[Profile]) -> QueryLogSettings:

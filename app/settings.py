@@ -58,7 +58,7 @@ class Limits(BaseSettings):
         1000, ge=1, description="queries per upload to the judging queue"
     )
     max_page_size: int = Field(
-        1000, ge=1, description="documents per page of GET .../documents"
+        1000, ge=1, description="items per page of a listing (documents, feedback)"
     )
     max_ids_per_get: int = Field(
         1000, ge=1, description="ids per batch get (POST .../documents/get)"

@@ -402,11 +402,47 @@ class Collection(Generic[C]):
             self.profile = profile
 
     def activate(self, calibrator_id: str) -> C:
-        """Make a stored calibrator the active one."""
-        profile = self.calibrator(calibrator_id)
-        self.set_meta(active_calibrator=calibrator_id)
+        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
+        with self._reading() as store:
+            data = store.activate_calibrator(calibrator_id)
+        if data is None:
+            raise NotFoundError("calibrator", calibrator_id)
+        profile = self._load_calibrator(data)
+        self.meta["active_calibrator"] = calibrator_id
         self.profile = profile
         return profile
+
+    def deactivate(self) -> None:
+        """Serve no fitted calibrator: the owner's default applies again."""
+        with self._reading() as store:
+            store.clear_active_calibrator()
+        self.meta.pop("active_calibrator", None)
+        self.profile = None
+
+    def delete_calibrator(self, calibrator_id: str) -> None:
+        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
+        with self._reading() as store:
+            outcome = store.delete_calibrator(calibrator_id)
+        if outcome is None:
+            raise NotFoundError("calibrator", calibrator_id)
+        if outcome == "active":
+            raise ConflictError(
+                f"calibrator {calibrator_id!r} is the active one of collection "
+                f"{self.name!r}; activate another calibrator, or the default, "
+                "before deleting it"
+            )
+
+    def judgments_page(
+        self, limit: int, after: int
+    ) -> list[tuple[int, str, str, int, float]]:
+        """A page of stored feedback after cursor ``after`` (see the store)."""
+        with self._reading() as store:
+            return store.judgments_page(limit, after)
+
+    def delete_judgments(self, query: str | None) -> int:
+        """Delete stored feedback (all, or one query's); return how many."""
+        with self._reading() as store:
+            return store.delete_judgments(query)
 
     def set_meta(self, **values: Any) -> None:
         """Persist meta keys and refresh the cached copy."""

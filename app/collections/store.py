@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import numpy as np
@@ -534,6 +534,44 @@ class CollectionStore:
             ).fetchall()
         return [dict(json.loads(r[0])) for r in rows]
 
+    def activate_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
+        """Make a stored calibrator the active one; its JSON, or None if absent.
+
+        One transaction: a concurrent delete cannot leave ``active_calibrator``
+        naming a calibrator that no longer exists.
+        """
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT profile FROM calibrators WHERE id = ?", (calibrator_id,)
+            ).fetchone()
+            if row is not None:
+                _write_meta(conn, {"active_calibrator": calibrator_id})
+        return None if row is None else dict(json.loads(row[0]))
+
+    def clear_active_calibrator(self) -> None:
+        """No fitted calibrator is active any more (the shipped default serves)."""
+        with self._write() as conn:
+            conn.execute("DELETE FROM meta WHERE key = 'active_calibrator'")
+
+    def delete_calibrator(
+        self, calibrator_id: str
+    ) -> Literal["deleted", "active", None]:
+        """Delete a calibrator unless it is the active one.
+
+        Returns ``"deleted"``, ``"active"`` (refused, nothing changed) or None when
+        there is no such calibrator; the check and the delete are one transaction.
+        """
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT value FROM meta WHERE key = 'active_calibrator'"
+            ).fetchone()
+            if row is not None and json.loads(row[0]) == calibrator_id:
+                return "active"
+            gone = conn.execute(
+                "DELETE FROM calibrators WHERE id = ?", (calibrator_id,)
+            ).rowcount
+        return "deleted" if gone else None
+
     def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
         """Append ``(query, document_id, relevance)`` rows; return the new total."""
         now = time.time()
@@ -552,6 +590,33 @@ class CollectionStore:
                 "SELECT query, document_id, relevance FROM judgments ORDER BY n"
             ).fetchall()
         return [(str(q), str(d), int(r)) for q, d, r in rows]
+
+    def judgments_page(
+        self, limit: int, after: int
+    ) -> list[tuple[int, str, str, int, float]]:
+        """Up to ``limit`` judgments after cursor ``after``, in ``n`` order.
+
+        Rows are ``(n, query, document_id, relevance, created_at)``.
+
+        ``n`` is AUTOINCREMENT, never reused: a page boundary stays put while others
+        add or delete feedback.
+        """
+        with self._use() as conn:
+            rows = conn.execute(
+                "SELECT n, query, document_id, relevance, created_at FROM judgments"
+                " WHERE n > ? ORDER BY n LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        return [(int(n), str(q), str(d), int(r), float(t)) for n, q, d, r, t in rows]
+
+    def delete_judgments(self, query: str | None) -> int:
+        """Delete every judgment, or those of one query text; return how many."""
+        with self._write() as conn:
+            if query is None:
+                cursor = conn.execute("DELETE FROM judgments")
+            else:
+                cursor = conn.execute("DELETE FROM judgments WHERE query = ?", (query,))
+            return int(cursor.rowcount)
 
     # -- query log and judging queue ------------------------------------------------------
     def log_queries(self, queries: Sequence[str], retention: int) -> None:

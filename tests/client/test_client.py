@@ -458,6 +458,39 @@ def test_real_calibrators_and_feedback(nc):
     assert stored.stored == 3 and stored.total >= 3
 
 
+def test_real_calibrator_and_feedback_management(nc):
+    """Delete, switch back to the default, export/import, list and delete feedback."""
+    for name in ("mgmt", "mgmt-copy"):
+        nc.create_collection(name, exist_ok=True)
+        nc.upsert_documents(name, DOCS)
+    judgments = [
+        {"query": q, "document_id": key, "relevance": 1} for key, q in QUERIES.items()
+    ]
+    default = next(c for c in nc.list_calibrators("mgmt") if c.default)
+    fitted = nc.fit_calibrator("mgmt", judgments, method="platt", k=5)
+    with pytest.raises(Conflict):
+        nc.delete_calibrator("mgmt", fitted.id)  # the active one
+    assert nc.activate_calibrator("mgmt", default.id).default
+    profile = nc.export_calibrator("mgmt", fitted.id)
+    assert profile.id == fitted.id and profile.model_dump()["report"]
+    copy = nc.import_calibrator("mgmt-copy", profile, activate=True)
+    assert copy.active and copy.id != fitted.id
+    with pytest.raises(InvalidRequest):
+        nc.import_calibrator("mgmt-copy", {**profile.model_dump(), "model": "other"})
+    nc.delete_calibrator("mgmt", fitted.id)
+    with pytest.raises(NotFound):
+        nc.get_calibrator("mgmt", fitted.id)
+
+    nc.feedback("mgmt", judgments)
+    first = nc.list_feedback("mgmt", limit=3)
+    assert first.count == 3 and first.next_cursor is not None
+    rest = nc.list_feedback("mgmt", cursor=first.next_cursor)
+    assert [j.query for j in [*first.data, *rest.data]] == list(QUERIES.values())
+    assert nc.delete_feedback("mgmt", query=QUERIES["paris"]).deleted == 1
+    assert nc.delete_feedback("mgmt").deleted == len(QUERIES) - 1
+    assert nc.list_feedback("mgmt").data == []
+
+
 def test_real_judging_loop(nc):
     nc.create_collection("judge", exist_ok=True)
     nc.upsert_documents("judge", DOCS)
@@ -612,6 +645,17 @@ async def test_async_client_through_asgi(app):
                 await anc.get_document("akb", "faiss")
             with pytest.raises(InvalidRequest):
                 await anc.search("akb", "q", k=0)
+            await anc.feedback(
+                "akb", [{"query": "q", "document_id": "paris", "relevance": 1}]
+            )
+            page = await anc.list_feedback("akb", limit=1)
+            assert [j.document_id for j in page.data] == ["paris"]
+            assert (await anc.delete_feedback("akb", query="q")).deleted == 1
+            default = (await anc.list_calibrators("akb"))[0]
+            profile = await anc.export_calibrator("akb", default.id)
+            copy = await anc.import_calibrator("akb", profile)
+            assert not copy.active and not copy.default
+            await anc.delete_calibrator("akb", copy.id)
             await anc.delete_collection("akb")
             assert await anc.list_collections() == []
 

@@ -1,16 +1,26 @@
-"""Calibrators of a collection: fit, list, report, diagram, switch; and feedback."""
+"""Calibrators of a collection and its feedback.
+
+Calibrators: fit, list, report, diagram, switch, delete, export, import. Feedback:
+add, list, delete.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import HTMLResponse
 
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
 from app.api.schemas.calibrators import (
+    CalibratorImport,
     CalibratorInfo,
     CalibratorList,
+    CalibratorProfile,
+    FeedbackDeleted,
+    FeedbackPage,
     FeedbackRequest,
     FeedbackResponse,
     FitRequest,
@@ -80,6 +90,30 @@ async def activate_calibrator(
     return await service.activate_calibrator(name, calibrator_id)
 
 
+@router.delete("/calibrators/{calibrator_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_calibrator(
+    *, name: CollectionName, calibrator_id: str, service: ServiceDep
+) -> None:
+    """Delete a fitted calibrator (409 for the active one and the shipped default)."""
+    await service.delete_calibrator(name, calibrator_id)
+
+
+@router.get("/calibrators/{calibrator_id}/export")
+def export_calibrator(
+    *, name: CollectionName, calibrator_id: str, service: ServiceDep
+) -> CalibratorProfile:
+    """The calibrator as portable JSON, for ``POST .../calibrators/import``."""
+    return service.export_calibrator(name, calibrator_id)
+
+
+@router.post("/calibrators/import", status_code=status.HTTP_201_CREATED)
+async def import_calibrator(
+    *, name: CollectionName, body: CalibratorImport, service: ServiceDep
+) -> CalibratorInfo:
+    """Add an exported calibrator under a new id (422 for another embedding model)."""
+    return await service.import_calibrator(name, body)
+
+
 @router.post("/feedback", status_code=status.HTTP_201_CREATED)
 def create_feedback(
     *, name: CollectionName, body: FeedbackRequest, service: ServiceDep
@@ -87,3 +121,33 @@ def create_feedback(
     """Store judgments for the next fit."""
     stored, total = service.add_feedback(name, body.judgments)
     return FeedbackResponse(stored=stored, total=total)
+
+
+@router.get("/feedback")
+def read_feedback(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, description="at most limits.max_page_size; default 100 or that"),
+    ] = None,
+    cursor: Annotated[
+        str | None, Query(description="next_cursor of the previous page")
+    ] = None,
+) -> FeedbackPage:
+    """Stored judgments, oldest first, a page at a time."""
+    return service.list_feedback(name, limit, cursor)
+
+
+@router.delete("/feedback")
+def delete_feedback(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    query: Annotated[
+        str | None, Query(description="only this query's judgments; all if absent")
+    ] = None,
+) -> FeedbackDeleted:
+    """Delete stored judgments; answers how many were deleted."""
+    return service.delete_feedback(name, query)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 
@@ -95,3 +95,54 @@ class FeedbackResponse(BaseModel):
 
     stored: int
     total: int
+
+
+class CalibratorProfile(BaseModel):
+    """A calibrator as portable JSON (``Profile.to_json``).
+
+    Exported from one collection, it can be imported into another collection of the
+    same embedding model.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    format: int = Field(description="profile format version")
+    id: str
+    model: str = Field(description="the embedding model it was fitted for")
+    method: str
+
+
+class CalibratorImport(RequestModel):
+    """An exported profile to add to this collection under a new id."""
+
+    profile: dict[str, Any] = Field(
+        description="the JSON of GET .../calibrators/{id}/export"
+    )
+    activate: bool = Field(False, description="serve it right away")
+
+
+class StoredJudgment(BaseModel):
+    """One stored feedback judgment."""
+
+    query: str
+    document_id: str
+    relevance: int
+    created_at: float
+
+
+class FeedbackPage(ListEnvelope):
+    """A page of stored feedback, oldest first.
+
+    Pass ``next_cursor`` back as ``cursor`` for the next page; it is null on the last
+    page. A judgment added while paging appears at the end; one present throughout is
+    never skipped.
+    """
+
+    data: list[StoredJudgment]
+    next_cursor: str | None = Field(description="cursor of the next page; null: done")
+
+
+class FeedbackDeleted(BaseModel):
+    """How many judgments were deleted."""
+
+    deleted: int

@@ -22,11 +22,14 @@ from normcal_client._errors import NormcalError, connection_failed, error_from_r
 from normcal_client._models import (
     CalibrationMethod,
     CalibratorInfo,
+    CalibratorProfile,
     CollectionInfo,
     DocumentOut,
     DocumentPage,
     DocumentsFound,
     EmbedResponse,
+    FeedbackDeleted,
+    FeedbackPage,
     FeedbackResponse,
     Health,
     InputType,
@@ -441,11 +444,45 @@ class NormcalClient(_Base):
         call = ep.CALIBRATOR_REPORT(name=collection, calibrator_id=calibrator_id)
         return self._drive(op.one(call))
 
+    def delete_calibrator(self, collection: str, calibrator_id: str) -> None:
+        """Delete a fitted calibrator (not the active one, nor the default)."""
+        call = ep.DELETE_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        self._drive(op.one(call))
+
+    def export_calibrator(
+        self, collection: str, calibrator_id: str
+    ) -> CalibratorProfile:
+        """A calibrator as portable JSON (``model_dump()`` it to store it)."""
+        call = ep.EXPORT_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return self._drive(op.one(call))
+
+    def import_calibrator(
+        self,
+        collection: str,
+        profile: CalibratorProfile | Mapping[str, Any],
+        *,
+        activate: bool | None = None,
+    ) -> CalibratorInfo:
+        """Add an exported calibrator under a new id (same embedding model only)."""
+        return self._drive(op.import_calibrator(collection, profile, activate))
+
     def feedback(
         self, collection: str, judgments: Iterable[op.JudgmentLike]
     ) -> FeedbackResponse:
         """Store relevance judgments collected in production for the next fit."""
         return self._drive(op.feedback(collection, judgments))
+
+    def list_feedback(
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> FeedbackPage:
+        """One page of stored feedback; pass ``next_cursor`` for the next one."""
+        return self._drive(op.list_feedback(collection, limit, cursor))
+
+    def delete_feedback(
+        self, collection: str, *, query: str | None = None
+    ) -> FeedbackDeleted:
+        """Delete stored feedback (all, or one query's); returns how many."""
+        return self._drive(op.delete_feedback(collection, query))
 
     # -- judging
     def query_log(self, collection: str) -> QueryLogInfo:
@@ -787,11 +824,45 @@ class AsyncNormcalClient(_Base):
         call = ep.CALIBRATOR_REPORT(name=collection, calibrator_id=calibrator_id)
         return await self._drive(op.one(call))
 
+    async def delete_calibrator(self, collection: str, calibrator_id: str) -> None:
+        """Delete a fitted calibrator (not the active one, nor the default)."""
+        call = ep.DELETE_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        await self._drive(op.one(call))
+
+    async def export_calibrator(
+        self, collection: str, calibrator_id: str
+    ) -> CalibratorProfile:
+        """A calibrator as portable JSON (``model_dump()`` it to store it)."""
+        call = ep.EXPORT_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return await self._drive(op.one(call))
+
+    async def import_calibrator(
+        self,
+        collection: str,
+        profile: CalibratorProfile | Mapping[str, Any],
+        *,
+        activate: bool | None = None,
+    ) -> CalibratorInfo:
+        """Add an exported calibrator under a new id (same embedding model only)."""
+        return await self._drive(op.import_calibrator(collection, profile, activate))
+
     async def feedback(
         self, collection: str, judgments: Iterable[op.JudgmentLike]
     ) -> FeedbackResponse:
         """Store relevance judgments collected in production for the next fit."""
         return await self._drive(op.feedback(collection, judgments))
+
+    async def list_feedback(
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> FeedbackPage:
+        """One page of stored feedback; pass ``next_cursor`` for the next one."""
+        return await self._drive(op.list_feedback(collection, limit, cursor))
+
+    async def delete_feedback(
+        self, collection: str, *, query: str | None = None
+    ) -> FeedbackDeleted:
+        """Delete stored feedback (all, or one query's); returns how many."""
+        return await self._drive(op.delete_feedback(collection, query))
 
     # -- judging
     async def query_log(self, collection: str) -> QueryLogInfo:

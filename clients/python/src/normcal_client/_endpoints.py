@@ -103,7 +103,14 @@ GET_CALIBRATOR = Endpoint("GET", _CAL, m.CalibratorInfo)
 ACTIVATE_CALIBRATOR = Endpoint("POST", _CAL + "/activate", m.CalibratorInfo)
 RELIABILITY_PNG = Endpoint("GET", _CAL + "/reliability.png", bytes, accept="image/png")
 CALIBRATOR_REPORT = Endpoint("GET", _CAL + "/report", str, accept="text/html")
+DELETE_CALIBRATOR = Endpoint("DELETE", _CAL, NoBody)
+EXPORT_CALIBRATOR = Endpoint("GET", _CAL + "/export", m.CalibratorProfile)
+IMPORT_CALIBRATOR = Endpoint(
+    "POST", _C + "/calibrators/import", m.CalibratorInfo, m.CalibratorImport
+)
 FEEDBACK = Endpoint("POST", _C + "/feedback", m.FeedbackResponse, m.FeedbackRequest)
+LIST_FEEDBACK = Endpoint("GET", _C + "/feedback", m.FeedbackPage)
+DELETE_FEEDBACK = Endpoint("DELETE", _C + "/feedback", m.FeedbackDeleted)
 GET_QUERY_LOG = Endpoint("GET", _C + "/query-log", m.QueryLogInfo)
 SET_QUERY_LOG = Endpoint("PUT", _C + "/query-log", m.QueryLogInfo, m.QueryLogSettings)
 ADD_JUDGING_QUERIES = Endpoint(
@@ -135,7 +142,12 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     ACTIVATE_CALIBRATOR,
     RELIABILITY_PNG,
     CALIBRATOR_REPORT,
+    DELETE_CALIBRATOR,
+    EXPORT_CALIBRATOR,
+    IMPORT_CALIBRATOR,
     FEEDBACK,
+    LIST_FEEDBACK,
+    DELETE_FEEDBACK,
     GET_QUERY_LOG,
     SET_QUERY_LOG,
     ADD_JUDGING_QUERIES,

@@ -125,6 +125,13 @@ class FeedbackRequest(RequestModel):
     judgments: list[Judgment]
 
 
+class CalibratorImport(RequestModel):
+    """``POST /v1/collections/{name}/calibrators/import``: an exported profile."""
+
+    profile: dict[str, Any]
+    activate: bool = False
+
+
 class QueryLogSettings(RequestModel):
     """``PUT /v1/collections/{name}/query-log``: record searched query texts."""
 
@@ -364,6 +371,38 @@ class FeedbackResponse(ResponseModel):
 
     stored: int
     total: int
+
+
+class CalibratorProfile(ResponseModel):
+    """A calibrator as portable JSON, for import into a collection of the same model."""
+
+    format: int
+    id: str
+    model: str
+    method: str
+
+
+class StoredJudgment(ResponseModel):
+    """One stored feedback judgment."""
+
+    query: str
+    document_id: str
+    relevance: int
+    created_at: float
+
+
+class FeedbackPage(ResponseModel):
+    """A page of stored feedback, oldest first; ``next_cursor`` is None at the end."""
+
+    data: list[StoredJudgment]
+    count: int
+    next_cursor: str | None
+
+
+class FeedbackDeleted(ResponseModel):
+    """How many judgments were deleted."""
+
+    deleted: int
 
 
 class ProblemDetail(ResponseModel):

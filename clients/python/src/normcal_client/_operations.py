@@ -27,7 +27,9 @@ from normcal_client._errors import (
 from normcal_client._models import (
     BatchSearchResponse,
     CalibrationMethod,
+    CalibratorImport,
     CalibratorInfo,
+    CalibratorProfile,
     CollectionCreate,
     CollectionInfo,
     DocumentIn,
@@ -39,6 +41,8 @@ from normcal_client._models import (
     DocumentsGetRequest,
     EmbedRequest,
     EmbedResponse,
+    FeedbackDeleted,
+    FeedbackPage,
     FeedbackRequest,
     FeedbackResponse,
     FitRequest,
@@ -265,6 +269,40 @@ def feedback(
     """Store production judgments for the next fit."""
     body = FeedbackRequest(judgments=_judgments(judgments))
     return one(ep.FEEDBACK(body, name=collection))
+
+
+def import_calibrator(
+    collection: str,
+    profile: CalibratorProfile | Mapping[str, Any],
+    activate: bool | None,
+) -> Plan[CalibratorInfo]:
+    """Add an exported profile to ``collection`` under a new id."""
+    data = (
+        profile.model_dump(mode="json")
+        if isinstance(profile, CalibratorProfile)
+        else dict(profile)
+    )
+    body = CalibratorImport(profile=data, **_given(activate=activate))
+    return one(ep.IMPORT_CALIBRATOR(body, name=collection))
+
+
+def list_feedback(
+    collection: str, limit: int | None, cursor: str | None
+) -> Plan[FeedbackPage]:
+    """One page of stored feedback after ``cursor``."""
+    call = ep.LIST_FEEDBACK(name=collection)
+    return one(_with_query(call, limit=limit, cursor=cursor))
+
+
+def delete_feedback(collection: str, query: str | None) -> Plan[FeedbackDeleted]:
+    """Delete stored feedback: all of it, or ``query``'s judgments."""
+    return one(_with_query(ep.DELETE_FEEDBACK(name=collection), query=query))
+
+
+def _with_query(call: ep.Call[R], **params: str | int | None) -> ep.Call[R]:
+    """``call`` with the given (not ``None``) query parameters."""
+    given = {k: v for k, v in params.items() if v is not None}
+    return replace(call, path=f"{call.path}?{urlencode(given)}") if given else call
 
 
 def set_query_log(
