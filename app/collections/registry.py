@@ -659,8 +659,13 @@ class CollectionRegistry(Generic[C]):
                 trial = self._trial_open(name, staged)
                 if old is not None:
                     old.close()
-                with self._writing_files():
-                    _replace_file(staged, path, self.data_dir)
+                try:
+                    with self._writing_files():
+                        _replace_file(staged, path, self.data_dir)
+                except BaseException:
+                    if old is not None:  # its file is intact: serve it again
+                        self._collections[name] = self._open(name, path)
+                    raise
             finally:
                 _remove_files(staged)
             self._unavailable.pop(name, None)

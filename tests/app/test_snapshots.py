@@ -280,3 +280,25 @@ def test_restore_brings_a_quarantined_collection_back(tmp_path, embedder):
         assert r.status_code == 200, r.text
         assert r.json()["documents"] == len(CORPUS)
         assert _state(c) == before
+
+
+def test_a_restore_that_cannot_replace_the_file_keeps_serving_the_old_data(
+    kb, monkeypatch
+):
+    """A full disk at the swap is a 507, and the live collection stays as it was."""
+    import errno
+
+    import app.collections.registry
+
+    def full(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    snap = kb.post(SNAPS).json()
+    kb.put("/v1/collections/kb/documents", json={"documents": LATER}).raise_for_status()
+    before = _state(kb)
+    monkeypatch.setattr(app.collections.registry, "_replace_file", full)
+    assert_problem(kb.post(f"{SNAPS}/{snap['id']}/restore"), 507)
+    assert _state(kb) == before
+    kb.put(
+        "/v1/collections/kb/documents", json={"documents": CORPUS[:1]}
+    ).raise_for_status()
