@@ -13,7 +13,8 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,9 @@ from app.api.schemas.judging import (
     QueryLogSettings,
 )
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
+from app.api.schemas.snapshots import SnapshotInfo
 from app.collections.registry import Collection, CollectionRegistry, Pool
+from app.collections.snapshots import Snapshot, Snapshots
 from app.collections.store import DEFAULT_STEMMER, NewDocument, StoredDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
@@ -85,6 +88,10 @@ class Service:
     default_profile: Profile | None = None
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
+    snapshots: Snapshots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.snapshots = Snapshots(self.registry)
 
     # -- health -----------------------------------------------------------------------
     def readiness(self, *, detailed: bool) -> Readiness:
@@ -193,6 +200,27 @@ class Service:
     def drop_collection(self, name: str) -> None:
         """Delete a collection and its files."""
         self.registry.drop(name)
+
+    # -- snapshots --------------------------------------------------------------------
+    def create_snapshot(self, name: str) -> SnapshotInfo:
+        """Back a served collection up while writes go on."""
+        return _snapshot_info(self.snapshots.create(name))
+
+    def list_snapshots(self, name: str) -> list[SnapshotInfo]:
+        """A collection's snapshots, oldest first."""
+        return [_snapshot_info(s) for s in self.snapshots.list(name)]
+
+    def snapshot_file(self, name: str, snapshot_id: str) -> Path:
+        """The file of one snapshot, for download."""
+        return self.snapshots.path(name, snapshot_id)
+
+    def delete_snapshot(self, name: str, snapshot_id: str) -> None:
+        """Delete one snapshot."""
+        self.snapshots.delete(name, snapshot_id)
+
+    def restore_snapshot(self, name: str, snapshot_id: str) -> CollectionInfo:
+        """Replace a collection (served or quarantined) by one of its snapshots."""
+        return self._describe(self.snapshots.restore(name, snapshot_id))
 
     # -- documents --------------------------------------------------------------------
     async def upsert(self, name: str, documents: list[DocumentIn]) -> UpsertResponse:
@@ -690,6 +718,16 @@ class Service:
             abstain=abstain,
             report=report.to_jsonable(),
         )
+
+
+def _snapshot_info(snapshot: Snapshot) -> SnapshotInfo:
+    return SnapshotInfo(
+        id=snapshot.id,
+        collection=snapshot.collection,
+        created_at=snapshot.created_at,
+        documents=snapshot.documents,
+        bytes=snapshot.bytes,
+    )
 
 
 def _document_out(doc: StoredDocument) -> DocumentOut:

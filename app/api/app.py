@@ -21,6 +21,7 @@ from app.api.routers import (
     judging,
     metrics,
     search,
+    snapshots,
     ui,
 )
 from app.embedding import Embedder
@@ -80,7 +81,15 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(ui.router)
     app.include_router(docs.router)
-    for module in (embed, collections, documents, search, calibrators, judging):
+    for module in (
+        embed,
+        collections,
+        documents,
+        search,
+        calibrators,
+        judging,
+        snapshots,
+    ):
         app.include_router(
             module.router, prefix="/v1", dependencies=[Depends(bearer_scheme)]
         )

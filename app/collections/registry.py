@@ -42,6 +42,7 @@ from app.collections.store import (
     OpenConnections,
     StoredDocument,
     UnusableStoreError,
+    backup_database,
     build_store,
     inspect_store,
     storage_errors,
@@ -537,9 +538,7 @@ class CollectionRegistry(Generic[C]):
         with self._lock:
             self._check_free(name)
             path = self._path(name)
-            building = (
-                self.data_dir / f".{name}{_BUILDING}{secrets.token_hex(4)}{_SUFFIX}"
-            )
+            building = _building_path(self.data_dir, name)
             meta = {
                 "name": name,
                 "model": self.model_name,
@@ -632,6 +631,67 @@ class CollectionRegistry(Generic[C]):
                 for path in _side_files(self._path(name)):
                     path.unlink(missing_ok=True)
 
+    def file_of(self, name: str) -> Path:
+        """The file of a served collection (404 if absent, 503 if quarantined)."""
+        self.get(name)
+        return self._path(name)
+
+    def restore(self, name: str, source: Path) -> Collection[C]:
+        """Replace a collection (served or quarantined) by the snapshot file ``source``.
+
+        The snapshot is never trusted: it is copied under a temporary name and that
+        copy is opened with every check of a start-up load (the FAISS index is built
+        from it then) before anything else is touched, so a refused snapshot changes
+        nothing. Only then is the live collection closed (its write lock: in-flight
+        work finishes, later calls on it get 404) and the copy renamed over its file;
+        the copy's FTS5 lexical index and the freshly built FAISS index serve it.
+        """
+        with self._lock:
+            old = self._collections.get(name)
+            if old is None and name not in self._unavailable:
+                raise NotFoundError("collection", name)
+            path = self._path(name)
+            if path.is_dir():
+                raise ConflictError(f"{path} is a directory, not a collection file")
+            with self._writing_files():
+                staged = _stage_snapshot(self.data_dir, name, source)
+            try:
+                trial = self._trial_open(name, staged)
+                if old is not None:
+                    old.close()
+                try:
+                    with self._writing_files():
+                        _replace_file(staged, path, self.data_dir)
+                except BaseException:
+                    if old is not None:  # its file is intact: serve it again
+                        self._collections[name] = self._open(name, path)
+                    raise
+            finally:
+                _remove_files(staged)
+            self._unavailable.pop(name, None)
+            collection = Collection(
+                name, self._new_store(path), trial.index, self._load_calibrator
+            )
+            self._collections[name] = collection
+            logger.info("restored collection %s from %s", name, source)
+            return collection
+
+    def _trial_open(self, name: str, staged: Path) -> Collection[C]:
+        """Open a staged snapshot as a start-up load would, then close its store."""
+        try:
+            trial = self._open(name, staged)
+        except UnusableStoreError as error:
+            raise InvalidRequestError(
+                f"the snapshot is not a usable collection: {error}"
+            ) from error
+        trial.close()  # checkpoints the copy: it is one file again
+        if trial.meta.get("model") != self.model_name:
+            raise ConflictError(
+                f"the snapshot was built with model {trial.meta.get('model')!r}, "
+                f"not {self.model_name!r}"
+            )
+        return trial
+
     def close(self) -> None:
         """Close every collection."""
         with self._lock:
@@ -713,6 +773,70 @@ class CollectionRegistry(Generic[C]):
             raise InvalidRequestError(
                 f"{name!r} is a reserved device name on Windows", field="name"
             )
+
+
+def restore_offline(data_dir: Path, name: str, source: Path) -> None:
+    """Install the snapshot file ``source`` as collection ``name`` with the server stopped.
+
+    Creates the collection if it is absent (a disaster recovery into an empty data
+    dir). The file gets the checks that need no model (``inspect_store``, its meta and
+    name); the server's next start-up load does the rest and quarantines it if the
+    model differs.
+    """
+    CollectionRegistry._check_name(name)
+    path = data_dir / f"{name}{_SUFFIX}"
+    if path.is_dir():
+        raise ConflictError(f"{path} is a directory, not a collection file")
+    data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    with storage_errors():
+        staged = _stage_snapshot(data_dir, name, source)
+        try:
+            _replace_file(staged, path, data_dir)
+        finally:
+            _remove_files(staged)
+
+
+def _stage_snapshot(data_dir: Path, name: str, source: Path) -> Path:
+    """A checked copy of snapshot ``source`` under a name a crash leaves removable."""
+    try:
+        meta = inspect_store(source)
+    except UnusableStoreError as error:
+        raise InvalidRequestError(
+            f"{source.name} is not a usable snapshot: {error}"
+        ) from error
+    missing = [key for key in REQUIRED_META if key not in meta]
+    if missing:
+        raise InvalidRequestError(
+            f"{source.name} is not a usable snapshot: meta lacks {', '.join(missing)}"
+        )
+    if meta["name"] != name:
+        raise InvalidRequestError(
+            f"{source.name} is a snapshot of collection {meta['name']!r}, not {name!r}"
+        )
+    staged = _building_path(data_dir, name)
+    try:
+        backup_database(source, staged)
+    except BaseException:
+        _remove_files(staged)
+        raise
+    return staged
+
+
+def _replace_file(staged: Path, path: Path, data_dir: Path) -> None:
+    """Rename a closed, complete database over ``path`` durably.
+
+    The old file's journal files go first: SQLite would otherwise apply the old
+    ``-wal`` to the new file. Its connection is closed, so they hold nothing.
+    """
+    for side in _side_files(path)[1:]:
+        side.unlink(missing_ok=True)
+    os.rename(staged, path)
+    _fsync_dir(data_dir)
+
+
+def _building_path(data_dir: Path, name: str) -> Path:
+    """A temporary name for a new collection file that never matches a name."""
+    return data_dir / f".{name}{_BUILDING}{secrets.token_hex(4)}{_SUFFIX}"
 
 
 def _side_files(path: Path) -> list[Path]:

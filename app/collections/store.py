@@ -172,6 +172,42 @@ def build_store(path: Path, meta: dict[str, Any], *, synchronous: str) -> None:
         os.close(fd)
 
 
+def backup_database(source: Path, target: Path) -> None:
+    """Copy the database at ``source`` into a new file ``target`` (which must not exist).
+
+    SQLite's online backup API in ONE step copies every page inside one read
+    transaction of a separate read-only connection: the copy is one committed state
+    even while other connections write, and writers are never blocked (WAL). The copy
+    is switched to a rollback journal, so it is one self-contained file, created
+    0600 and fsynced before whoever renames it into place does so.
+    """
+    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    src = sqlite3.connect(f"{_uri(source)}?mode=ro", uri=True)
+    try:
+        dst = sqlite3.connect(target, isolation_level=None)
+        try:
+            src.backup(dst, pages=-1)
+            dst.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def count_documents(path: Path) -> int:
+    """Documents in a (checked) collection file, read read-only."""
+    conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def inspect_store(path: Path) -> dict[str, Any]:
     """Return the meta of a collection file, reading it strictly read-only.
 

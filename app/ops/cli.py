@@ -407,6 +407,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Install a snapshot file as a collection, offline (the server must be stopped).
+
+    The running server restores through ``POST .../snapshots/{id}/restore`` instead:
+    it must reopen the collection, which a file swapped under it would not do.
+    """
+    from app.collections.registry import restore_offline
+    from app.exceptions import InvalidRequestError, NormcalError
+
+    data_dir = args.data_dir if args.data_dir is not None else _settings().data_dir
+    if not args.snapshot.is_file():
+        raise CliError(EXIT_INPUT, f"{args.snapshot}: no such snapshot file")
+    try:
+        restore_offline(Path(data_dir), args.collection, args.snapshot)
+    except InvalidRequestError as error:
+        code = EXIT_USAGE if error.field == "name" else EXIT_INPUT
+        raise CliError(code, _one_line(error.detail)) from None
+    except NormcalError as error:
+        raise CliError(EXIT_INPUT, _one_line(error.detail)) from None
+    except OSError as error:
+        raise _input_error(error) from None
+    print(f"restored collection {args.collection!r} from {args.snapshot}")
+    return 0
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """The epilog as written, and every option's default after its help."""
 
@@ -603,6 +628,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the report here (default: no)",
     )
     ev.set_defaults(func=cmd_eval)
+
+    restore = command(
+        "restore", "install a snapshot file as a collection (server stopped)"
+    )
+    restore.add_argument(
+        "snapshot", type=Path, help="a snapshot file (GET .../snapshots/{id})"
+    )
+    restore.add_argument(
+        "--collection",
+        required=True,
+        help="the collection it replaces (created if missing); must be the "
+        "collection the snapshot was taken of",
+    )
+    restore.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where collections live (default: NORMCAL_DATA_DIR, ./data)",
+    )
+    restore.set_defaults(func=cmd_restore)
     return parser
 
 

@@ -41,6 +41,7 @@ from normcal_client._models import (
     SearchMode,
     SearchResult,
     SkipRequest,
+    SnapshotInfo,
     Stemmer,
     UpsertResponse,
 )
@@ -269,6 +270,30 @@ class NormcalClient(_Base):
     def delete_collection(self, name: str) -> None:
         """Drop a collection and its files."""
         self._drive(op.one(ep.DELETE_COLLECTION(name=name)))
+
+    # -- snapshots
+    def create_snapshot(self, collection: str) -> SnapshotInfo:
+        """Back a collection up now (consistent while writes go on)."""
+        return self._drive(op.one(ep.CREATE_SNAPSHOT(name=collection)))
+
+    def list_snapshots(self, collection: str) -> list[SnapshotInfo]:
+        """A collection's snapshots, oldest first."""
+        return (self._drive(op.one(ep.LIST_SNAPSHOTS(name=collection)))).data
+
+    def download_snapshot(self, collection: str, snapshot_id: str) -> bytes:
+        """The snapshot file (SQLite), what ``normcal restore`` installs."""
+        call = ep.DOWNLOAD_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
+        return self._drive(op.one(call))
+
+    def restore_snapshot(self, collection: str, snapshot_id: str) -> CollectionInfo:
+        """Replace a collection by one of its snapshots; the restored collection."""
+        call = ep.RESTORE_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
+        return self._drive(op.one(call))
+
+    def delete_snapshot(self, collection: str, snapshot_id: str) -> None:
+        """Delete one snapshot."""
+        call = ep.DELETE_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
+        self._drive(op.one(call))
 
     # -- documents
     def upsert_documents(
@@ -643,6 +668,32 @@ class AsyncNormcalClient(_Base):
     async def delete_collection(self, name: str) -> None:
         """Drop a collection and its files."""
         await self._drive(op.one(ep.DELETE_COLLECTION(name=name)))
+
+    # -- snapshots
+    async def create_snapshot(self, collection: str) -> SnapshotInfo:
+        """Back a collection up now (consistent while writes go on)."""
+        return await self._drive(op.one(ep.CREATE_SNAPSHOT(name=collection)))
+
+    async def list_snapshots(self, collection: str) -> list[SnapshotInfo]:
+        """A collection's snapshots, oldest first."""
+        return (await self._drive(op.one(ep.LIST_SNAPSHOTS(name=collection)))).data
+
+    async def download_snapshot(self, collection: str, snapshot_id: str) -> bytes:
+        """The snapshot file (SQLite), what ``normcal restore`` installs."""
+        call = ep.DOWNLOAD_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
+        return await self._drive(op.one(call))
+
+    async def restore_snapshot(
+        self, collection: str, snapshot_id: str
+    ) -> CollectionInfo:
+        """Replace a collection by one of its snapshots; the restored collection."""
+        call = ep.RESTORE_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
+        return await self._drive(op.one(call))
+
+    async def delete_snapshot(self, collection: str, snapshot_id: str) -> None:
+        """Delete one snapshot."""
+        call = ep.DELETE_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
+        await self._drive(op.one(call))
 
     # -- documents
     async def upsert_documents(

@@ -118,6 +118,12 @@ ADD_JUDGING_QUERIES = Endpoint(
 )
 NEXT_TO_JUDGE = Endpoint("GET", _C + "/judging/next", m.JudgingNext)
 SKIP_QUERY = Endpoint("POST", _C + "/judging/skip", NoBody, m.SkipRequest)
+_SNAP = _C + "/snapshots/{snapshot_id}"
+CREATE_SNAPSHOT = Endpoint("POST", _C + "/snapshots", m.SnapshotInfo)
+LIST_SNAPSHOTS = Endpoint("GET", _C + "/snapshots", m.SnapshotList)
+DOWNLOAD_SNAPSHOT = Endpoint("GET", _SNAP, bytes, accept="application/vnd.sqlite3")
+RESTORE_SNAPSHOT = Endpoint("POST", _SNAP + "/restore", m.CollectionInfo)
+DELETE_SNAPSHOT = Endpoint("DELETE", _SNAP, NoBody)
 
 ENDPOINTS: tuple[Endpoint[Any], ...] = (
     HEALTH,
@@ -153,4 +159,9 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     ADD_JUDGING_QUERIES,
     NEXT_TO_JUDGE,
     SKIP_QUERY,
+    CREATE_SNAPSHOT,
+    LIST_SNAPSHOTS,
+    DOWNLOAD_SNAPSHOT,
+    RESTORE_SNAPSHOT,
+    DELETE_SNAPSHOT,
 )

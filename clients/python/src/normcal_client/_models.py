@@ -253,6 +253,27 @@ class CollectionList(ResponseModel):
     count: int
 
 
+class SnapshotInfo(ResponseModel):
+    """A snapshot: a consistent copy of a collection's SQLite file.
+
+    ``documents`` is None when the server cannot read the file (a restore of it is
+    refused).
+    """
+
+    id: str
+    collection: str
+    created_at: float
+    documents: int | None
+    bytes: int
+
+
+class SnapshotList(ResponseModel):
+    """The snapshots of a collection, oldest first."""
+
+    data: list[SnapshotInfo]
+    count: int
+
+
 class UpsertResponse(ResponseModel):
     """Acknowledgement of an upsert: every listed id is durable."""
 

@@ -1,0 +1,304 @@
+"""Snapshots: online backup under concurrent writes, download, restore, delete, CLI.
+
+Real SQLite, FTS5 and FAISS over real HTTP (uvicorn in a thread); the hash embedder
+stands in for the model (a restore must give back the same vectors and answers,
+whatever they mean).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from normcal_client import InvalidRequest, NormcalClient, NotFound
+
+from app.api.app import create_app
+from app.collections.store import CollectionStore, inspect_store
+from app.ops.cli import EXIT_INPUT, EXIT_USAGE, main
+from app.settings import Settings
+from tests.app.live import ThreadServer
+from tests.conftest import assert_problem
+
+pytestmark = pytest.mark.fake_embedder
+
+SNAPS = "/v1/collections/kb/snapshots"
+CORPUS = [
+    {"id": "d0", "text": "Lava flows from an erupting volcano."},
+    {"id": "d1", "text": "Magma chambers feed eruptions."},
+    {"id": "d2", "text": "The piano has eighty-eight keys."},
+    {"id": "d3", "text": "Pianists practise scales daily."},
+    {"id": "d4", "text": "Coffee beans are roasted."},
+    {"id": "d5", "text": "Espresso is brewed under pressure."},
+    {"id": "d6", "text": "Glaciers carve U-shaped valleys."},
+]
+QUERIES = ["volcano eruption", "piano keys", "coffee roasting", "valleys"]
+LATER = [
+    {"id": "d1", "text": "Volcano eruptions spread lava and ash."},
+    {"id": "n0", "text": "A volcano of coffee: espresso erupts from the pot."},
+    {"id": "n1", "text": "Piano keys and valleys of sound."},
+]
+
+
+def _app(data_dir: Path, embedder):
+    return create_app(Settings(data_dir=data_dir), embedder=embedder)
+
+
+def _answers(client: NormcalClient) -> list[list[tuple[str, float]]]:
+    return [
+        [(h.id, h.score) for h in client.search("kb", q, k=5).hits] for q in QUERIES
+    ]
+
+
+def _counts(path: Path) -> tuple[int, int]:
+    store = CollectionStore(path)
+    try:
+        return store.count(), store.lexical_count()
+    finally:
+        store.close()
+
+
+def test_snapshot_during_concurrent_upserts_is_one_committed_state(tmp_path, embedder):
+    """Each upsert adds 4 documents in one transaction: a snapshot holds whole ones."""
+    batch = 4
+    written = threading.Event()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write(url: str) -> None:
+        try:
+            with NormcalClient(url) as writer:
+                for i in range(500):  # bounded; stopped once the snapshots are taken
+                    docs = [
+                        {"id": f"w{i}-{j}", "text": f"write {i} part {j} lava"}
+                        for j in range(batch)
+                    ]
+                    writer.upsert_documents("kb", docs)
+                    written.set()
+                    if stop.is_set():
+                        return
+        except BaseException as error:  # reported by the test thread
+            errors.append(error)
+            written.set()
+
+    with ThreadServer(_app(tmp_path / "data", embedder)) as server:
+        with NormcalClient(server.url) as client:
+            client.create_collection("kb")
+            thread = threading.Thread(target=write, args=(server.url,))
+            thread.start()
+            try:
+                assert written.wait(60)
+                taken = [client.create_snapshot("kb") for _ in range(3)]
+            finally:
+                stop.set()
+                thread.join(60)
+            assert not errors
+            for info in taken:
+                data = client.download_snapshot("kb", info.id)
+                assert len(data) == info.bytes
+                copy = tmp_path / f"{info.id}.sqlite3"
+                copy.write_bytes(data)
+                assert inspect_store(copy)["name"] == "kb"
+                documents, lexical = _counts(copy)
+                assert documents == lexical == info.documents
+                assert documents > 0 and documents % batch == 0
+            listed = client.list_snapshots("kb")
+            assert [s.id for s in listed] == sorted(s.id for s in taken)
+            assert [s.documents for s in listed] == [
+                s.documents for s in sorted(taken, key=lambda s: s.id)
+            ]
+
+
+def test_restore_gives_back_the_answers_of_snapshot_time_and_survives_a_restart(
+    tmp_path, embedder
+):
+    data_dir = tmp_path / "data"
+    with ThreadServer(_app(data_dir, embedder)) as server:
+        with NormcalClient(server.url) as client:
+            client.create_collection("kb")
+            client.upsert_documents("kb", CORPUS)
+            before = _answers(client)
+            snapshot = client.create_snapshot("kb")
+            assert snapshot.collection == "kb" and snapshot.documents == len(CORPUS)
+            file = data_dir / "snapshots" / "kb" / f"{snapshot.id}.sqlite3"
+            assert file.stat().st_mode & 0o777 == 0o600
+            client.upsert_documents("kb", LATER)
+            client.delete_documents("kb", ["d0"])
+            assert _answers(client) != before  # the writes changed the answers
+            restored = client.restore_snapshot("kb", snapshot.id)
+            assert restored.documents == restored.indexed == len(CORPUS)
+            assert restored.lexical_indexed == len(CORPUS)
+            assert _answers(client) == before
+            assert client.get_document("kb", "d0").text == CORPUS[0]["text"]
+            client.upsert_documents("kb", LATER[1:])  # still writable after the swap
+            assert client.get_collection("kb").documents == len(CORPUS) + 2
+            client.delete_documents("kb", ["n0", "n1"])
+    with ThreadServer(_app(data_dir, embedder)) as server:  # a restart
+        with NormcalClient(server.url) as client:
+            assert _answers(client) == before
+            info = client.get_collection("kb")
+            assert info.documents == info.indexed == len(CORPUS)
+
+
+@pytest.fixture
+def kb(tmp_path, embedder):
+    with TestClient(_app(tmp_path / "data", embedder)) as c:
+        assert c.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        r = c.put("/v1/collections/kb/documents", json={"documents": CORPUS})
+        assert r.is_success, r.text
+        yield c
+
+
+def _state(c: TestClient) -> tuple[object, ...]:
+    searched = c.post("/v1/collections/kb/search", json={"query": QUERIES[0]})
+    described = c.get("/v1/collections/kb").json()
+    return searched.json()["hits"], described["documents"], described["indexed"]
+
+
+def test_snapshot_lifecycle_and_404s(kb, tmp_path):
+    r = kb.post(SNAPS)
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    assert set(snap) == {"id", "collection", "created_at", "documents", "bytes"}
+    download = kb.get(f"{SNAPS}/{snap['id']}")
+    assert download.status_code == 200
+    assert download.headers["content-type"] == "application/vnd.sqlite3"
+    assert download.content.startswith(b"SQLite format 3\x00")
+    assert kb.get(SNAPS).json() == {"data": [snap], "count": 1}
+
+    missing = "20260101T000000000Z-00000000"
+    for method, path in [
+        ("GET", f"{SNAPS}/{missing}"),
+        ("DELETE", f"{SNAPS}/{missing}"),
+        ("POST", f"{SNAPS}/{missing}/restore"),
+        ("GET", "/v1/collections/nope/snapshots"),
+        ("POST", "/v1/collections/nope/snapshots"),
+        ("POST", f"/v1/collections/nope/snapshots/{snap['id']}/restore"),
+    ]:
+        assert_problem(kb.request(method, path), 404)
+    for bad in ["latest", "...", f"{snap['id']}x", snap["id"].upper()]:
+        assert_problem(kb.get(f"{SNAPS}/{bad}"), 422)
+        assert_problem(kb.post(f"{SNAPS}/{bad}/restore"), 422)
+    assert_problem(kb.get(f"{SNAPS}/..%2F..%2Fkb.sqlite3"), 404)  # no such route
+
+    assert kb.delete(f"{SNAPS}/{snap['id']}").status_code == 204
+    assert_problem(kb.delete(f"{SNAPS}/{snap['id']}"), 404)
+    assert kb.get(SNAPS).json() == {"data": [], "count": 0}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-sqlite", "other-collection"])
+def test_restore_of_a_bad_snapshot_is_refused_and_changes_nothing(kb, tmp_path, damage):
+    snap = kb.post(SNAPS).json()
+    kb.put("/v1/collections/kb/documents", json={"documents": LATER}).raise_for_status()
+    before = _state(kb)
+    file = tmp_path / "data" / "snapshots" / "kb" / f"{snap['id']}.sqlite3"
+    if damage == "truncated":
+        data = file.read_bytes()
+        file.write_bytes(data[: len(data) // 2])
+    elif damage == "not-sqlite":
+        file.write_bytes(b"not a database\n" * 1000)
+    else:  # a healthy snapshot of another collection, put in kb's folder
+        assert kb.post("/v1/collections", json={"name": "other"}).status_code == 201
+        other = kb.post("/v1/collections/other/snapshots").json()
+        other_file = file.parent.parent / "other" / f"{other['id']}.sqlite3"
+        file.write_bytes(other_file.read_bytes())
+    body = assert_problem(kb.post(f"{SNAPS}/{snap['id']}/restore"), 422)
+    assert "snapshot" in body["detail"]
+    assert _state(kb) == before
+    leftovers = [p.name for p in (tmp_path / "data").iterdir() if p.is_file()]
+    assert sorted(leftovers) == sorted(
+        ["kb.sqlite3", "kb.sqlite3-wal", "kb.sqlite3-shm"]
+        + (
+            ["other.sqlite3", "other.sqlite3-wal", "other.sqlite3-shm"]
+            if damage == "other-collection"
+            else []
+        )
+    )
+
+
+def test_offline_restore_with_the_cli(tmp_path, embedder, capsys):
+    data_dir = tmp_path / "data"
+    with ThreadServer(_app(data_dir, embedder)) as server:
+        with NormcalClient(server.url) as client:
+            client.create_collection("kb")
+            client.upsert_documents("kb", CORPUS)
+            before = _answers(client)
+            snapshot = client.create_snapshot("kb")
+            file = tmp_path / "kb-backup.sqlite3"
+            file.write_bytes(client.download_snapshot("kb", snapshot.id))
+            client.upsert_documents("kb", LATER)
+            with pytest.raises(NotFound):
+                client.download_snapshot("kb", "20260101T000000000Z-00000000")
+            with pytest.raises(InvalidRequest):
+                client.download_snapshot("kb", "nope")
+    args = ["restore", str(file), "--data-dir", str(data_dir)]
+    assert main([*args, "--collection", "kb"]) == 0
+    with ThreadServer(_app(data_dir, embedder)) as server:
+        with NormcalClient(server.url) as client:
+            assert _answers(client) == before
+    capsys.readouterr()
+
+    fresh = tmp_path / "fresh"  # a disaster recovery into an empty data dir
+    assert (
+        main(["restore", str(file), "--collection", "kb", "--data-dir", str(fresh)])
+        == 0
+    )
+    assert _counts(fresh / "kb.sqlite3") == (len(CORPUS), len(CORPUS))
+    capsys.readouterr()
+
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"not a database\n" * 100)
+    for argv, code in [
+        ([str(tmp_path / "absent.sqlite3"), "--collection", "kb"], EXIT_INPUT),
+        ([str(garbage), "--collection", "kb"], EXIT_INPUT),
+        ([str(file), "--collection", "other"], EXIT_INPUT),
+        ([str(file), "--collection", "../kb"], EXIT_USAGE),
+    ]:
+        assert main(["restore", *argv, "--data-dir", str(fresh)]) == code
+        err = capsys.readouterr().err
+        assert err.startswith("normcal: ") and err.count("\n") == 1, err
+        assert "Traceback" not in err
+    assert _counts(fresh / "kb.sqlite3") == (len(CORPUS), len(CORPUS))
+    assert sorted(p.name for p in fresh.iterdir()) == ["kb.sqlite3"]
+
+
+def test_restore_brings_a_quarantined_collection_back(tmp_path, embedder):
+    data_dir = tmp_path / "data"
+    with TestClient(_app(data_dir, embedder)) as c:
+        assert c.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        r = c.put("/v1/collections/kb/documents", json={"documents": CORPUS})
+        assert r.is_success, r.text
+        snap = c.post(SNAPS).json()
+        before = _state(c)
+    (data_dir / "kb.sqlite3").write_bytes(b"damaged\n" * 512)
+    with TestClient(_app(data_dir, embedder)) as c:
+        assert_problem(c.get("/v1/collections/kb"), 503)
+        assert_problem(c.post(SNAPS), 503)  # nothing sound to back up
+        assert [s["id"] for s in c.get(SNAPS).json()["data"]] == [snap["id"]]
+        r = c.post(f"{SNAPS}/{snap['id']}/restore")
+        assert r.status_code == 200, r.text
+        assert r.json()["documents"] == len(CORPUS)
+        assert _state(c) == before
+
+
+def test_a_restore_that_cannot_replace_the_file_keeps_serving_the_old_data(
+    kb, monkeypatch
+):
+    """A full disk at the swap is a 507, and the live collection stays as it was."""
+    import errno
+
+    import app.collections.registry
+
+    def full(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    snap = kb.post(SNAPS).json()
+    kb.put("/v1/collections/kb/documents", json={"documents": LATER}).raise_for_status()
+    before = _state(kb)
+    monkeypatch.setattr(app.collections.registry, "_replace_file", full)
+    assert_problem(kb.post(f"{SNAPS}/{snap['id']}/restore"), 507)
+    assert _state(kb) == before
+    kb.put(
+        "/v1/collections/kb/documents", json={"documents": CORPUS[:1]}
+    ).raise_for_status()
