@@ -71,6 +71,7 @@ from normcal_client._models import (
     JudgingQueriesResponse,
     Judgment,
     MethodMetrics,
+    ModelIdentity,
     ProblemDetail,
     QueryInfo,
     QueryLogInfo,
@@ -80,12 +81,14 @@ from normcal_client._models import (
     SearchMode,
     SearchRequest,
     SearchResult,
+    ShippedProfileInfo,
     SkipRequest,
     Stemmer,
     StoredJudgment,
     UnavailableCollection,
     UpsertRequest,
     UpsertResponse,
+    VersionInfo,
 )
 from normcal_client._options import NO_RETRY, RequestOptions, RetryPolicy
 from normcal_client._version import __version__
@@ -133,6 +136,7 @@ __all__ = [
     "JudgingQueriesResponse",
     "Judgment",
     "MethodMetrics",
+    "ModelIdentity",
     "NormcalClient",
     "NormcalError",
     "NotFound",
@@ -151,6 +155,7 @@ __all__ = [
     "SearchResult",
     "ServerError",
     "ServiceUnavailable",
+    "ShippedProfileInfo",
     "SkipRequest",
     "Stemmer",
     "StoredJudgment",
@@ -158,6 +163,7 @@ __all__ = [
     "UnavailableCollection",
     "UpsertRequest",
     "UpsertResponse",
+    "VersionInfo",
     "__version__",
     "parse_retry_after",
 ]
