@@ -221,7 +221,6 @@ class GatedEmbedder:
     def __init__(self, inner):
         self.inner = inner
         self.model_name, self.dim = inner.model_name, inner.dim
-        self.model_id = inner.model_id
         self.max_seq_length = inner.max_seq_length
         self.entered = threading.Event()
         self.release = threading.Event()
