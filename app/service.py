@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from app import judging, limits
+from app import __version__, judging, limits
 from app.api.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
@@ -42,7 +42,13 @@ from app.api.schemas.documents import (
     UpsertResponse,
 )
 from app.api.schemas.embed import Embedding, EmbedResponse
-from app.api.schemas.health import Readiness, UnavailableCollection
+from app.api.schemas.health import (
+    ModelIdentity,
+    Readiness,
+    ShippedProfileInfo,
+    UnavailableCollection,
+    VersionInfo,
+)
 from app.api.schemas.judging import (
     JudgingHit,
     JudgingNext,
@@ -61,6 +67,7 @@ from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
 from app.paging import decode_cursor, encode_cursor
+from app.profiles import shipped_profiles
 from app.settings import Settings
 from calibration.exceptions import CalibrationError
 from calibration.prior import CrossDomainPrior
@@ -75,6 +82,7 @@ DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
 POOL_DEPTH = DEFAULT_FIT_K
 DEFAULT_PAGE_SIZE = 100  # items per page of a listing without a limit
 EXPORT_CHUNK = 500  # documents read (and sent) per chunk of an export
+NO_DEFAULT_REASON = "no calibration profile ships for this embedding model"
 
 
 @dataclass
@@ -86,6 +94,8 @@ class Service:
     registry: CollectionRegistry[Profile]
     pool: CpuPool
     default_profile: Profile | None = None
+    # Why no shipped profile serves this model (``app.profiles.load_default_profile``).
+    no_default_reason: str = NO_DEFAULT_REASON
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
     snapshots: Snapshots = field(init=False)
@@ -119,6 +129,21 @@ class Service:
                 UnavailableCollection(name=u.name, reason=u.reason) for u in broken
             ]
         return answer
+
+    def version(self) -> VersionInfo:
+        """The normcal version, the serving model's identity, the shipped profiles."""
+        return VersionInfo(
+            normcal=__version__,
+            model=ModelIdentity(
+                name=self.embedder.model_name,
+                id=self.embedder.model_id,
+                path=self.settings.model_path,
+            ),
+            profiles=[
+                ShippedProfileInfo(name=p.name, format=p.format, model_id=p.model_id)
+                for p in shipped_profiles()
+            ],
+        )
 
     def render_metrics(self) -> bytes:
         """The Prometheus exposition (404 when the app was built without metrics)."""
@@ -368,7 +393,9 @@ class Service:
         pools = await self.pool.run(
             collection.search, batch.vectors, texts, n, request.filter
         )
-        results = await self.pool.run(_results, batch, pools, profile, request, k)
+        results = await self.pool.run(
+            _results, batch, pools, self._calibrator_ref(profile), profile, request, k
+        )
         await self._log_queries(collection, texts)
         return results
 
@@ -640,7 +667,9 @@ class Service:
         pools = await self.pool.run(
             collection.search, batch.vectors, candidates, max(k, POOL_DEPTH), None
         )
-        results = await self.pool.run(_results, batch, pools, profile, request, k)
+        results = await self.pool.run(
+            _results, batch, pools, self._calibrator_ref(profile), profile, request, k
+        )
         levels = [
             r.confidence
             if r.confidence is not None
@@ -695,9 +724,8 @@ class Service:
             return default
         return None
 
-    @staticmethod
-    def _calibrator_ref(profile: Profile | None) -> CalibratorRef:
-        return _calibrator_ref(profile)
+    def _calibrator_ref(self, profile: Profile | None) -> CalibratorRef:
+        return _calibrator_ref(profile, self.no_default_reason)
 
     def _info(
         self, collection: Collection[Profile], profile: Profile
@@ -772,13 +800,18 @@ def _query_log_settings(collection: Collection[Profile]) -> QueryLogSettings:
 def _results(
     batch: EmbeddingBatch,
     pools: list[Pool],
+    ref: CalibratorRef,
     profile: Profile | None,
     request: SearchRequest,
     k: int,
 ) -> list[SearchResult]:
-    """Score each query's pool, pick its hits by mode, then apply the cuts."""
+    """Score each query's pool, pick its hits by mode, then apply the cuts.
+
+    ``ref`` describes ``profile`` (the same for every query of the request).
+    """
     return [
-        _result(batch, i, pool, profile, request, k) for i, pool in enumerate(pools)
+        _result(batch, i, pool, ref, profile, request, k)
+        for i, pool in enumerate(pools)
     ]
 
 
@@ -786,6 +819,7 @@ def _result(
     batch: EmbeddingBatch,
     i: int,
     pool: Pool,
+    ref: CalibratorRef,
     profile: Profile | None,
     request: SearchRequest,
     k: int,
@@ -856,20 +890,19 @@ def _result(
         confidence=confidence,
         confidence_interval=band,
         abstain=abstain,
-        calibrator=_calibrator_ref(profile),
+        calibrator=ref,
     )
 
 
-NO_PROFILE_REASON = (
-    "no shipped calibration profile for this embedding model; fit one from judgments "
-    "(POST .../calibrators)"
-)
-
-
-def _calibrator_ref(profile: Profile | None) -> CalibratorRef:
+def _calibrator_ref(profile: Profile | None, no_default_reason: str) -> CalibratorRef:
     """Status of the calibrator in use (see ``CalibratorRef``)."""
     if profile is None:
-        return CalibratorRef(status="none", default=False, reason=NO_PROFILE_REASON)
+        return CalibratorRef(
+            status="none",
+            default=False,
+            reason=f"{no_default_reason}; fit one from judgments "
+            "(POST .../calibrators)",
+        )
     policy = None if profile.default else profile.certified_policy
     return CalibratorRef(
         status="default" if profile.default else "fitted",

@@ -20,6 +20,7 @@ from app.embedding import EmbeddingBatch, InputType
 # Not the bundled model's name: the shipped default profile (fitted to that model's
 # norms) must not apply to vectors that only look like embeddings.
 FAKE_MODEL_NAME = "tests/hash-embedder"
+FAKE_MODEL_ID = "sha256:0000000000000000"  # fixed: the fake has no files to hash
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _SPECIAL = ("[CLS]", "[SEP]")
 
@@ -49,8 +50,10 @@ class HashEmbedder:
         dim: int = 32,
         max_seq_length: int = 64,
         model_name: str = FAKE_MODEL_NAME,
+        model_id: str = FAKE_MODEL_ID,
     ) -> None:
         self.model_name = model_name
+        self.model_id = model_id
         self.dim = dim
         self.max_seq_length = max_seq_length
 

@@ -14,7 +14,7 @@ from app.concurrency import CpuPool
 from app.embedding import Embedder, SentenceTransformerEmbedder
 from app.ops.observability import Metrics
 from app.profiles import load_default_profile
-from app.service import Service
+from app.service import NO_DEFAULT_REASON, Service
 from app.settings import Settings
 from calibration.profile import Profile
 
@@ -51,6 +51,7 @@ def make_lifespan(
         registry = CollectionRegistry(
             settings.data_dir,
             model_name=model.model_name,
+            model_id=model.model_id,
             dim=model.dim,
             load_calibrator=Profile.from_json,
             index_type=settings.index_type,
@@ -61,9 +62,14 @@ def make_lifespan(
         )
         registry.load()
         pool = CpuPool(settings.worker_threads, settings.max_pending_jobs)
+        default = load_default_profile(model.model_name, model.model_id)
+        no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
+        if isinstance(default, str):
+            logger.warning("search is uncalibrated until a fit: %s", default)
         logger.info(
-            "normcal ready: model %s (dim %d), %d collections in %s",
+            "normcal ready: model %s (%s, dim %d), %d collections in %s",
             model.model_name,
+            model.model_id,
             model.dim,
             len(registry.names()),
             settings.data_dir,
@@ -78,7 +84,8 @@ def make_lifespan(
                     model,
                     registry,
                     pool,
-                    default_profile=load_default_profile(model.model_name),
+                    default_profile=None if isinstance(default, str) else default,
+                    no_default_reason=no_default,
                     metrics=metrics,
                 )
             }

@@ -464,7 +464,9 @@ class CollectionRegistry(Generic[C]):
     Names are unique case-insensitively (``Kb`` and ``kb`` would be one file on a
     case-insensitive volume). At most ``max_open`` SQLite connections stay open;
     the others reopen on their next use. ``load_calibrator`` decodes a stored
-    calibrator's JSON (see the module docstring).
+    calibrator's JSON (see the module docstring). ``model_id`` is the serving
+    model's identity (``app.embedding.identity``): new collections record it and
+    one recorded by another model is refused; None records and checks nothing.
     """
 
     def __init__(
@@ -474,6 +476,7 @@ class CollectionRegistry(Generic[C]):
         model_name: str,
         dim: int,
         load_calibrator: CalibratorLoader[C],
+        model_id: str | None = None,
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
@@ -482,6 +485,7 @@ class CollectionRegistry(Generic[C]):
     ) -> None:
         self.data_dir = data_dir
         self.model_name = model_name
+        self.model_id = model_id
         self.dim = dim
         self._kind: IndexType = index_type
         self._index_args = {"hnsw_m": hnsw_m, "ef_search": ef_search}
@@ -546,6 +550,8 @@ class CollectionRegistry(Generic[C]):
                 "created_at": time.time(),
                 **extra_meta,
             }
+            if self.model_id is not None:
+                meta["model_id"] = self.model_id
             with self._writing_files():
                 try:
                     build_store(building, meta, synchronous=self._synchronous)
@@ -578,6 +584,10 @@ class CollectionRegistry(Generic[C]):
 
         Vectors of another model are not comparable with this model's queries
         (theory.md §4.8): such a collection can be described and dropped, not used.
+        The model is told by name and, when the collection recorded one, by the
+        identity of its files: a different model under the same name is refused
+        too. A collection from before identities were recorded is checked by name
+        only, and is not given the serving model's identity behind the user's back.
         """
         collection = self.get(name)
         if collection.meta.get("model") != self.model_name:
@@ -585,6 +595,16 @@ class CollectionRegistry(Generic[C]):
                 f"collection {name!r} was built with model "
                 f"{collection.meta.get('model')!r}, not {self.model_name!r}"
             )
+        stored_id = collection.meta.get("model_id")
+        if stored_id is not None and self.model_id is not None:
+            if stored_id != self.model_id:
+                raise ConflictError(
+                    f"collection {name!r} was built with model {self.model_name!r} "
+                    f"of identity {stored_id!r}, but the model now served under "
+                    f"that name (NORMCAL_MODEL_PATH) has identity "
+                    f"{self.model_id!r}: its vectors are not comparable; serve "
+                    "the original model files, or re-embed into a new collection"
+                )
         return collection
 
     def names(self) -> list[str]:

@@ -45,6 +45,9 @@ class Embedder(Protocol):
     """What the service needs from an embedding model."""
 
     model_name: str
+    # Derived from the model's files (``app.embedding.identity``), unlike the name,
+    # which is configured: collections and shipped profiles are bound to it.
+    model_id: str
     dim: int
     max_seq_length: int
 

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.embedding.base import EmbeddingBatch, InputType
+from app.embedding.identity import model_identity
 
 
 class SentenceTransformerEmbedder:
@@ -65,6 +66,7 @@ class SentenceTransformerEmbedder:
         self._counter = copy.deepcopy(model.tokenizer)
         self._counter_lock = threading.Lock()
         self.model_name = model_name
+        self.model_id = model_identity(model_path)
         self.prompts: dict[InputType, str] = dict(prompts or {})
         self.batch_size = batch_size
         self.max_seq_length = int(model.max_seq_length or 512)

@@ -324,6 +324,7 @@ class _ProgressEmbedder:
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
         self.model_name = inner.model_name
+        self.model_id = inner.model_id
         self.dim = inner.dim
         self.max_seq_length = inner.max_seq_length
 

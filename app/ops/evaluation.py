@@ -19,6 +19,7 @@ from calibration.evaluation import (
     evaluate_calibration,
 )
 from calibration.features import LEXICAL_DEPTH
+from calibration.profile import Profile
 
 __all__ = [
     "MODES",
@@ -94,7 +95,7 @@ def run_eval(
         opts,
         fit_evidence=fit_evidence,
         progress=say,
-        default_profile=load_default_profile(embedder.model_name),
+        default_profile=_shipped_default(embedder),
         ranking=ranking,
         dense_evidence=hybrid.evidence(corpus, qrels, k, hybrid=False),
         fit_dense_evidence=fit_dense,
@@ -114,6 +115,12 @@ def run_eval(
 
 
 # -- reporting --------------------------------------------------------------------------
+def _shipped_default(embedder: Any) -> Profile | None:
+    """The shipped profile evaluated beside the fits, when it fits ``embedder``."""
+    default = load_default_profile(embedder.model_name, embedder.model_id)
+    return None if isinstance(default, str) else default
+
+
 def _f(value: Any, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 

@@ -204,6 +204,7 @@ class InstrumentedEmbedder:
         self.inner = inner
         self.metrics = metrics
         self.model_name = inner.model_name
+        self.model_id = inner.model_id
         self.dim = inner.dim
         self.max_seq_length = inner.max_seq_length
 

@@ -2,20 +2,64 @@
 
 The maths of a profile is :mod:`calibration.profile`; this package only finds and
 reads the files that ship with the service, so search is calibrated before anyone
-has judged anything.
+has judged anything. A profile's maps are fitted to one model's cosines and norms,
+so each file records, beside the model's name, the identity of the model files it
+was fitted on (``model_id``, see :mod:`app.embedding.identity`) and applies only to
+a model of that identity: another model served under the same name gets none.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from calibration.profile import Profile
 
-__all__ = ["PROFILES_DIR", "default_profile_path", "load_default_profile"]
+__all__ = [
+    "PROFILES_DIR",
+    "ShippedProfile",
+    "default_profile_path",
+    "load_default_profile",
+    "shipped_profiles",
+]
 
 PROFILES_DIR = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class ShippedProfile:
+    """What a shipped profile file says about itself (``GET /version`` lists these)."""
+
+    name: str
+    format: int
+    model: str
+    model_id: str | None
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> ShippedProfile:
+        """The header of a profile file's JSON."""
+        model_id = data.get("model_id")
+        return cls(
+            name=str(data["id"]),
+            format=int(data["format"]),
+            model=str(data["model"]),
+            model_id=None if model_id is None else str(model_id),
+        )
+
+    def problem(self, model_name: str, model_id: str) -> str | None:
+        """Why this profile does not apply to the serving model (None when it does)."""
+        if self.model != model_name:
+            return f"the shipped profile {self.name!r} is for model {self.model!r}"
+        if self.model_id != model_id:
+            return (
+                f"the shipped profile {self.name!r} was fitted for model files of "
+                f"identity {self.model_id!r}; the files served as {model_name!r} "
+                f"have identity {model_id!r} (see GET /version)"
+            )
+        return None
 
 
 def default_profile_path(model_name: str) -> Path:
@@ -24,10 +68,27 @@ def default_profile_path(model_name: str) -> Path:
     return PROFILES_DIR / f"{slug}.json"
 
 
-def load_default_profile(model_name: str) -> Profile | None:
-    """The shipped default profile of ``model_name``, if there is one."""
+def shipped_profiles() -> list[ShippedProfile]:
+    """Every profile that ships with the service, by file name."""
+    return [
+        ShippedProfile.of(_read(path)) for path in sorted(PROFILES_DIR.glob("*.json"))
+    ]
+
+
+def load_default_profile(model_name: str, model_id: str) -> Profile | str:
+    """The shipped default profile of the serving model, or why there is none.
+
+    ``model_id`` is the identity of the files served as ``model_name``: a profile
+    is returned only when both match what it was fitted for.
+    """
     path = default_profile_path(model_name)
     if not path.exists():
-        return None
-    profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
-    return profile if profile.model == model_name else None
+        return f"no calibration profile ships for model {model_name!r}"
+    data = _read(path)
+    problem = ShippedProfile.of(data).problem(model_name, model_id)
+    return Profile.from_json(data) if problem is None else problem
+
+
+def _read(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data

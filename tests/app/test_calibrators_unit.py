@@ -175,8 +175,10 @@ def test_shipped_default_profile_is_the_cross_domain_prior():
     """Format 3, the prior at zero labels: intervals, no certified threshold."""
     data = json.loads(default_profile_path(DEFAULT_MODEL).read_text(encoding="utf-8"))
     assert data["format"] == 3
-    profile = load_default_profile(DEFAULT_MODEL)
-    assert profile is not None and profile.default and profile.method == "prior"
+    profile = load_default_profile(DEFAULT_MODEL, data["model_id"])
+    assert (
+        isinstance(profile, Profile) and profile.default and profile.method == "prior"
+    )
     assert profile.prior is not None and len(profile.prior.domains) == 8
     assert profile.certified_policy is None
     for scored in _score_reference_evidence(profile).values():

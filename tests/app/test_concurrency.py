@@ -54,6 +54,7 @@ class ThreadRecordingEmbedder:
     def __init__(self, inner):
         self.inner = inner
         self.model_name, self.dim = inner.model_name, inner.dim
+        self.model_id = inner.model_id
         self.max_seq_length = inner.max_seq_length
         self.threads: set[str] = set()
         self.started = self.finished = 0

@@ -1,4 +1,4 @@
-"""Liveness and readiness (outside ``/v1``).
+"""Liveness, readiness and version (outside ``/v1``).
 
 ``/readyz`` answers 503 when new data cannot be written (the data dir is read-only
 or not writable); quarantined collections leave it at 200 (``status: "degraded"``)
@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response, status
 
 from app.api.auth import token_matches
 from app.api.deps import ServiceDep
-from app.api.schemas.health import Health, Readiness
+from app.api.schemas.health import Health, Readiness, VersionInfo
 
 router = APIRouter(tags=["health"])
 
@@ -41,3 +41,13 @@ def read_readiness(
     if answer.status == "not ready":
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     return answer
+
+
+@router.get("/version")
+def read_version(service: ServiceDep) -> VersionInfo:
+    """The normcal version, the serving model's identity and the shipped profiles.
+
+    Not a health path: with an API key set it needs the key, as the model's path
+    is the operator's business.
+    """
+    return service.version()

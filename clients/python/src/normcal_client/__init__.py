@@ -71,6 +71,7 @@ from normcal_client._models import (
     JudgingQueriesResponse,
     Judgment,
     MethodMetrics,
+    ModelIdentity,
     ProblemDetail,
     QueryInfo,
     QueryLogInfo,
@@ -80,6 +81,7 @@ from normcal_client._models import (
     SearchMode,
     SearchRequest,
     SearchResult,
+    ShippedProfileInfo,
     SkipRequest,
     SnapshotInfo,
     SnapshotList,
@@ -88,6 +90,7 @@ from normcal_client._models import (
     UnavailableCollection,
     UpsertRequest,
     UpsertResponse,
+    VersionInfo,
 )
 from normcal_client._options import NO_RETRY, RequestOptions, RetryPolicy
 from normcal_client._version import __version__
@@ -135,6 +138,7 @@ __all__ = [
     "JudgingQueriesResponse",
     "Judgment",
     "MethodMetrics",
+    "ModelIdentity",
     "NormcalClient",
     "NormcalError",
     "NotFound",
@@ -153,6 +157,7 @@ __all__ = [
     "SearchResult",
     "ServerError",
     "ServiceUnavailable",
+    "ShippedProfileInfo",
     "SkipRequest",
     "SnapshotInfo",
     "SnapshotList",
@@ -162,6 +167,7 @@ __all__ = [
     "UnavailableCollection",
     "UpsertRequest",
     "UpsertResponse",
+    "VersionInfo",
     "__version__",
     "parse_retry_after",
 ]

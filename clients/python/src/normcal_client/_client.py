@@ -44,6 +44,7 @@ from normcal_client._models import (
     SnapshotInfo,
     Stemmer,
     UpsertResponse,
+    VersionInfo,
 )
 from normcal_client._options import RequestOptions, RetryPolicy
 from normcal_client._version import __version__
@@ -230,6 +231,10 @@ class NormcalClient(_Base):
     def readyz(self) -> Readiness:
         """Readiness: model loaded, collections open."""
         return self._drive(op.one(ep.READY()))
+
+    def version(self) -> VersionInfo:
+        """The normcal version, the serving model's identity, the shipped profiles."""
+        return self._drive(op.one(ep.VERSION()))
 
     def wait_until_ready(
         self, timeout: float = 120.0, interval: float = 0.5
@@ -626,6 +631,10 @@ class AsyncNormcalClient(_Base):
     async def readyz(self) -> Readiness:
         """Readiness: model loaded, collections open."""
         return await self._drive(op.one(ep.READY()))
+
+    async def version(self) -> VersionInfo:
+        """The normcal version, the serving model's identity, the shipped profiles."""
+        return await self._drive(op.one(ep.VERSION()))
 
     async def wait_until_ready(
         self, timeout: float = 120.0, interval: float = 0.5

@@ -75,6 +75,7 @@ _CAL = _C + "/calibrators/{calibrator_id}"
 
 HEALTH = Endpoint("GET", "/healthz", m.Health)
 READY = Endpoint("GET", "/readyz", m.Readiness)
+VERSION = Endpoint("GET", "/version", m.VersionInfo)
 EMBED = Endpoint("POST", "/v1/embed", m.EmbedResponse, m.EmbedRequest)
 LIST_COLLECTIONS = Endpoint("GET", "/v1/collections", m.CollectionList)
 CREATE_COLLECTION = Endpoint(
@@ -128,6 +129,7 @@ DELETE_SNAPSHOT = Endpoint("DELETE", _SNAP, NoBody)
 ENDPOINTS: tuple[Endpoint[Any], ...] = (
     HEALTH,
     READY,
+    VERSION,
     EMBED,
     LIST_COLLECTIONS,
     CREATE_COLLECTION,

@@ -181,6 +181,30 @@ class Readiness(ResponseModel):
     unavailable: list[UnavailableCollection] | None = None
 
 
+class ModelIdentity(ResponseModel):
+    """The serving model: configured name, identity of its files, directory."""
+
+    name: str
+    id: str
+    path: str
+
+
+class ShippedProfileInfo(ResponseModel):
+    """A calibration profile that ships with the server; applies to ``model_id`` only."""
+
+    name: str
+    format: int
+    model_id: str | None
+
+
+class VersionInfo(ResponseModel):
+    """``GET /version``: normcal version, serving model, shipped profiles."""
+
+    normcal: str
+    model: ModelIdentity
+    profiles: list[ShippedProfileInfo]
+
+
 class Embedding(ResponseModel):
     """One embedded text: unit vector, raw norm, tokens seen."""
 
