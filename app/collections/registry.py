@@ -710,6 +710,12 @@ class CollectionRegistry(Generic[C]):
                 f"the snapshot was built with model {trial.meta.get('model')!r}, "
                 f"not {self.model_name!r}"
             )
+        stored_id = trial.meta.get("model_id")
+        if None not in (stored_id, self.model_id) and stored_id != self.model_id:
+            raise ConflictError(
+                f"the snapshot was built with model files {stored_id!r}, not the "
+                f"serving {self.model_id!r}"
+            )
         return trial
 
     def close(self) -> None:
