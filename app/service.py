@@ -865,7 +865,7 @@ def _result(
     elif request.mode == "hybrid":
         out = sorted(out, key=lambda h: (-(h.probability or 0.0), -h.score))[:k]
     else:
-        out = out[: min(k, pool.n_dense)]
+        out = [out[j] for j in pool.dense_top(k)]
     confidence = abstain = band = None
     if profile is not None and scored is not None:
         out = _cut(out, request.min_probability, request.target_precision)

@@ -32,6 +32,7 @@ query's hits differently from cosine; ``auto/query-side`` additionally evaluates
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -368,29 +369,21 @@ def _fit_predict(
             proba[method] = est.predict_proba(X_te)
         except SingleClassError:
             proba[method] = np.full(len(X_te), np.clip(y_tr.mean(), 1e-4, 1 - 1e-4))
-    n_splits = min(options.n_splits, len(train))
-    sel = select_calibrator(
+    select = functools.partial(
+        select_calibrator,
         X_tr,
         y_tr,
         g_tr,
         method=AUTO,
-        n_splits=n_splits,
-        query_side_only=False,
+        n_splits=min(options.n_splits, len(train)),
         prior=options.prior,
     )
+    sel = select(query_side_only=False)
     proba[AUTO] = sel.estimator.predict_proba(X_te)
     rank_proba = {} if X_rank is None else {AUTO: sel.estimator.predict_proba(X_rank)}
     chosen_query_side = None
     if options.query_side:
-        sel_r = select_calibrator(
-            X_tr,
-            y_tr,
-            g_tr,
-            method=AUTO,
-            n_splits=n_splits,
-            query_side_only=True,
-            prior=options.prior,
-        )
+        sel_r = select(query_side_only=True)
         proba[AUTO_QUERY_SIDE] = sel_r.estimator.predict_proba(X_te)
         if X_rank is not None:
             rank_proba[AUTO_QUERY_SIDE] = sel_r.estimator.predict_proba(X_rank)
@@ -865,27 +858,19 @@ def _evaluate_calibration(
     if progress is not None:
         progress("norm lift on all fitting data")
     X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
-    n_inner = min(opts.n_splits, len(fit_pool))
-    sel = select_calibrator(
+    select = functools.partial(
+        select_calibrator,
         X_all,
         y_all,
         g_all,
         method=AUTO,
-        n_splits=n_inner,
-        query_side_only=False,
+        n_splits=min(opts.n_splits, len(fit_pool)),
         prior=opts.prior,
     )
+    sel = select(query_side_only=False)
     lift: dict[str, Any] = to_jsonable(sel.norm_lift)
     if opts.query_side:
-        sel_r = select_calibrator(
-            X_all,
-            y_all,
-            g_all,
-            method=AUTO,
-            n_splits=n_inner,
-            query_side_only=True,
-            prior=opts.prior,
-        )
+        sel_r = select(query_side_only=True)
         lift["query_side"] = to_jsonable(sel_r.norm_lift)
 
     terciles = {

@@ -458,7 +458,7 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
 
         Parameters
         ----------
-        X : array-like of shape (n_pairs, 7)
+        X : array-like of shape (n_pairs, 10)
             Pair features in ``FEATURES`` order.
         y : array-like of shape (n_pairs,)
             Binary labels.

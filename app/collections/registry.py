@@ -121,9 +121,9 @@ class Pool:
     lexical: LexicalEvidence
     lexical_order: list[int]
 
-    def dense(self, k: int) -> list[Hit]:
-        """The dense top-``k`` (cosine order)."""
-        return self.hits[: min(k, self.n_dense)]
+    def dense_top(self, k: int) -> list[int]:
+        """Indices into ``hits`` of the dense top-``k``, best first."""
+        return list(range(min(k, self.n_dense)))
 
     def lexical_top(self, k: int) -> list[int]:
         """Indices into ``hits`` of the BM25 top-``k``, best first."""

@@ -373,9 +373,8 @@ class CollectionStore:
             ids = [d.id for d in docs]
             removed = list(_seqs_by_id(conn, ids).values())
             # Deleted explicitly (not by REPLACE) so the lexical index's trigger fires.
-            for chunk in _chunks(removed, 500):
-                marks = ",".join("?" * len(chunk))
-                conn.execute(f"DELETE FROM documents WHERE seq IN ({marks})", chunk)
+            for _ in _in_chunks(conn, "DELETE FROM documents WHERE seq IN", removed):
+                pass
             new: list[int] = []
             for d in docs:
                 cur = conn.execute(
@@ -414,16 +413,14 @@ class CollectionStore:
 
     def get_by_seqs(self, seqs: Sequence[int]) -> dict[int, StoredDocument]:
         """Read documents by seq (unknown seqs are absent from the result)."""
-        out: dict[int, StoredDocument] = {}
         with self._use() as conn:
-            for chunk in _chunks(list(seqs), 500):
-                marks = ",".join("?" * len(chunk))
-                for row in conn.execute(
-                    f"SELECT {_COLUMNS} FROM documents WHERE seq IN ({marks})", chunk
-                ):
-                    doc = _to_document(row)
-                    out[doc.seq] = doc
-        return out
+            docs = [
+                _to_document(row)
+                for row in _in_chunks(
+                    conn, f"SELECT {_COLUMNS} FROM documents WHERE seq IN", seqs
+                )
+            ]
+        return {doc.seq: doc for doc in docs}
 
     def seqs_of(self, ids: Sequence[str]) -> dict[str, int]:
         """Map document ids to seqs (unknown ids are absent)."""
@@ -439,15 +436,13 @@ class CollectionStore:
 
     def vectors_of(self, seqs: Sequence[int]) -> dict[int, NDArray[np.float32]]:
         """Unit vectors of the given seqs (unknown seqs are absent)."""
-        out: dict[int, NDArray[np.float32]] = {}
         with self._use() as conn:
-            for chunk in _chunks(list(seqs), 500):
-                marks = ",".join("?" * len(chunk))
-                for seq, blob in conn.execute(
-                    f"SELECT seq, vector FROM documents WHERE seq IN ({marks})", chunk
-                ):
-                    out[int(seq)] = np.frombuffer(blob, dtype=np.float32)
-        return out
+            return {
+                int(seq): np.frombuffer(blob, dtype=np.float32)
+                for seq, blob in _in_chunks(
+                    conn, "SELECT seq, vector FROM documents WHERE seq IN", seqs
+                )
+            }
 
     def lexical_count(self) -> int:
         """Documents in the lexical index (its own count, not the content table's)."""
@@ -486,16 +481,14 @@ class CollectionStore:
 
     def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
         """Read documents by id (unknown ids are absent from the result)."""
-        out: dict[str, StoredDocument] = {}
         with self._use() as conn:
-            for chunk in _chunks(list(ids), 500):
-                marks = ",".join("?" * len(chunk))
-                for row in conn.execute(
-                    f"SELECT {_COLUMNS} FROM documents WHERE id IN ({marks})", chunk
-                ):
-                    doc = _to_document(row)
-                    out[doc.id] = doc
-        return out
+            docs = [
+                _to_document(row)
+                for row in _in_chunks(
+                    conn, f"SELECT {_COLUMNS} FROM documents WHERE id IN", ids
+                )
+            ]
+        return {doc.id: doc for doc in docs}
 
     def delete_where(self, where: dict[str, MetadataValue]) -> list[int]:
         """Delete, in one transaction, every document matching ``where``.
@@ -879,14 +872,12 @@ def _metadata_condition(
 
 
 def _seqs_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for chunk in _chunks(list(ids), 500):
-        marks = ",".join("?" * len(chunk))
-        for doc_id, seq in conn.execute(
-            f"SELECT id, seq FROM documents WHERE id IN ({marks})", chunk
-        ):
-            out[str(doc_id)] = int(seq)
-    return out
+    return {
+        str(doc_id): int(seq)
+        for doc_id, seq in _in_chunks(
+            conn, "SELECT id, seq FROM documents WHERE id IN", ids
+        )
+    }
 
 
 def _uri(path: Path) -> str:
@@ -904,6 +895,18 @@ def _to_document(row: tuple[Any, ...]) -> StoredDocument:
         n_tokens=int(n_tokens),
         truncated=bool(truncated),
     )
+
+
+def _in_chunks(
+    conn: sqlite3.Connection, sql: str, values: Sequence[Any]
+) -> Iterator[tuple[Any, ...]]:
+    """Rows of ``sql`` + ``(?, ?, …)`` over ``values``, 500 at a time.
+
+    SQLite bounds the number of parameters of one statement, so a long ``IN`` list
+    is run in chunks (``sql`` ends with ``IN``).
+    """
+    for chunk in _chunks(list(values), 500):
+        yield from conn.execute(f"{sql} ({','.join('?' * len(chunk))})", chunk)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

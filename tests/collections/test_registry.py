@@ -72,7 +72,7 @@ def test_drop_removes_the_files_and_the_name(registry):
 def _dense(collection, vectors, k, where=None):
     """Dense top-k per query vector (no query text, so no lexical candidates)."""
     pools = collection.search(vectors, [""] * len(vectors), k, where)
-    return [pool.dense(k) for pool in pools]
+    return [[pool.hits[j] for j in pool.dense_top(k)] for pool in pools]
 
 
 def test_collection_upsert_search_delete(registry):
