@@ -112,9 +112,9 @@ class EmbedBatcher:
         return concatenate(parts)
 
     async def _submit(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
-        if len(self._queue) >= self.max_queued:
+        if self.pending >= self.max_queued:
             raise OverloadedError(
-                f"{len(self._queue)} embeddings are already queued; retry shortly",
+                f"{self.pending} embeddings are already queued; retry shortly",
                 retry_after=1,
             )
         job = _Job(texts, input_type, asyncio.get_running_loop().create_future())
