@@ -63,6 +63,7 @@ from app.collections.snapshots import Snapshot, Snapshots
 from app.collections.store import DEFAULT_STEMMER, NewDocument, StoredDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
+from app.embedding.batching import EmbedBatcher
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
@@ -99,9 +100,19 @@ class Service:
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
     snapshots: Snapshots = field(init=False)
+    # Every embedding goes through it, so concurrent requests share forward passes.
+    batcher: EmbedBatcher = field(init=False)
 
     def __post_init__(self) -> None:
         self.snapshots = Snapshots(self.registry)
+        self.batcher = EmbedBatcher(
+            self.embedder,
+            self.pool,
+            max_texts=self.settings.embed_batch_size,
+            window=self.settings.embed_batch_window_ms / 1000,
+            max_queued=self.settings.max_pending_jobs,
+            enabled=self.settings.embed_batching,
+        )
 
     # -- health -----------------------------------------------------------------------
     def readiness(self, *, detailed: bool) -> Readiness:
@@ -157,7 +168,7 @@ class Service:
         lim = self.settings.limits
         limits.check_count("texts", texts, lim.max_texts_per_request)
         limits.check_texts("texts", texts, lim)
-        batch = await self.pool.run(self.embedder.embed, texts, input_type)
+        batch = await self.batcher.embed(texts, input_type)
         return EmbedResponse(
             data=[
                 Embedding(
@@ -264,9 +275,7 @@ class Service:
                 field="documents",
             )
         collection = self.registry.get_compatible(name)
-        batch = await self.pool.run(
-            self.embedder.embed, [d.text for d in documents], "document"
-        )
+        batch = await self.batcher.embed([d.text for d in documents], "document")
         rows = [
             NewDocument(
                 id=d.id,
@@ -389,7 +398,7 @@ class Service:
                 f"{self.embedder.model_name!r}",
                 field="mode" if request.mode == "hybrid" else "min_probability",
             )
-        batch = await self.pool.run(self.embedder.embed, texts, "query")
+        batch = await self.batcher.embed(texts, "query")
         pools = await self.pool.run(
             collection.search, batch.vectors, texts, n, request.filter
         )
@@ -420,7 +429,7 @@ class Service:
         for query, doc_id, relevance in judged:
             qrels.setdefault(query, {})[doc_id] = relevance
         queries = sorted(qrels)
-        batch = await self.pool.run(self.embedder.embed, queries, "query")
+        batch = await self.batcher.embed(queries, "query")
         pools = await self.pool.run(collection.search, batch.vectors, queries, k, None)
         evidence = [
             QueryEvidence(
@@ -663,7 +672,7 @@ class Service:
                 progress=progress,
             )
         request = SearchRequest(queries=candidates, k=k, include_text=True)
-        batch = await self.pool.run(self.embedder.embed, candidates, "query")
+        batch = await self.batcher.embed(candidates, "query")
         pools = await self.pool.run(
             collection.search, batch.vectors, candidates, max(k, POOL_DEPTH), None
         )

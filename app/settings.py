@@ -100,7 +100,20 @@ class Settings(BaseSettings):
     query_prompt: str = Field("", description="prefix added to query texts")
     document_prompt: str = Field("", description="prefix added to document texts")
     device: str = Field("cpu", description="torch device for the embedder")
-    embed_batch_size: int = Field(32, ge=1, le=1024)
+    embed_batch_size: int = Field(
+        32, ge=1, le=1024, description="texts per forward pass (and per shared pass)"
+    )
+    embed_batching: bool = Field(
+        True,
+        description="concurrent requests share forward passes (app.embedding.batching)",
+    )
+    embed_batch_window_ms: float = Field(
+        0.0,
+        ge=0,
+        le=50,
+        description="ms a pass that follows another waits for more requests to join "
+        "(never when idle)",
+    )
     index_type: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind")
     hnsw_m: int = Field(32, ge=4, le=256)
     hnsw_ef_search: int = Field(128, ge=8, le=4096)

@@ -1,0 +1,223 @@
+"""Batching across requests: concurrent small embeds share one forward pass.
+
+A forward pass of 16 queries costs little more than one on a CPU, so embedding each
+single-query search alone wastes most of the machine under load. The
+:class:`EmbedBatcher` runs one pass at a time on the CPU pool (a pass already uses
+every core through the model's own threads): a request that finds it idle starts a
+pass at once, so an idle service adds no latency; requests arriving while a pass runs
+queue up, and the next pass takes every queued request of the same input type, up to
+``max_texts`` texts. ``window`` optionally holds a *following* pass back a moment so
+stragglers join it; it never delays a request that finds the batcher idle.
+
+A request longer than ``max_texts`` goes through in chunks, one after the other, so a
+large upsert cannot hold a waiting search back for more than one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.concurrency import CpuPool
+from app.embedding.base import Embedder, EmbeddingBatch, InputType
+from app.exceptions import OverloadedError
+
+
+@dataclass
+class _Job:
+    """One chunk of a request, waiting for (or in) a pass."""
+
+    texts: list[str]
+    input_type: InputType
+    future: asyncio.Future[EmbeddingBatch] = field(repr=False)
+
+
+def concatenate(batches: list[EmbeddingBatch]) -> EmbeddingBatch:
+    """The batches one after the other, as one batch."""
+    if len(batches) == 1:
+        return batches[0]
+    return EmbeddingBatch(
+        vectors=np.concatenate([b.vectors for b in batches]),
+        norms=np.concatenate([b.norms for b in batches]),
+        n_tokens=np.concatenate([b.n_tokens for b in batches]),
+        truncated=np.concatenate([b.truncated for b in batches]),
+    )
+
+
+def _slice(batch: EmbeddingBatch, start: int, stop: int) -> EmbeddingBatch:
+    return EmbeddingBatch(
+        vectors=batch.vectors[start:stop],
+        norms=batch.norms[start:stop],
+        n_tokens=batch.n_tokens[start:stop],
+        truncated=batch.truncated[start:stop],
+    )
+
+
+class EmbedBatcher:
+    """Embed through ``embedder`` on ``pool``, merging concurrent requests.
+
+    Parameters
+    ----------
+    embedder : Embedder
+        The model; any backend.
+    pool : CpuPool
+        Where passes run.
+    max_texts : int
+        Texts per pass at most (the model's batch size is a good choice).
+    window : float
+        Seconds a pass that follows another waits for more requests, unless it is
+        already full; 0 takes what is queued at once.
+    max_queued : int
+        Queued chunks beyond which a request gets ``OverloadedError`` (HTTP 503), as
+        the pool bounds its own queue.
+    enabled : bool
+        False embeds each request on its own, as without a batcher (to compare).
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        pool: CpuPool,
+        *,
+        max_texts: int,
+        window: float = 0.0,
+        max_queued: int = 64,
+        enabled: bool = True,
+    ) -> None:
+        self.embedder = embedder
+        self.pool = pool
+        self.max_texts = max_texts
+        self.window = window
+        self.max_queued = max_queued
+        self.enabled = enabled
+        self._queue: deque[_Job] = deque()
+        self._drainer: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        """Requests (chunks) queued for a pass, not counting the running one."""
+        return sum(not job.future.done() for job in self._queue)
+
+    async def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        """Embed ``texts`` in order, sharing passes with concurrent requests."""
+        if not self.enabled or not texts:
+            return await self.pool.run(self.embedder.embed, texts, input_type)
+        parts = []
+        for start in range(0, len(texts), self.max_texts):
+            chunk = texts[start : start + self.max_texts]
+            parts.append(await self._submit(chunk, input_type))
+        return concatenate(parts)
+
+    async def _submit(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        if self.pending >= self.max_queued:
+            raise OverloadedError(
+                f"{self.pending} embeddings are already queued; retry shortly",
+                retry_after=1,
+            )
+        job = _Job(texts, input_type, asyncio.get_running_loop().create_future())
+        self._queue.append(job)
+        if self._drainer is None:
+            self._drainer = asyncio.create_task(self._drain())
+        # A cancelled caller cancels its future; the drainer skips it or drops its
+        # result, and the other requests carry on.
+        return await job.future
+
+    async def _drain(self) -> None:
+        """Run passes until the queue is empty, then stop.
+
+        The next request restarts it, so an idle batcher holds no task.
+        """
+        try:
+            following = False
+            while self._queue:
+                if following and self.window > 0 and not self._full():
+                    await asyncio.sleep(self.window)
+                jobs = self._take()
+                if jobs:
+                    await self._run(jobs)
+                following = True
+        finally:
+            # Only reached with jobs left if this task was cancelled (shutdown).
+            while self._queue:
+                self._queue.popleft().future.cancel()
+            self._drainer = None
+
+    def _full(self) -> bool:
+        head = self._queue[0].input_type
+        queued = sum(len(j.texts) for j in self._queue if j.input_type == head)
+        return queued >= self.max_texts
+
+    def _take(self) -> list[_Job]:
+        """Take the next pass's requests; the rest stay queued.
+
+        That is every live queued request of the oldest one's input type that still
+        fits in ``max_texts``, oldest first.
+        """
+        while self._queue and self._queue[0].future.done():
+            self._queue.popleft()  # its caller was cancelled
+        if not self._queue:
+            return []
+        input_type = self._queue[0].input_type
+        taken: list[_Job] = []
+        kept: deque[_Job] = deque()
+        n = 0
+        for job in self._queue:
+            if job.future.done():
+                continue
+            if job.input_type == input_type and n + len(job.texts) <= self.max_texts:
+                taken.append(job)
+                n += len(job.texts)
+            else:
+                kept.append(job)
+        self._queue = kept
+        return taken
+
+    async def _run(self, jobs: list[_Job]) -> None:
+        """Run one pass for ``jobs``.
+
+        If it fails, each job runs again alone, so one bad request fails only itself.
+        """
+        texts = [t for job in jobs for t in job.texts]
+        try:
+            batch = await self.pool.run(self.embedder.embed, texts, jobs[0].input_type)
+        except asyncio.CancelledError:
+            for job in jobs:
+                job.future.cancel()
+            raise
+        except (
+            OverloadedError
+        ) as error:  # refused, not broken: retrying alone won't help
+            for job in jobs:
+                _settle(job, error=error)
+            return
+        except Exception as error:
+            if len(jobs) == 1:
+                _settle(jobs[0], error=error)
+                return
+            for job in jobs:
+                if not job.future.done():
+                    await self._run([job])
+            return
+        start = 0
+        for job in jobs:
+            _settle(job, _slice(batch, start, start + len(job.texts)))
+            start += len(job.texts)
+
+
+def _settle(
+    job: _Job,
+    batch: EmbeddingBatch | None = None,
+    *,
+    error: BaseException | None = None,
+) -> None:
+    """Hand the caller its result or error, unless it stopped waiting."""
+    if job.future.done():
+        return
+    if error is not None:
+        job.future.set_exception(error)
+    else:
+        assert batch is not None
+        job.future.set_result(batch)

@@ -1,0 +1,327 @@
+"""Batching across requests (``app.embedding.batching``).
+
+Unit tests hold a pass open with a gate (a ``threading.Event`` the fake model waits
+on), queue requests behind it, and check what the next pass contained; they wait
+on events and on the batcher's queue, never on a clock. The last test runs
+concurrent searches through the HTTP app with the real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from app.concurrency import CpuPool
+from app.embedding import EmbeddingBatch, InputType
+from app.embedding.batching import EmbedBatcher
+from app.exceptions import OverloadedError
+
+DEADLINE_S = 60.0  # only bounds a hang
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class GatedEmbedder:
+    """Texts are numbers; a text's norm is its number, so results show whose they
+    are. Every call waits for ``gate``; ``"bad"`` in a call fails it."""
+
+    model_name = "tests/gated"
+    model_id = "sha256:gated"
+    dim = 2
+    max_seq_length = 8
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls: list[tuple[list[str], InputType]] = []
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        self.calls.append((list(texts), input_type))
+        self.entered.set()
+        assert self.gate.wait(DEADLINE_S), "the test never opened the gate"
+        if "bad" in texts:
+            raise ValueError("cannot embed 'bad'")
+        n = len(texts)
+        return EmbeddingBatch(
+            vectors=np.tile(np.float32([1.0, 0.0]), (n, 1)),
+            norms=np.array([float(t) for t in texts]),
+            n_tokens=np.full(n, 3, dtype=np.int64),
+            truncated=np.zeros(n, dtype=bool),
+        )
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` until it holds (bounded by a generous deadline)."""
+    for _ in range(int(DEADLINE_S / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition never held")
+
+
+@pytest.fixture
+def model() -> Iterator[GatedEmbedder]:
+    fake = GatedEmbedder()
+    yield fake
+    fake.gate.set()  # never leave a pool thread waiting
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[CpuPool]:
+    cpu = CpuPool(2, 64)
+    yield cpu
+    cpu.shutdown()
+
+
+def norms(batch: EmbeddingBatch) -> list[float]:
+    return batch.norms.tolist()
+
+
+async def blocked_first_pass(
+    batcher: EmbedBatcher, model: GatedEmbedder
+) -> asyncio.Task[EmbeddingBatch]:
+    """A request whose pass is running and held at the gate."""
+    first = asyncio.create_task(batcher.embed(["0"], "query"))
+    await until(model.entered.is_set)
+    return first
+
+
+def start(
+    batcher: EmbedBatcher, *requests: tuple[list[str], InputType]
+) -> list[asyncio.Task[EmbeddingBatch]]:
+    return [asyncio.create_task(batcher.embed(t, kind)) for t, kind in requests]
+
+
+async def queued(batcher: EmbedBatcher, n: int) -> None:
+    await until(lambda: batcher.pending == n)
+
+
+@pytest.mark.anyio
+async def test_idle_request_starts_its_pass_at_once_whatever_the_window(model, pool):
+    # A window far longer than the deadline: if an idle request waited for company,
+    # the pass would not start before `until` gives up.
+    batcher = EmbedBatcher(model, pool, max_texts=32, window=10 * DEADLINE_S)
+    task = asyncio.create_task(batcher.embed(["7", "8"], "query"))
+    await until(model.entered.is_set)
+    assert model.calls == [(["7", "8"], "query")]
+    model.gate.set()
+    assert norms(await task) == [7.0, 8.0]
+
+
+@pytest.mark.anyio
+async def test_requests_queued_behind_a_pass_share_the_next_one_in_order(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32)
+    first = await blocked_first_pass(batcher, model)
+    tasks = start(batcher, *[([str(i), str(i + 100)], "query") for i in range(1, 9)])
+    await queued(batcher, 8)
+    model.gate.set()
+    assert norms(await first) == [0.0]
+    for i, task in enumerate(tasks, start=1):
+        assert norms(await task) == [float(i), float(i + 100)]
+    second = [t for i in range(1, 9) for t in (str(i), str(i + 100))]
+    assert model.calls == [(["0"], "query"), (second, "query")]
+
+
+@pytest.mark.anyio
+async def test_a_full_pass_does_not_wait_out_the_window(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=2, window=10 * DEADLINE_S)
+    first = await blocked_first_pass(batcher, model)
+    tasks = start(batcher, (["1"], "query"), (["2"], "query"))
+    await queued(batcher, 2)
+    model.gate.set()
+    await first
+    assert [norms(await t) for t in tasks] == [[1.0], [2.0]]
+    assert model.calls[1] == (["1", "2"], "query")
+
+
+@pytest.mark.anyio
+async def test_input_types_are_never_mixed_in_a_pass(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32)
+    first = await blocked_first_pass(batcher, model)
+    kinds: list[InputType] = ["document", "query", "document", "query"]
+    tasks = start(batcher, *[([str(i)], k) for i, k in enumerate(kinds, start=1)])
+    await queued(batcher, 4)
+    model.gate.set()
+    await first
+    assert [norms(await t) for t in tasks] == [[1.0], [2.0], [3.0], [4.0]]
+    assert model.calls[1:] == [(["1", "3"], "document"), (["2", "4"], "query")]
+
+
+@pytest.mark.anyio
+async def test_passes_hold_at_most_max_texts_and_long_requests_go_in_chunks(
+    model, pool
+):
+    batcher = EmbedBatcher(model, pool, max_texts=3)
+    first = await blocked_first_pass(batcher, model)
+    pair, seven = start(
+        batcher, (["1", "2"], "query"), ([str(i) for i in range(10, 17)], "query")
+    )
+    await queued(batcher, 2)  # the pair and the first chunk of the seven
+    model.gate.set()
+    await first
+    assert norms(await pair) == [1.0, 2.0]
+    assert norms(await seven) == [float(i) for i in range(10, 17)]
+    assert all(len(texts) <= 3 for texts, _ in model.calls)
+    assert [t for texts, _ in model.calls[1:] for t in texts] == [
+        "1", "2", "10", "11", "12", "13", "14", "15", "16"
+    ]  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_failing_request_fails_alone(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32)
+    first = await blocked_first_pass(batcher, model)
+    good1, bad, good2 = start(
+        batcher, (["1"], "query"), (["bad"], "query"), (["3"], "query")
+    )
+    await queued(batcher, 3)
+    model.gate.set()
+    await first
+    assert norms(await good1) == [1.0]
+    assert norms(await good2) == [3.0]
+    with pytest.raises(ValueError, match="cannot embed"):
+        await bad
+    # The shared pass failed, then each request ran alone.
+    assert [texts for texts, _ in model.calls[1:]] == [
+        ["1", "bad", "3"],
+        ["1"],
+        ["bad"],
+        ["3"],
+    ]
+
+
+@pytest.mark.anyio
+async def test_cancelled_callers_leave_the_others_served(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32)
+    running = await blocked_first_pass(batcher, model)  # its caller gives up mid-pass
+    a, waiting, c = start(batcher, (["1"], "query"), (["2"], "query"), (["3"], "query"))
+    await queued(batcher, 3)
+    waiting.cancel()  # gives up while queued
+    running.cancel()
+    await queued(batcher, 2)
+    model.gate.set()
+    assert norms(await a) == [1.0]
+    assert norms(await c) == [3.0]
+    assert waiting.cancelled() and running.cancelled()
+    assert model.calls[1] == (["1", "3"], "query")
+    # The batcher still serves new requests afterwards.
+    assert norms(await batcher.embed(["5"], "query")) == [5.0]
+
+
+@pytest.mark.anyio
+async def test_queue_bound_accepted_at_the_limit_refused_past_it(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32, max_queued=2)
+    first = await blocked_first_pass(batcher, model)
+    tasks = start(batcher, (["1"], "query"), (["2"], "query"))
+    await queued(batcher, 2)
+    with pytest.raises(OverloadedError):
+        await batcher.embed(["3"], "query")
+    model.gate.set()
+    await first
+    assert [norms(await t) for t in tasks] == [[1.0], [2.0]]
+
+
+@pytest.mark.anyio
+async def test_disabled_embeds_each_request_alone(model, pool):
+    model.gate.set()
+    batcher = EmbedBatcher(model, pool, max_texts=32, enabled=False)
+    results = await asyncio.gather(
+        *(batcher.embed([str(i)], "query") for i in range(4))
+    )
+    assert [norms(r) for r in results] == [[0.0], [1.0], [2.0], [3.0]]
+    assert sorted(texts for texts, _ in model.calls) == [["0"], ["1"], ["2"], ["3"]]
+
+
+# -- through the HTTP app, with the real model ------------------------------------------
+
+
+class GatedRealEmbedder:
+    """The real model; while ``gate`` is closed, query passes wait for it. Records
+    the size of every query pass."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.model_name, self.model_id = inner.model_name, inner.model_id
+        self.dim, self.max_seq_length = inner.dim, inner.max_seq_length
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.query_passes: list[int] = []
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        if input_type == "query":
+            self.query_passes.append(len(texts))
+            self.entered.set()
+            assert self.gate.wait(DEADLINE_S), "the test never opened the gate"
+        return self.inner.embed(texts, input_type)
+
+
+WORDS = (
+    "protein galaxy violin harbour enzyme glacier orbit falcon copper vaccine".split()
+)
+QUERIES = [f"{a} {b}" for a, b in zip(WORDS, WORDS[3:] + WORDS[:3], strict=True)]
+
+
+def test_concurrent_searches_return_what_sequential_ones_do(real_embedder, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.api.app import create_app
+    from app.settings import Settings
+
+    model = GatedRealEmbedder(real_embedder)
+    app = create_app(Settings(data_dir=tmp_path / "data"), embedder=model)
+    docs = [
+        {"id": f"d{i}", "text": f"{WORDS[i % 10]} and {WORDS[(i * 3) % 10]} no. {i}"}
+        for i in range(40)
+    ]
+
+    def search(client: TestClient, query: str) -> list[tuple[str, float]]:
+        r = client.post("/v1/collections/kb/search", json={"query": query, "k": 5})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return [("query", body["query"]["norm"])] + [
+            (h["id"], h["score"]) for h in body["hits"]
+        ]
+
+    with TestClient(app) as client:
+        assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        r = client.put("/v1/collections/kb/documents", json={"documents": docs})
+        assert r.status_code == 200, r.text
+        sequential = [search(client, q) for q in QUERIES]
+        assert model.query_passes == [1] * len(QUERIES)
+
+        batcher = client.app_state["service"].batcher
+        model.gate.clear()
+        model.entered.clear()
+        model.query_passes.clear()
+        with ThreadPoolExecutor(len(QUERIES)) as threads:
+            first = threads.submit(search, client, QUERIES[0])
+            assert model.entered.wait(DEADLINE_S)
+            rest = [threads.submit(search, client, q) for q in QUERIES[1:]]
+            _wait_for(lambda: batcher.pending == len(QUERIES) - 1)
+            model.gate.set()
+            concurrent = [first.result(DEADLINE_S)] + [
+                f.result(DEADLINE_S) for f in rest
+            ]
+    assert model.query_passes == [1, len(QUERIES) - 1]  # one shared pass
+    for seq, conc in zip(sequential, concurrent, strict=True):
+        assert [d for d, _ in conc] == [d for d, _ in seq]
+        assert np.allclose([s for _, s in conc], [s for _, s in seq], atol=1e-5)
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    """Block until ``condition`` holds (bounded by a generous deadline)."""
+    done = threading.Event()
+    for _ in range(int(DEADLINE_S / 0.005)):
+        if condition():
+            return
+        done.wait(0.005)
+    raise AssertionError("condition never held")
