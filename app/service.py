@@ -49,6 +49,7 @@ from app.api.schemas.health import (
     UnavailableCollection,
     VersionInfo,
 )
+from app.api.schemas.jobs import FitJob
 from app.api.schemas.judging import (
     JudgingHit,
     JudgingNext,
@@ -65,6 +66,7 @@ from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.embedding.batching import EmbedBatcher
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
+from app.jobs import JOBS_FILE, FitJobs, Progress
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
 from app.paging import decode_cursor, encode_cursor
@@ -102,9 +104,13 @@ class Service:
     snapshots: Snapshots = field(init=False)
     # Every embedding goes through it, so concurrent requests share forward passes.
     batcher: EmbedBatcher = field(init=False)
+    fit_jobs: FitJobs = field(init=False)
 
     def __post_init__(self) -> None:
         self.snapshots = Snapshots(self.registry)
+        self.fit_jobs = FitJobs(
+            self.settings.data_dir / JOBS_FILE, self.settings.limits
+        )
         self.batcher = EmbedBatcher(
             self.embedder,
             self.pool,
@@ -410,7 +416,16 @@ class Service:
 
     # -- calibrators ------------------------------------------------------------------
     async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
-        """Fit a calibrator from judgments; nothing changes unless the fit succeeds."""
+        """Fit a calibrator and wait for it: a fit job awaited (one code path)."""
+        job = self.start_fit(name, body)
+        return await self.fit_jobs.wait(job.id)
+
+    def start_fit(self, name: str, body: FitRequest) -> FitJob:
+        """Check a fit request, then start it as a job; nothing changes until it ends.
+
+        Every check that needs no fitting runs here, so a bad request is a 4xx with
+        no job; the job stores (and activates) the calibrator only if the fit works.
+        """
         lim = self.settings.limits
         limits.check_count("judgments", body.judgments, lim.max_judgments_per_fit)
         limits.check_texts("judgments.query", [j.query for j in body.judgments], lim)
@@ -428,9 +443,26 @@ class Service:
         qrels: dict[str, dict[str, int]] = {}
         for query, doc_id, relevance in judged:
             qrels.setdefault(query, {})[doc_id] = relevance
+        return self.fit_jobs.submit(
+            name, lambda progress: self._fit(collection, body, qrels, k, progress)
+        )
+
+    async def _fit(
+        self,
+        collection: Collection[Profile],
+        body: FitRequest,
+        qrels: dict[str, dict[str, int]],
+        k: int,
+        progress: Progress,
+    ) -> CalibratorInfo:
+        """The fit of a job, reporting each stage it enters to ``progress``."""
+        name = collection.name
+        progress("embedding queries")
         queries = sorted(qrels)
         batch = await self.batcher.embed(queries, "query")
+        progress("retrieving")
         pools = await self.pool.run(collection.search, batch.vectors, queries, k, None)
+        progress("fitting")
         evidence = [
             QueryEvidence(
                 norm=float(batch.norms[i]),
@@ -472,8 +504,19 @@ class Service:
         )
         if self.metrics is not None:
             self.metrics.observe_fit(seconds, method=profile.method)
+        progress("storing")
         await self.pool.run(collection.add_calibrator, profile, activate=body.activate)
         return self._info(collection, profile)
+
+    def get_fit_job(self, name: str, job_id: str) -> FitJob:
+        """One fit job of a collection."""
+        self.registry.get(name)
+        return self.fit_jobs.get(name, job_id)
+
+    def list_fit_jobs(self, name: str) -> list[FitJob]:
+        """A collection's fit jobs, newest first."""
+        self.registry.get(name)
+        return self.fit_jobs.list(name)
 
     def list_calibrators(self, name: str) -> list[CalibratorInfo]:
         """Every calibrator of a collection, oldest first.

@@ -63,6 +63,12 @@ class Limits(BaseSettings):
     max_ids_per_get: int = Field(
         1000, ge=1, description="ids per batch get (POST .../documents/get)"
     )
+    max_queued_fit_jobs: int = Field(
+        4, ge=1, description="fit jobs queued or running; past it a fit gets 503"
+    )
+    max_finished_fit_jobs: int = Field(
+        100, ge=1, description="finished fit jobs kept (the oldest are pruned)"
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):

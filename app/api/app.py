@@ -17,6 +17,7 @@ from app.api.routers import (
     docs,
     documents,
     embed,
+    fit_jobs,
     health,
     judging,
     metrics,
@@ -87,6 +88,7 @@ def create_app(
         documents,
         search,
         calibrators,
+        fit_jobs,
         judging,
         snapshots,
     ):

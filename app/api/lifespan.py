@@ -77,20 +77,21 @@ def make_lifespan(
         if metrics is not None:
             model = metrics.instrument(model)
             metrics.watch(registry)
+        service = Service(
+            settings,
+            model,
+            registry,
+            pool,
+            default_profile=None if isinstance(default, str) else default,
+            no_default_reason=no_default,
+            metrics=metrics,
+        )
+        service.fit_jobs.open()  # fails the jobs a previous process left unfinished
         try:
-            yield {
-                "service": Service(
-                    settings,
-                    model,
-                    registry,
-                    pool,
-                    default_profile=None if isinstance(default, str) else default,
-                    no_default_reason=no_default,
-                    metrics=metrics,
-                )
-            }
+            yield {"service": service}
         finally:
-            # Reverse order: finish CPU work, then close SQLite cleanly.
+            # Reverse order: stop fit jobs, finish CPU work, then close SQLite cleanly.
+            await service.fit_jobs.close()
             if metrics is not None:
                 metrics.watch(None)
             pool.shutdown()

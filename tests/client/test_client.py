@@ -562,6 +562,48 @@ def test_real_search_modes_and_stemmer(nc):
 
 
 @pytest.mark.anyio
+def test_real_fit_jobs(nc):
+    nc.create_collection("jobs", exist_ok=True)
+    nc.upsert_documents("jobs", DOCS)
+    judgments = [
+        {"query": q, "document_id": key, "relevance": 1} for key, q in QUERIES.items()
+    ]
+    started = nc.start_fit("jobs", judgments, method="platt", k=5)
+    assert started.collection == "jobs" and started.status in {
+        "queued",
+        "running",
+        "succeeded",
+    }
+    job = nc.wait_fit_job("jobs", started.id, timeout=300, poll_interval=0.05)
+    assert job.status == "succeeded" and job.error is None
+    assert job.calibrator is not None and job.calibrator.active
+    assert job.progress.fraction == 1.0
+    assert nc.get_fit_job("jobs", started.id) == job
+    assert [j.id for j in nc.list_fit_jobs("jobs")] == [started.id]
+    with pytest.raises(InvalidRequest):
+        nc.start_fit("jobs", [{"query": "q", "document_id": "nope", "relevance": 1}])
+    with pytest.raises(NotFound):
+        nc.get_fit_job("jobs", "nope")
+
+
+@pytest.mark.anyio
+async def test_async_fit_jobs(live):
+    async with AsyncNormcalClient(live.url) as anc:
+        await anc.create_collection("ajobs", exist_ok=True)
+        await anc.upsert_documents("ajobs", DOCS)
+        judgments = [
+            {"query": q, "document_id": key, "relevance": 0}
+            for key, q in QUERIES.items()
+        ]
+        started = await anc.start_fit(
+            "ajobs", judgments, method="platt", k=5, include_feedback=False
+        )
+        job = await anc.wait_fit_job("ajobs", started.id, 300, 0.05)
+        assert job.status == "failed" and job.calibrator is None
+        assert job.error is not None and job.error.status == 422
+        assert (await anc.list_fit_jobs("ajobs"))[0] == job
+
+
 async def test_async_client_against_the_live_server(live):
     async with AsyncNormcalClient(live.url) as anc:
         await anc.wait_until_ready(timeout=30)

@@ -31,6 +31,7 @@ from normcal_client._models import (
     FeedbackDeleted,
     FeedbackPage,
     FeedbackResponse,
+    FitJob,
     Health,
     InputType,
     JudgingNext,
@@ -431,12 +432,12 @@ class NormcalClient(_Base):
         include_feedback: bool | None = None,
         allow_reorder: bool | None = None,
     ) -> CalibratorInfo:
-        """Fit a calibrator from judgments; ``None`` options take the server default.
+        """Fit a calibrator and wait for it; ``None`` options take the server default.
 
-        ``abstain_target=False`` fits without an abstain rule.
+        ``abstain_target=False`` fits without an abstain rule. A long fit holds the
+        request open: :meth:`start_fit` returns at once instead.
         """
-        plan = op.fit_calibrator(
-            collection,
+        body = op.fit_request(
             judgments,
             method=method,
             k=k,
@@ -446,6 +447,58 @@ class NormcalClient(_Base):
             include_feedback=include_feedback,
             allow_reorder=allow_reorder,
         )
+        return self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
+
+    def start_fit(
+        self,
+        collection: str,
+        judgments: Iterable[op.JudgmentLike] = (),
+        *,
+        method: CalibrationMethod | None = None,
+        k: int | None = None,
+        abstain_target: float | Literal[False] | None = None,
+        abstain_delta: float | None = None,
+        activate: bool | None = None,
+        include_feedback: bool | None = None,
+        allow_reorder: bool | None = None,
+    ) -> FitJob:
+        """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
+
+        The options are those of :meth:`fit_calibrator`; a bad request raises here.
+        """
+        body = op.fit_request(
+            judgments,
+            method=method,
+            k=k,
+            abstain_target=abstain_target,
+            abstain_delta=abstain_delta,
+            activate=activate,
+            include_feedback=include_feedback,
+            allow_reorder=allow_reorder,
+        )
+        return self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
+
+    def get_fit_job(self, collection: str, job_id: str) -> FitJob:
+        """One fit job: status, progress, and the calibrator or the error."""
+        call = ep.GET_FIT_JOB(name=collection, job_id=job_id)
+        return self._drive(op.one(call))
+
+    def list_fit_jobs(self, collection: str) -> list[FitJob]:
+        """The collection's fit jobs, newest first."""
+        return (self._drive(op.one(ep.LIST_FIT_JOBS(name=collection)))).data
+
+    def wait_fit_job(
+        self,
+        collection: str,
+        job_id: str,
+        timeout: float = 600.0,
+        poll_interval: float = 1.0,
+    ) -> FitJob:
+        """Poll a fit job until it succeeded or failed; check ``status``/``error``.
+
+        Raises ``TimeoutError`` when it is still queued or running after ``timeout``.
+        """
+        plan = op.wait_fit_job(collection, job_id, timeout, poll_interval)
         return self._drive(plan)
 
     def list_calibrators(self, collection: str) -> list[CalibratorInfo]:
@@ -839,12 +892,12 @@ class AsyncNormcalClient(_Base):
         include_feedback: bool | None = None,
         allow_reorder: bool | None = None,
     ) -> CalibratorInfo:
-        """Fit a calibrator from judgments; ``None`` options take the server default.
+        """Fit a calibrator and wait for it; ``None`` options take the server default.
 
-        ``abstain_target=False`` fits without an abstain rule.
+        ``abstain_target=False`` fits without an abstain rule. A long fit holds the
+        request open: :meth:`start_fit` returns at once instead.
         """
-        plan = op.fit_calibrator(
-            collection,
+        body = op.fit_request(
             judgments,
             method=method,
             k=k,
@@ -854,6 +907,58 @@ class AsyncNormcalClient(_Base):
             include_feedback=include_feedback,
             allow_reorder=allow_reorder,
         )
+        return await self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
+
+    async def start_fit(
+        self,
+        collection: str,
+        judgments: Iterable[op.JudgmentLike] = (),
+        *,
+        method: CalibrationMethod | None = None,
+        k: int | None = None,
+        abstain_target: float | Literal[False] | None = None,
+        abstain_delta: float | None = None,
+        activate: bool | None = None,
+        include_feedback: bool | None = None,
+        allow_reorder: bool | None = None,
+    ) -> FitJob:
+        """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
+
+        The options are those of :meth:`fit_calibrator`; a bad request raises here.
+        """
+        body = op.fit_request(
+            judgments,
+            method=method,
+            k=k,
+            abstain_target=abstain_target,
+            abstain_delta=abstain_delta,
+            activate=activate,
+            include_feedback=include_feedback,
+            allow_reorder=allow_reorder,
+        )
+        return await self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
+
+    async def get_fit_job(self, collection: str, job_id: str) -> FitJob:
+        """One fit job: status, progress, and the calibrator or the error."""
+        call = ep.GET_FIT_JOB(name=collection, job_id=job_id)
+        return await self._drive(op.one(call))
+
+    async def list_fit_jobs(self, collection: str) -> list[FitJob]:
+        """The collection's fit jobs, newest first."""
+        return (await self._drive(op.one(ep.LIST_FIT_JOBS(name=collection)))).data
+
+    async def wait_fit_job(
+        self,
+        collection: str,
+        job_id: str,
+        timeout: float = 600.0,
+        poll_interval: float = 1.0,
+    ) -> FitJob:
+        """Poll a fit job until it succeeded or failed; check ``status``/``error``.
+
+        Raises ``TimeoutError`` when it is still queued or running after ``timeout``.
+        """
+        plan = op.wait_fit_job(collection, job_id, timeout, poll_interval)
         return await self._drive(plan)
 
     async def list_calibrators(self, collection: str) -> list[CalibratorInfo]:

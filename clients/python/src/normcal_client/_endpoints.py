@@ -100,6 +100,9 @@ SEARCH = Endpoint("POST", _C + "/search", m.SearchResult, m.SearchRequest)
 SEARCH_BATCH = Endpoint("POST", _C + "/search", m.BatchSearchResponse, m.SearchRequest)
 FIT_CALIBRATOR = Endpoint("POST", _C + "/calibrators", m.CalibratorInfo, m.FitRequest)
 LIST_CALIBRATORS = Endpoint("GET", _C + "/calibrators", m.CalibratorList)
+START_FIT_JOB = Endpoint("POST", _C + "/fit-jobs", m.FitJob, m.FitRequest)
+LIST_FIT_JOBS = Endpoint("GET", _C + "/fit-jobs", m.FitJobList)
+GET_FIT_JOB = Endpoint("GET", _C + "/fit-jobs/{job_id}", m.FitJob)
 GET_CALIBRATOR = Endpoint("GET", _CAL, m.CalibratorInfo)
 ACTIVATE_CALIBRATOR = Endpoint("POST", _CAL + "/activate", m.CalibratorInfo)
 RELIABILITY_PNG = Endpoint("GET", _CAL + "/reliability.png", bytes, accept="image/png")
@@ -146,6 +149,9 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     SEARCH_BATCH,
     FIT_CALIBRATOR,
     LIST_CALIBRATORS,
+    START_FIT_JOB,
+    LIST_FIT_JOBS,
+    GET_FIT_JOB,
     GET_CALIBRATOR,
     ACTIVATE_CALIBRATOR,
     RELIABILITY_PNG,

@@ -404,6 +404,47 @@ class CalibratorInfo(ResponseModel):
     report: dict[str, Any]
 
 
+FitJobStatus = Literal["queued", "running", "succeeded", "failed"]
+
+
+class FitJobProgress(ResponseModel):
+    """How far a fit got: ``done`` of ``total`` steps, the current one named."""
+
+    stage: str
+    done: int
+    total: int
+    fraction: float
+
+
+class FitJobError(ResponseModel):
+    """Why a fit job failed: the problem the synchronous fit would have answered."""
+
+    title: str
+    detail: str
+    status: int
+
+
+class FitJob(ResponseModel):
+    """A calibrator fit running on the server (``start_fit``, ``wait_fit_job``)."""
+
+    id: str
+    collection: str
+    status: FitJobStatus
+    progress: FitJobProgress
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    calibrator: CalibratorInfo | None
+    error: FitJobError | None
+
+
+class FitJobList(ResponseModel):
+    """A collection's fit jobs, newest first."""
+
+    data: list[FitJob]
+    count: int
+
+
 class CalibratorList(ResponseModel):
     """Calibrators of a collection, oldest first."""
 

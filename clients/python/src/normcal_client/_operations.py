@@ -45,6 +45,7 @@ from normcal_client._models import (
     FeedbackPage,
     FeedbackRequest,
     FeedbackResponse,
+    FitJob,
     FitRequest,
     InputType,
     JudgingNext,
@@ -235,8 +236,7 @@ def search(
     return list(batch.results)
 
 
-def fit_calibrator(
-    collection: str,
+def fit_request(
     judgments: Iterable[JudgmentLike],
     *,
     method: CalibrationMethod | None,
@@ -246,8 +246,8 @@ def fit_calibrator(
     activate: bool | None,
     include_feedback: bool | None,
     allow_reorder: bool | None,
-) -> Plan[CalibratorInfo]:
-    """Fit a calibrator; options left ``None`` take the server's defaults."""
+) -> FitRequest:
+    """The body of a fit; options left ``None`` take the server's defaults."""
     options = _given(
         method=method,
         k=k,
@@ -259,8 +259,24 @@ def fit_calibrator(
     )
     if options.get("abstain_target") is False:
         options["abstain_target"] = None  # no abstain rule
-    body = FitRequest(judgments=_judgments(judgments), **options)
-    return one(ep.FIT_CALIBRATOR(body, name=collection))
+    return FitRequest(judgments=_judgments(judgments), **options)
+
+
+def wait_fit_job(
+    collection: str, job_id: str, timeout: float, poll_interval: float
+) -> Plan[FitJob]:
+    """Poll a fit job until it succeeded or failed (``TimeoutError`` past timeout)."""
+    deadline = time.monotonic() + timeout
+    call = ep.GET_FIT_JOB(name=collection, job_id=job_id)
+    while True:
+        job: FitJob = yield call
+        if job.status in ("succeeded", "failed"):
+            return job
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"fit job {job_id} is still {job.status} after {timeout} s"
+            )
+        yield Pause(poll_interval)
 
 
 def feedback(

@@ -1,0 +1,288 @@
+"""Calibrator fits as background jobs, recorded in a small SQLite file.
+
+A fit on thousands of judgments takes minutes: a job lets ``POST .../fit-jobs``
+answer 202 at once while clients poll it. Each job is one row of ``_jobs.sqlite3``
+in the data dir (a name no collection can have), so every poller reads the same
+record and a restart finds it: jobs a previous process left queued or running are
+marked failed, "interrupted by a restart". None is half-done by then: a fit's only
+write, storing (and activating) the calibrator, is one transaction at its very end.
+
+Fits run one at a time (each is CPU-bound and already uses the worker pool), in
+asyncio tasks owned by this object; the lifespan cancels them on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from app.api.errors import INTERNAL, lookup
+from app.api.schemas.calibrators import CalibratorInfo
+from app.api.schemas.jobs import FitJob, FitJobError, FitJobProgress
+from app.exceptions import NotFoundError, OverloadedError, StorageUnavailableError
+from app.settings import Limits
+
+logger = logging.getLogger(__name__)
+
+JOBS_FILE = "_jobs.sqlite3"  # "_" first: the registry never takes it for a collection
+# The steps of a fit, in order; a job's progress is how many are done.
+STAGES = ("embedding queries", "retrieving", "fitting", "storing")
+RESTARTED = FitJobError(
+    title="Fit interrupted", detail="interrupted by a restart", status=503
+)
+SHUT_DOWN = FitJobError(
+    title="Fit interrupted", detail="interrupted by a shutdown", status=503
+)
+
+Progress = Callable[[str], None]  # called with the stage a fit enters
+Work = Callable[[Progress], Awaitable[CalibratorInfo]]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fit_jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    collection TEXT NOT NULL,
+    status TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    done INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    calibrator TEXT,
+    error TEXT
+)
+"""
+_COLUMNS = "id, collection, status, stage, done, created_at, started_at, finished_at"
+
+
+def problem_of(error: BaseException) -> FitJobError:
+    """The problem a failed fit reports: the one the error table gives the error.
+
+    An unexpected error is logged and reported without its internals, as a 500 is.
+    """
+    problem = lookup(error) if isinstance(error, Exception) else None
+    if problem is None:
+        logger.error("a fit job failed", exc_info=error)
+        return FitJobError(
+            title=INTERNAL.title,
+            detail="the fit failed; see the server logs",
+            status=INTERNAL.status,
+        )
+    return FitJobError(title=problem.title, detail=str(error), status=problem.status)
+
+
+class FitJobs:
+    """The fit jobs of every collection: their records and their running tasks."""
+
+    def __init__(self, path: Path, limits: Limits) -> None:
+        self._path = path
+        self._limits = limits
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # one connection, read from request threads
+        self._tasks: dict[str, asyncio.Task[CalibratorInfo]] = {}
+        self._turn: asyncio.Lock | None = None  # made in the loop that runs the jobs
+
+    # -- records ------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the file now and fail what a previous process left unfinished.
+
+        Called at start-up; an unwritable data dir is only logged (readiness reports
+        it) and every later use answers 503.
+        """
+        try:
+            with self._lock:
+                self._db()
+        except StorageUnavailableError as error:
+            logger.warning("fit jobs are unavailable: %s", error)
+
+    def _db(self) -> sqlite3.Connection:
+        """The connection, opened (with the restart recovery) on first use."""
+        if self._conn is not None:
+            return self._conn
+        try:
+            conn = sqlite3.connect(self._path, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            with conn:
+                conn.execute(_SCHEMA)
+                failed = conn.execute(
+                    "UPDATE fit_jobs SET status = 'failed', finished_at = ?, error = ?"
+                    " WHERE status IN ('queued', 'running')",
+                    (time.time(), RESTARTED.model_dump_json()),
+                ).rowcount
+        except sqlite3.Error as error:
+            raise StorageUnavailableError(
+                f"the fit job file {self._path} cannot be used: {error}"
+            ) from error
+        if failed:
+            logger.warning("%d fit job(s) were interrupted by a restart", failed)
+        self._conn = conn
+        return conn
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+        with self._lock:
+            conn = self._db()
+            with conn:
+                conn.execute(sql, params)
+
+    def get(self, collection: str, job_id: str) -> FitJob:
+        """One job of ``collection`` (404 for an unknown id)."""
+        with self._lock:
+            row = (
+                self._db()
+                .execute(
+                    f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs"
+                    " WHERE id = ? AND collection = ?",
+                    (job_id, collection),
+                )
+                .fetchone()
+            )
+        if row is None:
+            raise NotFoundError("fit job", job_id)
+        return _job(row)
+
+    def list(self, collection: str) -> list[FitJob]:
+        """The jobs of ``collection``, newest first (at most all that are kept)."""
+        bound = self._limits.max_finished_fit_jobs + self._limits.max_queued_fit_jobs
+        with self._lock:
+            rows = (
+                self._db()
+                .execute(
+                    f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs"
+                    " WHERE collection = ? ORDER BY seq DESC LIMIT ?",
+                    (collection, bound),
+                )
+                .fetchall()
+            )
+        return [_job(row) for row in rows]
+
+    # -- running ------------------------------------------------------------------------
+    def submit(self, collection: str, work: Work) -> FitJob:
+        """Record a queued job and start it (503 past ``max_queued_fit_jobs``)."""
+        limit = self._limits.max_queued_fit_jobs
+        if len(self._tasks) >= limit:
+            raise OverloadedError(
+                f"{len(self._tasks)} fit jobs are queued or running, the limit "
+                "(limits.max_queued_fit_jobs); retry when one has finished",
+                retry_after=5,
+            )
+        job_id = uuid.uuid4().hex[:16]
+        self._write(
+            "INSERT INTO fit_jobs (id, collection, status, stage, done, created_at)"
+            " VALUES (?, ?, 'queued', 'queued', 0, ?)",
+            (job_id, collection, time.time()),
+        )
+        task = asyncio.create_task(self._run(job_id, work), name=f"fit-job-{job_id}")
+        self._tasks[job_id] = task
+        task.add_done_callback(lambda t: self._forget(job_id, t))
+        return self.get(collection, job_id)
+
+    async def wait(self, job_id: str) -> CalibratorInfo:
+        """The calibrator of a job started here, or its error raised as it was.
+
+        Shielded: a caller that goes away (a closed connection) leaves the job running.
+        """
+        task = self._tasks.get(job_id)
+        if task is None:
+            raise NotFoundError("running fit job", job_id)
+        return await asyncio.shield(task)
+
+    async def _run(self, job_id: str, work: Work) -> CalibratorInfo:
+        if self._turn is None:
+            self._turn = asyncio.Lock()
+        try:
+            async with self._turn:
+                self._write(
+                    "UPDATE fit_jobs SET status = 'running', started_at = ? WHERE id = ?",
+                    (time.time(), job_id),
+                )
+                info = await work(lambda stage: self._progress(job_id, stage))
+        except asyncio.CancelledError:
+            self._finish(job_id, "failed", error=SHUT_DOWN)
+            raise
+        except Exception as error:
+            self._finish(job_id, "failed", error=problem_of(error))
+            raise
+        self._finish(job_id, "succeeded", calibrator=info)
+        return info
+
+    def _progress(self, job_id: str, stage: str) -> None:
+        self._write(
+            "UPDATE fit_jobs SET stage = ?, done = ? WHERE id = ?",
+            (stage, STAGES.index(stage), job_id),
+        )
+
+    def _finish(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        calibrator: CalibratorInfo | None = None,
+        error: FitJobError | None = None,
+    ) -> None:
+        """Record the outcome, then prune finished jobs beyond the kept number."""
+        done = len(STAGES) if calibrator is not None else None
+        self._write(
+            "UPDATE fit_jobs SET status = ?, finished_at = ?, calibrator = ?,"
+            " error = ?, stage = CASE WHEN ? IS NULL THEN stage ELSE 'done' END,"
+            " done = COALESCE(?, done) WHERE id = ?",
+            (
+                status,
+                time.time(),
+                None if calibrator is None else calibrator.model_dump_json(),
+                None if error is None else error.model_dump_json(),
+                done,
+                done,
+                job_id,
+            ),
+        )
+        self._write(
+            "DELETE FROM fit_jobs WHERE status IN ('succeeded', 'failed') AND seq NOT"
+            " IN (SELECT seq FROM fit_jobs WHERE status IN ('succeeded', 'failed')"
+            " ORDER BY seq DESC LIMIT ?)",
+            (self._limits.max_finished_fit_jobs,),
+        )
+
+    def _forget(self, job_id: str, task: asyncio.Task[CalibratorInfo]) -> None:
+        self._tasks.pop(job_id, None)
+        if not task.cancelled():
+            task.exception()  # recorded in the row; not "never retrieved"
+
+    async def close(self) -> None:
+        """Cancel the jobs (each is recorded as failed), then close the file."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _job(row: tuple[Any, ...]) -> FitJob:
+    job_id, collection, status, stage, done, created, started, finished = row[:8]
+    calibrator, error = row[8:]
+    total = len(STAGES)
+    return FitJob(
+        id=job_id,
+        collection=collection,
+        status=status,
+        progress=FitJobProgress(
+            stage=stage, done=done, total=total, fraction=done / total
+        ),
+        created_at=created,
+        started_at=started,
+        finished_at=finished,
+        calibrator=None
+        if calibrator is None
+        else CalibratorInfo.model_validate(json.loads(calibrator)),
+        error=None if error is None else FitJobError.model_validate(json.loads(error)),
+    )
