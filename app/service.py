@@ -213,6 +213,7 @@ class Service:
             name=collection.name,
             description=str(meta.get("description", "")),
             model=str(meta["model"]),
+            model_id=meta.get("model_id"),
             dim=int(meta["dim"]),
             index_type=collection.index_type,
             documents=documents,
@@ -338,18 +339,22 @@ class Service:
             data=data, count=len(data), missing=[i for i in wanted if i not in found]
         )
 
-    async def delete_documents_where(
+    async def delete_documents(
         self, name: str, body: DocumentsDeleteRequest
     ) -> DocumentsDeleted:
-        """Delete the documents matching a metadata filter, or all of them."""
-        if body.all == bool(body.filter):
+        """Delete the documents named by ``ids``, matching ``filter``, or all."""
+        if [body.ids is not None, bool(body.filter), body.all].count(True) != 1:
             raise InvalidRequestError(
-                'give a non-empty filter, or "all": true (without a filter) to '
-                "delete every document",
+                'give exactly one of "ids", a non-empty "filter", or "all": true '
+                "(to delete every document)",
                 field="filter",
             )
         collection = self.registry.get(name)
-        deleted = await self.pool.run(collection.delete_where, body.filter)
+        if body.ids is not None:
+            limits.check_count("ids", body.ids, self.settings.limits.max_ids_per_get)
+            deleted = await self.pool.run(collection.delete_ids, body.ids)
+        else:
+            deleted = await self.pool.run(collection.delete_where, body.filter)
         return DocumentsDeleted(deleted=deleted)
 
     def export_documents(self, name: str) -> AsyncIterator[bytes]:
@@ -487,6 +492,7 @@ class Service:
             doc_norms=doc_norms,
             doc_tokens=doc_tokens,
             model=self.embedder.model_name,
+            model_id=self.embedder.model_id,
             method=body.method,
             allow_reorder=body.allow_reorder,
             abstain_target=body.abstain_target,
@@ -586,7 +592,8 @@ class Service:
 
         Refused (422, nothing stored) when the profile is not one this service can
         read or score with, or was fitted for another embedding model: its maps are
-        only meaningful on that model's cosines and norms.
+        only meaningful on that model's cosines and norms. The model is told by name
+        and, when the profile recorded one, by the identity of its files.
         """
         collection = self.registry.get_compatible(name)
         model = collection.meta["model"]
@@ -595,6 +602,14 @@ class Service:
                 f"the profile was fitted for embedding model "
                 f"{body.profile.get('model')!r}; collection {name!r} uses {model!r}",
                 field="profile.model",
+            )
+        recorded = body.profile.get("model_id")
+        if recorded is not None and recorded != self.embedder.model_id:
+            raise InvalidRequestError(
+                f"the profile was fitted for model files of identity {recorded!r}; "
+                f"the model served as {model!r} has identity "
+                f"{self.embedder.model_id!r} (see GET /version)",
+                field="profile.model_id",
             )
         imported = await self.pool.run(_imported_profile, body.profile)
         await self.pool.run(collection.add_calibrator, imported, activate=body.activate)

@@ -61,7 +61,9 @@ class Limits(BaseSettings):
         1000, ge=1, description="items per page of a listing (documents, feedback)"
     )
     max_ids_per_get: int = Field(
-        1000, ge=1, description="ids per batch get (POST .../documents/get)"
+        1000,
+        ge=1,
+        description="ids per batch get or delete (POST .../documents/get, /delete)",
     )
     max_queued_fit_jobs: int = Field(
         4, ge=1, description="fit jobs queued or running; past it a fit gets 503"

@@ -186,6 +186,10 @@ class Profile:
     report: FitReport
     created_at: float = field(default_factory=time.time)
     default: bool = False
+    # The identity of the model files it was fitted on (``app.embedding.identity``):
+    # two models served under one name have different cosines and norms. None for
+    # profiles from before identities were recorded.
+    model_id: str | None = None
     confidence_weight: float = 1.0
     # Whether the abstain policy was certified on the confidence this profile serves
     # (False for format 1/2 profiles whose query-level model is no longer served).
@@ -277,6 +281,7 @@ class Profile:
             "id": self.id,
             "method": self.method,
             "model": self.model,
+            "model_id": self.model_id,
             "created_at": self.created_at,
             "default": self.default,
             "confidence_weight": self.confidence_weight,
@@ -305,6 +310,7 @@ class Profile:
             id=str(data["id"]),
             method=str(data["method"]),
             model=str(data["model"]),
+            model_id=None if data.get("model_id") is None else str(data["model_id"]),
             query_ref=from_dict(data["query_ref"]),
             doc_ref=from_dict(data["doc_ref"]),
             estimator=from_dict(data["estimator"]),
@@ -339,6 +345,7 @@ def fit_profile(
     doc_norms: FloatArray,
     doc_tokens: NDArray[np.int64],
     model: str,
+    model_id: str | None = None,
     method: str = "auto",
     allow_reorder: bool = False,
     abstain_target: float | None = 0.1,
@@ -360,6 +367,9 @@ def fit_profile(
         queries themselves.
     model : str
         Embedding model name (profiles are per model, theory.md §4.8).
+    model_id : str or None
+        Identity of the model's files, recorded so the profile is applied to (and
+        imported for) that model only.
     method : {"auto", "platt", "isotonic", "nt", "nt-list"}
         Calibrator family; ``auto`` keeps the best grouped-CV NLL.
     allow_reorder : bool
@@ -426,6 +436,7 @@ def fit_profile(
         id=profile_id or uuid.uuid4().hex[:12],
         method=selection.method,
         model=model,
+        model_id=model_id,
         query_ref=query_ref,
         doc_ref=doc_ref,
         estimator=selection.estimator,
@@ -442,6 +453,7 @@ def prior_profile(
     query_ref: NormReference,
     doc_ref: NormReference,
     model: str,
+    model_id: str | None = None,
     held_out: tuple[FloatArray, FloatArray, NDArray[np.int64]],
     norm_lift: NormLift,
     profile_id: str,
@@ -494,6 +506,7 @@ def prior_profile(
         id=profile_id,
         method="prior",
         model=model,
+        model_id=model_id,
         query_ref=query_ref,
         doc_ref=doc_ref,
         estimator=PriorCalibrator.at_prior(prior),

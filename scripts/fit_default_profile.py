@@ -79,6 +79,8 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=CACHE)
     args = parser.parse_args()
 
+    from app.embedding.identity import model_identity
+
     model = Settings().model_name
     sets = hybrid_sets(args.data, args.cache)
     domains = {
@@ -147,6 +149,7 @@ def main() -> int:
         query_ref=query_ref,
         doc_ref=doc_ref,
         model=model,
+        model_id=model_identity(Settings().model_path),  # applies to these files only
         held_out=(y, held, groups),
         norm_lift=lift,
         profile_id=f"default-{slug}",

@@ -243,13 +243,21 @@ class Collection(Generic[C]):
             return store.get_many(ids)
 
     def delete_where(self, where: dict[str, MetadataValue]) -> int:
-        """Delete every document matching ``where`` (all when empty); return how many.
+        """Delete every document matching ``where`` (all when empty); return how many."""
+        return self._delete_many(lambda store: store.delete_where(where))
+
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
+        return self._delete_many(lambda store: store.delete_ids(ids))
+
+    def _delete_many(self, delete: Callable[[CollectionStore], list[int]]) -> int:
+        """Run ``delete`` (returning the deleted seqs), then drop them from the index.
 
         One SQLite transaction, then the index, under the write lock: a search sees
         all of them or none gone.
         """
         with self._writing() as store:
-            seqs = store.delete_where(where)
+            seqs = delete(store)
             self.index.remove(seqs)
         return len(seqs)
 

@@ -503,6 +503,16 @@ class CollectionStore:
             ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def delete_ids(self, ids: Sequence[str]) -> list[int]:
+        """Delete, in one transaction, the documents among ``ids``; their seqs."""
+        with self._write() as conn:
+            return [
+                int(seq)
+                for (seq,) in _in_chunks(
+                    conn, "DELETE FROM documents WHERE id IN", ids, " RETURNING seq"
+                )
+            ]
+
     def iter_vectors(
         self, batch: int = 4096
     ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float32]]]:
@@ -898,15 +908,15 @@ def _to_document(row: tuple[Any, ...]) -> StoredDocument:
 
 
 def _in_chunks(
-    conn: sqlite3.Connection, sql: str, values: Sequence[Any]
+    conn: sqlite3.Connection, sql: str, values: Sequence[Any], tail: str = ""
 ) -> Iterator[tuple[Any, ...]]:
-    """Rows of ``sql`` + ``(?, ?, …)`` over ``values``, 500 at a time.
+    """Rows of ``sql`` + ``(?, ?, …)`` + ``tail`` over ``values``, 500 at a time.
 
     SQLite bounds the number of parameters of one statement, so a long ``IN`` list
-    is run in chunks (``sql`` ends with ``IN``).
+    is run in chunks (``sql`` ends with ``IN``; ``tail`` is e.g. a RETURNING clause).
     """
     for chunk in _chunks(list(values), 500):
-        yield from conn.execute(f"{sql} ({','.join('?' * len(chunk))})", chunk)
+        yield from conn.execute(f"{sql} ({','.join('?' * len(chunk))}){tail}", chunk)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

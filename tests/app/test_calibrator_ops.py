@@ -196,9 +196,31 @@ def test_import_can_activate_and_the_default_exports_too(client):
     assert _search(client, "other")["calibrator"]["id"] == body["id"]
 
 
+def test_a_fit_records_the_model_identity_and_import_checks_it(client, embedder):
+    profile = client.get(f"/v1/collections/kb/calibrators/{_fit(client)}/export")
+    profile = profile.json()
+    assert profile["model_id"] == embedder.model_id
+    other = {**profile, "model_id": "sha256:0000000000000000"}
+    problem = assert_problem(
+        client.post("/v1/collections/other/calibrators/import", json={"profile": other})
+    )
+    assert "sha256:0000000000000000" in problem["detail"]
+    assert embedder.model_id in problem["detail"]
+
+
+def test_a_profile_without_an_identity_is_imported_by_its_model_name(client):
+    profile = client.get(f"/v1/collections/kb/calibrators/{_fit(client)}/export")
+    older = {k: v for k, v in profile.json().items() if k != "model_id"}
+    r = client.post("/v1/collections/other/calibrators/import", json={"profile": older})
+    assert r.status_code == 201, r.text
+    again = client.get(f"/v1/collections/other/calibrators/{r.json()['id']}/export")
+    assert again.json()["model_id"] is None  # not stamped behind the user's back
+
+
 def _bad_profiles(profile: dict) -> dict[str, dict]:
     return {
         "another model": {**profile, "model": "acme/other-model"},
+        "another identity": {**profile, "model_id": "sha256:0000000000000000"},
         "no model": {k: v for k, v in profile.items() if k != "model"},
         "unknown format": {**profile, "format": 999},
         "missing field": {k: v for k, v in profile.items() if k != "estimator"},

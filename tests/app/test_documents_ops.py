@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from normcal_client import AsyncNormcalClient, InvalidRequest, NormcalClient, NotFound
@@ -282,12 +283,32 @@ def test_delete_filter_keeps_json_types_apart(kb):
         {"filter": {"t": {"nested": 1}}},
         {"filter": {"t": "geo"}, "unknown": 1},
         {"all": "yes"},
+        {"ids": []},
+        {"ids": None},
+        {"ids": ["d0"], "all": True},
+        {"ids": ["d0"], "filter": {"t": "geo"}},
+        {"ids": ["a\x00b"]},
+        {"ids": "d0"},
+        {"ids": IDS[:5]},  # one past max_ids_per_get
     ],
 )
 def test_bad_delete_bodies_are_422_and_change_nothing(kb, body):
     assert_problem(kb.post(f"{DOCS}/delete", json=body))
     assert _counts(kb) == (7, 7, 7)
     assert _all_pages(kb, 5) == IDS
+
+
+def test_delete_by_ids_removes_from_sqlite_fts_and_faiss(kb):
+    r = kb.post(f"{DOCS}/delete", json={"ids": ["d0", "nope", "d6", "d0"]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"deleted": 2}  # unknown ids are no error, not counted
+    assert _counts(kb) == (5, 5, 5)
+    assert not {"d0", "d6"} & _search_ids(kb, "volcano lava glaciers", "lexical")
+    assert not {"d0", "d6"} & _search_ids(kb, "volcano lava glaciers", "dense")
+    assert _all_pages(kb, 5) == ["d1", "d2", "d3", "d4", "d5"]
+    at_bound = kb.post(f"{DOCS}/delete", json={"ids": ["d1", "d2", "d3", "d4"]})
+    assert at_bound.json() == {"deleted": 4}  # max_ids_per_get is 4 here
+    assert _counts(kb) == (1, 1, 1)
 
 
 @pytest.mark.parametrize("index_type", ["flat", "hnsw"])
@@ -347,7 +368,8 @@ def test_export_round_trips_through_normcal_ingest(tmp_path, embedder, capsys):
             client.create_collection("kb")
             client.upsert_documents("kb", CORPUS + odd)
             exported = tmp_path / "kb.jsonl"
-            exported.write_text(client.export_documents("kb"), encoding="utf-8")
+            assert client.export_documents_to("kb", exported) == 8
+            assert not (tmp_path / "kb.jsonl.part").exists()
             args = [
                 "ingest",
                 str(exported),
@@ -365,7 +387,9 @@ def test_export_round_trips_through_normcal_ingest(tmp_path, embedder, capsys):
                 return [(d.id, d.text, d.metadata) for d in page.data]
 
             assert everything("copy") == everything("kb")
-            assert client.export_documents("copy") == client.export_documents("kb")
+            copied = list(client.export_documents("copy"))
+            assert copied == list(client.export_documents("kb"))
+            assert copied == exported.read_text(encoding="utf-8").splitlines()
 
 
 # -- client -----------------------------------------------------------------------
@@ -389,7 +413,10 @@ def test_client_methods_sync_and_async(tmp_path, embedder):
             with pytest.raises(InvalidRequest):
                 client.delete_documents_where("kb")
             with pytest.raises(NotFound):
-                client.export_documents("nope")
+                next(client.export_documents("nope"))
+            with pytest.raises(NotFound):
+                client.export_documents_to("nope", tmp_path / "nope.jsonl")
+            assert not list(tmp_path.glob("nope.jsonl*"))
             assert client.delete_documents_where("kb", {"t": "music"}) == 2
 
         async def run() -> None:
@@ -398,8 +425,52 @@ def test_client_methods_sync_and_async(tmp_path, embedder):
                 assert [d.id for d in page.data] == ["d0", "d1", "d4"]
                 found = await client.batch_get_documents("kb", ["d5"])
                 assert found.count == 1
-                text = await client.export_documents("kb")
-                assert len(text.splitlines()) == 5
-                assert await client.delete_documents_where("kb", all=True) == 5
+                lines = [line async for line in client.export_documents("kb")]
+                assert [json.loads(line)["id"] for line in lines] == ids
+                path = tmp_path / "async.jsonl"
+                assert await client.export_documents_to("kb", path) == 5
+                assert path.read_text(encoding="utf-8").splitlines() == lines
+                paged = [d.id async for d in client.iter_documents("kb", page_size=2)]
+                assert paged == ids
+                got = await client.get_documents("kb", ["d5", "zz", "d0"], batch_size=1)
+                assert [d.id for d in got] == ["d5", "d0"]
+                with pytest.raises(NotFound):
+                    await client.delete_documents("kb", ["d0", "zz"])
+                assert (await client.get_collection("kb")).documents == 5
+                deleted = await client.delete_documents(
+                    "kb", ["d0", "zz"], missing_ok=True
+                )
+                assert deleted == 1
+                assert await client.delete_documents_where("kb", all=True) == 4
 
+        ids = ["d0", "d1", "d4", "d5", "d6"]
         asyncio.run(run())
+
+
+def test_client_batch_get_and_delete_send_one_request_per_batch(tmp_path, embedder):
+    """``get_documents``/``delete_documents`` use the batch routes, not one per id."""
+    sent: list[str] = []
+    with ThreadServer(_app(tmp_path, embedder, max_page_size=3)) as server:
+        hooks = {"request": [lambda request: sent.append(request.url.path)]}
+        with httpx.Client(base_url=server.url, event_hooks=hooks) as http:
+            client = NormcalClient(http_client=http)
+            client.create_collection("kb")
+            client.upsert_documents("kb", CORPUS)
+            sent.clear()
+            found = client.get_documents("kb", [*IDS, "zz", "d0"], batch_size=3)
+            assert [d.id for d in found] == IDS
+            assert sent == [f"{DOCS}/get"] * 3  # 8 distinct ids, 3 a request
+            sent.clear()
+            assert [d.id for d in client.iter_documents("kb", page_size=3)] == IDS
+            assert sent == [DOCS] * 3
+            sent.clear()
+            with pytest.raises(NotFound) as caught:
+                client.delete_documents("kb", ["d0", "zz", "d1"], batch_size=2)
+            assert "'zz'" in caught.value.detail
+            assert sent == [f"{DOCS}/get"] * 2  # looked up, nothing deleted
+            assert client.get_collection("kb").documents == 7
+            sent.clear()
+            assert client.delete_documents("kb", IDS[:5], batch_size=2) == 5
+            assert sent == [f"{DOCS}/get"] * 3 + [f"{DOCS}/delete"] * 3
+            assert client.delete_documents("kb", ["d0", "d6"], missing_ok=True) == 1
+            assert [d.id for d in client.iter_documents("kb")] == ["d5"]

@@ -106,6 +106,7 @@ def test_the_cls_copy_refuses_a_collection_of_the_real_model(
         ).is_success
         before = c.post("/v1/collections/kb/search", json={"query": "capital"}).json()
         assert before["calibrator"]["status"] == "default"
+        assert c.get("/v1/collections/kb").json()["model_id"] == real_embedder.model_id
     stored = sorted(p.name for p in data.iterdir())
 
     with _client(data, cls_embedder) as c:

@@ -76,8 +76,8 @@ def get_documents(
 async def delete_documents(
     *, name: CollectionName, body: DocumentsDeleteRequest, service: ServiceDep
 ) -> DocumentsDeleted:
-    """Delete every document matching a metadata filter (or all, explicitly)."""
-    return await service.delete_documents_where(name, body)
+    """Delete documents by id, by metadata filter, or all (explicitly); the count."""
+    return await service.delete_documents(name, body)
 
 
 @router.get(

@@ -109,6 +109,11 @@ class CalibratorProfile(BaseModel):
     format: int = Field(description="profile format version")
     id: str
     model: str = Field(description="the embedding model it was fitted for")
+    model_id: str | None = Field(
+        None,
+        description="identity of the model files it was fitted on; null: not "
+        "recorded (import then checks the model name only)",
+    )
     method: str
 
 

@@ -69,6 +69,11 @@ class CollectionInfo(BaseModel):
     )
     description: str | None = None
     model: str | None = None
+    model_id: str | None = Field(
+        None,
+        description="identity of the model files that embedded it (GET /version); "
+        "null for collections created before identities were recorded",
+    )
     dim: int | None = None
     index_type: str | None = None
     documents: int | None = Field(None, description="documents in SQLite")

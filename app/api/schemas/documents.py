@@ -79,12 +79,16 @@ class DocumentsFound(ListEnvelope):
 
 
 class DocumentsDeleteRequest(RequestModel):
-    """Delete every document whose metadata equals ``filter`` on every key.
+    """Delete documents: by ``ids``, by a metadata ``filter``, or ``all``.
 
-    An empty filter would delete everything; that takes ``"all": true`` (and then no
-    filter), so a forgotten filter is a 422 rather than an emptied collection.
+    Exactly one of the three: an empty filter would delete everything, so that takes
+    ``"all": true``, and a forgotten filter is a 422 rather than an emptied
+    collection. Unknown ids are no error; ``deleted`` counts the ones that existed.
     """
 
+    ids: list[DocumentId] | None = Field(
+        None, min_length=1, description="ids to delete (at most limits.max_ids_per_get)"
+    )
     filter: Filter = Field(
         default_factory=dict, description="metadata equality on every key"
     )
@@ -92,6 +96,6 @@ class DocumentsDeleteRequest(RequestModel):
 
 
 class DocumentsDeleted(BaseModel):
-    """How many documents a delete-by-filter removed."""
+    """How many documents a delete removed."""
 
     deleted: int

@@ -8,10 +8,20 @@ errors and bodies are built once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
 import httpx
@@ -120,6 +130,15 @@ def _finish(call: ep.Call[R], response: httpx.Response) -> R:
     return call.parse(response)
 
 
+def _write_atomically(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """``(partial, final)``: write to ``partial``, then ``os.replace`` it over ``final``.
+
+    An export that fails half-way leaves no truncated file under the final name.
+    """
+    final = Path(path)
+    return final.with_name(final.name + ".part"), final
+
+
 def _env_url() -> str:
     return os.environ.get("NORMCAL_URL") or DEFAULT_URL
 
@@ -188,10 +207,18 @@ class NormcalClient(_Base):
         self.close()
 
     def _send(self, call: ep.Call[R]) -> R:
+        return _finish(call, self._respond(call, stream=False))
+
+    def _respond(self, call: ep.Call[Any], *, stream: bool) -> httpx.Response:
+        """The final answer to ``call``, retried per policy; a streamed one is open.
+
+        An error answer is read in full (it is a small problem document).
+        """
         retry, attempt = self._retry(call), 0
         while True:
             try:
-                response = self.http.send(self._request(self.http, call))
+                request = self._request(self.http, call)
+                response = self.http.send(request, stream=stream)
             except httpx.TransportError as error:
                 wait = retry.wait_after_failure(attempt, error)
                 if wait is None:
@@ -201,7 +228,10 @@ class NormcalClient(_Base):
             else:
                 wait = retry.wait_after_answer(attempt, response)
                 if wait is None:
-                    return _finish(call, response)
+                    if not response.is_success:
+                        response.read()
+                        response.close()
+                    return response
                 response.close()
             self._sleep(wait)
             attempt += 1
@@ -319,25 +349,54 @@ class NormcalClient(_Base):
         """One stored document with its norm."""
         return self._drive(op.one(ep.GET_DOCUMENT(name=collection, doc_id=doc_id)))
 
-    def get_documents(self, collection: str, ids: Iterable[str]) -> list[DocumentOut]:
-        """The stored documents among ``ids``, in order (unknown ids skipped)."""
-        return self._drive(op.get_documents(collection, ids))
+    def get_documents(
+        self,
+        collection: str,
+        ids: Iterable[str],
+        *,
+        batch_size: int = op.DEFAULT_IDS_PER_REQUEST,
+    ) -> list[DocumentOut]:
+        """The stored documents among ``ids``, once each, in order (unknown skipped).
+
+        One batch get (``POST .../documents/get``) per ``batch_size`` ids.
+        """
+        return self._drive(op.get_documents(collection, ids, batch_size))
 
     def delete_document(self, collection: str, doc_id: str) -> None:
         """Delete one document."""
         self._drive(op.one(ep.DELETE_DOCUMENT(name=collection, doc_id=doc_id)))
 
     def delete_documents(
-        self, collection: str, ids: Iterable[str], *, missing_ok: bool = False
-    ) -> None:
-        """Delete documents; with ``missing_ok`` unknown ids are no error."""
-        self._drive(op.delete_documents(collection, ids, missing_ok))
+        self,
+        collection: str,
+        ids: Iterable[str],
+        *,
+        missing_ok: bool = False,
+        batch_size: int = op.DEFAULT_IDS_PER_REQUEST,
+    ) -> int:
+        """Delete documents by id, ``batch_size`` a request; how many were deleted.
+
+        Without ``missing_ok`` an unknown id raises ``NotFound`` and nothing is deleted.
+        """
+        return self._drive(op.delete_documents(collection, ids, missing_ok, batch_size))
 
     def list_documents(
         self, collection: str, *, limit: int | None = None, cursor: str | None = None
     ) -> DocumentPage:
         """One page in write order; pass ``next_cursor`` back until it is None."""
         return self._drive(op.list_documents(collection, limit, cursor))
+
+    def iter_documents(
+        self, collection: str, *, page_size: int | None = None
+    ) -> Iterator[DocumentOut]:
+        """Every document in write order, one page (``page_size``) a request."""
+        cursor: str | None = None
+        while True:
+            page = self.list_documents(collection, limit=page_size, cursor=cursor)
+            yield from page.data
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def batch_get_documents(
         self, collection: str, ids: Iterable[str]
@@ -355,9 +414,38 @@ class NormcalClient(_Base):
         """Delete by metadata equality (or everything with ``all=True``); the count."""
         return self._drive(op.delete_documents_where(collection, filter, all))
 
-    def export_documents(self, collection: str) -> str:
-        """The collection as JSONL text, what ``normcal ingest FILE.jsonl`` reads."""
-        return self._drive(op.one(ep.EXPORT_DOCUMENTS(name=collection)))
+    def export_documents(self, collection: str) -> Iterator[str]:
+        """The collection's JSONL lines (no newline), streamed as the server sends.
+
+        An unknown collection raises on the first ``next()``.
+        """
+        with self._export(collection) as response:
+            yield from response.iter_lines()
+
+    def export_documents_to(self, collection: str, path: str | os.PathLike[str]) -> int:
+        """Stream the export into a file ``normcal ingest`` reads; the documents.
+
+        Written to ``PATH.part`` and renamed into place once complete.
+        """
+        partial, final = _write_atomically(path)
+        lines = 0
+        with self._export(collection) as response, partial.open("wb") as file:
+            for chunk in response.iter_bytes():
+                file.write(chunk)
+                lines += chunk.count(b"\n")
+        os.replace(partial, final)
+        return lines
+
+    @contextlib.contextmanager
+    def _export(self, collection: str) -> Iterator[httpx.Response]:
+        call = ep.EXPORT_DOCUMENTS(name=collection)
+        response = self._respond(call, stream=True)
+        try:
+            if not response.is_success:
+                raise error_from_response(response)
+            yield response
+        finally:
+            response.close()
 
     # -- search
     def search(
@@ -640,10 +728,15 @@ class AsyncNormcalClient(_Base):
         await self.aclose()
 
     async def _send(self, call: ep.Call[R]) -> R:
+        return _finish(call, await self._respond(call, stream=False))
+
+    async def _respond(self, call: ep.Call[Any], *, stream: bool) -> httpx.Response:
+        """The final answer to ``call``, retried per policy; a streamed one is open."""
         retry, attempt = self._retry(call), 0
         while True:
             try:
-                response = await self.http.send(self._request(self.http, call))
+                request = self._request(self.http, call)
+                response = await self.http.send(request, stream=stream)
             except httpx.TransportError as error:
                 wait = retry.wait_after_failure(attempt, error)
                 if wait is None:
@@ -653,7 +746,10 @@ class AsyncNormcalClient(_Base):
             else:
                 wait = retry.wait_after_answer(attempt, response)
                 if wait is None:
-                    return _finish(call, response)
+                    if not response.is_success:
+                        await response.aread()
+                        await response.aclose()
+                    return response
                 await response.aclose()
             await self._sleep(wait)
             attempt += 1
@@ -777,10 +873,14 @@ class AsyncNormcalClient(_Base):
         return await self._drive(op.one(call))
 
     async def get_documents(
-        self, collection: str, ids: Iterable[str]
+        self,
+        collection: str,
+        ids: Iterable[str],
+        *,
+        batch_size: int = op.DEFAULT_IDS_PER_REQUEST,
     ) -> list[DocumentOut]:
-        """The stored documents among ``ids``, in order (unknown ids skipped)."""
-        return await self._drive(op.get_documents(collection, ids))
+        """The stored documents among ``ids``, once each, in order (unknown skipped)."""
+        return await self._drive(op.get_documents(collection, ids, batch_size))
 
     async def delete_document(self, collection: str, doc_id: str) -> None:
         """Delete one document."""
@@ -788,16 +888,39 @@ class AsyncNormcalClient(_Base):
         await self._drive(op.one(call))
 
     async def delete_documents(
-        self, collection: str, ids: Iterable[str], *, missing_ok: bool = False
-    ) -> None:
-        """Delete documents; with ``missing_ok`` unknown ids are no error."""
-        await self._drive(op.delete_documents(collection, ids, missing_ok))
+        self,
+        collection: str,
+        ids: Iterable[str],
+        *,
+        missing_ok: bool = False,
+        batch_size: int = op.DEFAULT_IDS_PER_REQUEST,
+    ) -> int:
+        """Delete documents by id, ``batch_size`` a request; how many were deleted.
+
+        Without ``missing_ok`` an unknown id raises ``NotFound`` and nothing is deleted.
+        """
+        return await self._drive(
+            op.delete_documents(collection, ids, missing_ok, batch_size)
+        )
 
     async def list_documents(
         self, collection: str, *, limit: int | None = None, cursor: str | None = None
     ) -> DocumentPage:
         """One page in write order; pass ``next_cursor`` back until it is None."""
         return await self._drive(op.list_documents(collection, limit, cursor))
+
+    async def iter_documents(
+        self, collection: str, *, page_size: int | None = None
+    ) -> AsyncIterator[DocumentOut]:
+        """Every document in write order, one page (``page_size``) a request."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_documents(collection, limit=page_size, cursor=cursor)
+            for document in page.data:
+                yield document
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def batch_get_documents(
         self, collection: str, ids: Iterable[str]
@@ -815,9 +938,39 @@ class AsyncNormcalClient(_Base):
         """Delete by metadata equality (or everything with ``all=True``); the count."""
         return await self._drive(op.delete_documents_where(collection, filter, all))
 
-    async def export_documents(self, collection: str) -> str:
-        """The collection as JSONL text, what ``normcal ingest FILE.jsonl`` reads."""
-        return await self._drive(op.one(ep.EXPORT_DOCUMENTS(name=collection)))
+    async def export_documents(self, collection: str) -> AsyncIterator[str]:
+        """The collection's JSONL lines (no newline), streamed as the server sends."""
+        async with self._export(collection) as response:
+            async for line in response.aiter_lines():
+                yield line
+
+    async def export_documents_to(
+        self, collection: str, path: str | os.PathLike[str]
+    ) -> int:
+        """Stream the export into a file ``normcal ingest`` reads; the documents.
+
+        Written to ``PATH.part`` and renamed into place once complete.
+        """
+        partial, final = _write_atomically(path)
+        lines = 0
+        async with self._export(collection) as response:
+            with partial.open("wb") as file:
+                async for chunk in response.aiter_bytes():
+                    file.write(chunk)
+                    lines += chunk.count(b"\n")
+        os.replace(partial, final)
+        return lines
+
+    @contextlib.asynccontextmanager
+    async def _export(self, collection: str) -> AsyncIterator[httpx.Response]:
+        call = ep.EXPORT_DOCUMENTS(name=collection)
+        response = await self._respond(call, stream=True)
+        try:
+            if not response.is_success:
+                raise error_from_response(response)
+            yield response
+        finally:
+            await response.aclose()
 
     # -- search
     async def search(

@@ -207,3 +207,16 @@ def connection_failed(
         detail=f"{method} {path}: {type(error).__name__}: {error}",
     )
     return ConnectionFailed(problem)
+
+
+def documents_not_found(collection: str, ids: list[str]) -> NotFound:
+    """The error of a delete that names documents the collection does not have."""
+    shown = ", ".join(repr(i) for i in ids[:5])
+    more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
+    problem = ProblemDetail(
+        type="/problems/not-found",
+        title="Not found",
+        status=404,
+        detail=f"documents not in collection {collection!r}: {shown}{more}",
+    )
+    return NotFound(problem)

@@ -71,8 +71,9 @@ class DocumentsGetRequest(RequestModel):
 
 
 class DocumentsDeleteRequest(RequestModel):
-    """``POST /v1/collections/{name}/documents/delete``: a filter, or ``all``."""
+    """``POST /v1/collections/{name}/documents/delete``: ids, a filter, or ``all``."""
 
+    ids: list[str] | None = None
     filter: dict[str, MetadataScalar] = Field(default_factory=dict)
     all: bool = False
 
@@ -260,6 +261,7 @@ class CollectionInfo(ResponseModel):
     reason: str | None = None
     description: str | None = None
     model: str | None = None
+    model_id: str | None = None
     dim: int | None = None
     index_type: str | None = None
     documents: int | None = None
@@ -334,7 +336,7 @@ class DocumentsFound(ResponseModel):
 
 
 class DocumentsDeleted(ResponseModel):
-    """How many documents a delete-by-filter removed."""
+    """How many documents a delete removed."""
 
     deleted: int
 
@@ -465,6 +467,7 @@ class CalibratorProfile(ResponseModel):
     format: int
     id: str
     model: str
+    model_id: str | None = None
     method: str
 
 

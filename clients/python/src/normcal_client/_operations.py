@@ -20,9 +20,9 @@ from normcal_client import _endpoints as ep
 from normcal_client._errors import (
     Conflict,
     ConnectionFailed,
-    NotFound,
     ServerError,
     ServiceUnavailable,
+    documents_not_found,
 )
 from normcal_client._models import (
     BatchSearchResponse,
@@ -70,6 +70,7 @@ JudgmentLike = Judgment | Mapping[str, Any]
 Filter = Mapping[str, MetadataScalar]
 Progress = Callable[[int], None]
 DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
+DEFAULT_IDS_PER_REQUEST = 500  # the server accepts 1000 per batch get/delete by default
 
 
 @dataclass(frozen=True)
@@ -155,27 +156,47 @@ def upsert_documents(
     return total
 
 
-def get_documents(collection: str, ids: Iterable[str]) -> Plan[list[DocumentOut]]:
-    """The stored documents among ``ids``, in order; unknown ids are skipped."""
+def get_documents(
+    collection: str, ids: Iterable[str], batch_size: int
+) -> Plan[list[DocumentOut]]:
+    """The stored documents among ``ids`` (once each, in order), ``batch_size`` a request.
+
+    Unknown ids are skipped.
+    """
     found: list[DocumentOut] = []
-    for doc_id in ids:
-        try:
-            found.append((yield ep.GET_DOCUMENT(name=collection, doc_id=doc_id)))
-        except NotFound:
-            continue
+    for batch in _batches(_unique(ids), batch_size):
+        page: DocumentsFound = yield ep.GET_DOCUMENTS(
+            DocumentsGetRequest(ids=batch), name=collection
+        )
+        found += page.data
     return found
 
 
 def delete_documents(
-    collection: str, ids: Iterable[str], missing_ok: bool
-) -> Plan[None]:
-    """Delete documents one by one; with ``missing_ok`` unknown ids are no error."""
-    for doc_id in ids:
-        try:
-            yield ep.DELETE_DOCUMENT(name=collection, doc_id=doc_id)
-        except NotFound:
-            if not missing_ok:
-                raise
+    collection: str, ids: Iterable[str], missing_ok: bool, batch_size: int
+) -> Plan[int]:
+    """Delete documents by id, ``batch_size`` a request; how many were deleted.
+
+    Without ``missing_ok`` the ids are looked up first (batch gets): an unknown one
+    raises :class:`NotFound` before anything is deleted.
+    """
+    wanted = _unique(ids)
+    if not missing_ok:
+        missing: list[str] = []
+        for batch in _batches(wanted, batch_size):
+            page: DocumentsFound = yield ep.GET_DOCUMENTS(
+                DocumentsGetRequest(ids=batch), name=collection
+            )
+            missing += page.missing
+        if missing:
+            raise documents_not_found(collection, missing)
+    deleted = 0
+    for batch in _batches(wanted, batch_size):
+        done: DocumentsDeleted = yield ep.DELETE_DOCUMENTS(
+            DocumentsDeleteRequest(ids=batch), name=collection
+        )
+        deleted += done.deleted
+    return deleted
 
 
 def list_documents(
@@ -340,6 +361,13 @@ def next_to_judge(collection: str, k: int | None) -> Plan[JudgingNext]:
 def _given(**fields: Any) -> dict[str, Any]:
     """The fields the caller gave: ``None`` means "the server's default"."""
     return {key: value for key, value in fields.items() if value is not None}
+
+
+def _unique(ids: Iterable[str]) -> list[str]:
+    """``ids`` once each, in order (one string is refused: it is not a list of ids)."""
+    if isinstance(ids, str):
+        raise TypeError("ids must be an iterable of strings, not one string")
+    return list(dict.fromkeys(ids))
 
 
 def _judgments(items: Iterable[JudgmentLike]) -> list[Judgment]:
