@@ -604,6 +604,7 @@ async def test_async_fit_jobs(live):
         assert (await anc.list_fit_jobs("ajobs"))[0] == job
 
 
+@pytest.mark.anyio
 async def test_async_client_against_the_live_server(live):
     async with AsyncNormcalClient(live.url) as anc:
         await anc.wait_until_ready(timeout=30)
