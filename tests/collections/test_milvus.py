@@ -7,6 +7,10 @@ Random unit vectors stand in for embeddings; the calibrator is a plain JSON hold
 from __future__ import annotations
 
 import re
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,10 +235,11 @@ def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) ->
     assert again.query_log_size() == 2
     assert again.judging_candidates(1) == ("uploaded", ["u1"], 2)
     assert again.judging_counts() == (2, 1, 0)
-    after = again.search(query, ["text of a"], 3)
-    assert [[(h.document, h.score) for h in p.hits] for p in after] == [
-        [(h.document, pytest.approx(h.score)) for h in p.hits] for p in before
-    ]
+    (after,) = again.search(query, ["text of a"], 3)
+    assert [h.document for h in after.hits] == [h.document for h in before[0].hits]
+    assert [h.score for h in after.hits] == pytest.approx(
+        [h.score for h in before[0].hits]
+    )
     storage.close()
 
 
@@ -263,3 +268,58 @@ def test_calibrators_judging_and_log(kb: MilvusCollection[Cal]) -> None:
     assert kb.judgments() == [("b", "d", 0)]
     assert kb.delete_judgments(None) == 1
     assert kb.delete_judgments(None) == 0
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """``milvus-lite server`` on a free loopback port; its URI once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "milvus-lite"),
+            "server",
+            "--data-dir",
+            str(tmp_path / "server"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert process.poll() is None, "milvus-lite server exited"
+            assert time.monotonic() < deadline, "milvus-lite server never listened"
+            time.sleep(0.1)  # polling a condition, not synchronising on time
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_two_clients_of_one_server_share_documents_and_state(server: str) -> None:
+    first: MilvusStorage[Cal] = MilvusStorage(server, load)
+    second: MilvusStorage[Cal] = MilvusStorage(server, load)
+    try:
+        kb = first.create("kb", dict(META))
+        kb.upsert(new_docs(["a", "b"]))
+        kb.add_calibrator(Cal("c1"), activate=True)
+        other = second.open("kb")
+        assert other.profile == Cal("c1")
+        assert other.get("b").id == "b"
+        other.add_judgments([("q", "a", 1)])
+        other.upsert(new_docs(["c"], seed=8))
+        assert kb.judgments() == [("q", "a", 1)]
+        assert kb.counts()[0] == 3
+        assert second.names() == first.names() == ["kb"]
+    finally:
+        first.close()
+        second.close()
