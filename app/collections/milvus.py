@@ -183,6 +183,8 @@ class MilvusStorage(Generic[C]):
     """One Milvus (Lite file or server) holding normcal collections.
 
     ``uri`` is a file path (Milvus Lite, one process) or ``http(s)://host:port``.
+    Milvus Lite 3.x is a pure-Python engine: right for tests and small data, slow
+    beyond (hundreds of ms per call on a few thousand documents here).
     """
 
     def __init__(
@@ -199,7 +201,7 @@ class MilvusStorage(Generic[C]):
         self._load_calibrator = load_calibrator
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
-        self._ef_search = ef_search
+        self.ef_search = ef_search
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
         """Create both Milvus collections of ``name`` (``ConflictError`` if taken)."""
@@ -366,7 +368,7 @@ class MilvusCollection(Generic[C]):
         self._client = storage.client
         self._docs = milvus_name(name, _DOCS)
         self._state = milvus_name(name, _STATE)
-        self._ef_search = storage._ef_search
+        self._ef_search = storage.ef_search
         self._load_calibrator = load_calibrator
         self.lock = RWLock()
         self.closed = False

@@ -142,6 +142,13 @@ def test_search_is_the_exact_top_k_under_a_filter(kb: MilvusCollection[Cal]) -> 
     # 1 is not true, "7" is not 7: JSON types are kept apart as in the SQLite store.
     assert kb.search(query, ["q"], 5, {"even": 1})[0].hits == []
     assert kb.search(query, ["q"], 5, {"i": "7"})[0].hits == []
+    # A null matches a stored null, not a missing key.
+    (extra,) = new_docs(["null"], seed=7)
+    kb.upsert([NewDocument(**{**extra.__dict__, "metadata": {"even": None}})])
+    assert [
+        h.document.id for h in kb.search(query, ["q"], 50, {"even": None})[0].hits
+    ] == ["null"]
+    assert kb.search(query, ["q"], 50, {"missing": None})[0].hits == []
 
 
 def test_lexical_part_of_the_pool_comes_from_milvus_bm25(
@@ -323,3 +330,28 @@ def test_two_clients_of_one_server_share_documents_and_state(server: str) -> Non
     finally:
         first.close()
         second.close()
+
+
+def test_text_is_stored_up_to_milvus_varchar_bound(kb: MilvusCollection[Cal]) -> None:
+    (doc,) = new_docs(["long"])
+    at_bound = "é" * (65_535 // 2) + "a"  # 65535 UTF-8 bytes
+    kb.upsert([NewDocument(**{**doc.__dict__, "text": at_bound})])
+    assert kb.get("long").text == at_bound
+    with pytest.raises(InvalidRequestError, match="at most 65535 bytes"):
+        kb.upsert([NewDocument(**{**doc.__dict__, "text": at_bound + "a"})])
+    assert kb.get("long").text == at_bound
+
+
+def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
+    storage: MilvusStorage[Cal] = MilvusStorage(
+        str(tmp_path / "h.db"), load, index_type="hnsw"
+    )
+    try:
+        kb = storage.create("kb", dict(META))
+        docs = new_docs([f"d{i}" for i in range(30)], seed=11)
+        kb.upsert(docs)
+        assert kb.index_type == "hnsw" and storage.open("kb").index_type == "hnsw"
+        (pool,) = kb.search(docs[17].vector[None, :], ["x"], 1)
+        assert pool.hits[0].document.id == "d17"
+    finally:
+        storage.close()
