@@ -6,6 +6,7 @@
     ├── NotFoundError            (an unknown collection, document or calibrator)
     ├── ConflictError            (a collection that already exists)
     ├── InvalidRequestError      (well-formed but unacceptable input)
+    ├── BackendUnsupportedError  (the storage backend cannot do what was asked)
     │   └── LimitExceededError   (a declared limit was passed)
     ├── PayloadTooLargeError     (request body over the byte cap)
     ├── UnauthorizedError        (missing or wrong API key)
@@ -54,6 +55,14 @@ class LimitExceededError(InvalidRequestError):
         super().__init__(f"{field}: {actual} exceeds the limit of {limit}", field=field)
         self.limit = limit
         self.actual = actual
+
+
+class BackendUnsupportedError(NormcalError):
+    """The configured storage backend (e.g. a Milvus without BM25) cannot serve this."""
+
+    def __init__(self, backend: str, detail: str) -> None:
+        super().__init__(f"the {backend} storage backend {detail}")
+        self.backend = backend
 
 
 class PayloadTooLargeError(NormcalError):

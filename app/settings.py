@@ -122,7 +122,20 @@ class Settings(BaseSettings):
         description="ms a pass that follows another waits for more requests to join "
         "(never when idle)",
     )
-    index_type: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind")
+    storage: Literal["local", "milvus"] = Field(
+        "local",
+        description="local: SQLite file + FAISS per collection; milvus: NORMCAL_MILVUS_URI",
+    )
+    milvus_uri: str = Field(
+        "./data/milvus.db",
+        description="a file path (Milvus Lite, one process) or http(s)://host:port",
+    )
+    milvus_token: SecretStr | None = Field(
+        None, description="Milvus token (user:password or API key); unset = none"
+    )
+    index_type: Literal["flat", "hnsw"] = Field(
+        "flat", description="vector index kind (FAISS, or Milvus FLAT/HNSW)"
+    )
     hnsw_m: int = Field(32, ge=4, le=256)
     hnsw_ef_search: int = Field(128, ge=8, le=4096)
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(

@@ -62,6 +62,9 @@ PROBLEM_TABLE: dict[type[Exception], ProblemType] = {
     exc.ConflictError: ProblemType(409, "conflict", "Conflict"),
     exc.LimitExceededError: ProblemType(422, "limit-exceeded", "Limit exceeded"),
     exc.InvalidRequestError: ProblemType(422, "invalid-request", "Invalid request"),
+    exc.BackendUnsupportedError: ProblemType(
+        422, "backend-unsupported", "Not supported by the storage backend"
+    ),
     exc.PayloadTooLargeError: ProblemType(
         413, "payload-too-large", "Payload too large"
     ),

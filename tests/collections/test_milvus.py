@@ -1,0 +1,357 @@
+"""The Milvus backend against the real engine (Milvus Lite in ``tmp_path``).
+
+Random unit vectors stand in for embeddings; the calibrator is a plain JSON holder
+(storage never looks inside one).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+
+from app.collections.milvus import (
+    MilvusCollection,
+    MilvusStorage,
+    metadata_filter,
+    milvus_name,
+)
+from app.collections.store import NewDocument
+from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
+from tests.collections.conftest import DIM, new_docs, unit_vectors
+
+META = {"name": "kb", "model": "m", "dim": DIM, "created_at": 0.0}
+
+
+@dataclass(frozen=True)
+class Cal:
+    """A stored calibrator: an id, a method and some JSON."""
+
+    id: str
+    method: str = "platt"
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "method": self.method, "data": self.data}
+
+
+def load(data: dict[str, Any]) -> Cal:
+    return Cal(data["id"], data["method"], data["data"])
+
+
+def open_storage(path: Path) -> MilvusStorage[Cal]:
+    return MilvusStorage(str(path / "milvus.db"), load)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[MilvusStorage[Cal]]:
+    opened = open_storage(tmp_path)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def kb(storage: MilvusStorage[Cal]) -> MilvusCollection[Cal]:
+    return storage.create("kb", dict(META))
+
+
+def test_names_map_injectively_to_milvus_names(storage: MilvusStorage[Cal]) -> None:
+    names = ["kb", "KB", "a-b", "a_b", "a_db", "a_ub", "a-d", "9-_x", "a" * 64]
+    mapped = [milvus_name(n) for n in names]
+    assert len(set(mapped)) == len(names)
+    assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,254}", m) for m in mapped)
+    assert milvus_name("a-b") != milvus_name("a-b", "ncs_")
+    for name in ("9-_x", "a_db", "a-b"):
+        storage.create(name, {**META, "name": name})
+    assert storage.names() == ["9-_x", "a-b", "a_db"]
+    with pytest.raises(ConflictError):
+        storage.create("a-b", dict(META))
+    storage.drop("a-b")
+    assert storage.names() == ["9-_x", "a_db"]
+    with pytest.raises(NotFoundError):
+        storage.open("a-b")
+
+
+def test_upsert_get_replace_delete_page_count(kb: MilvusCollection[Cal]) -> None:
+    ids = [f"d{i}" for i in range(7)]
+    kb.upsert(new_docs(ids, tag="x"))
+    assert kb.counts() == (7, 7, 7)
+    doc = kb.get("d3")
+    assert (doc.text, doc.metadata, doc.norm, doc.n_tokens, doc.truncated) == (
+        "text of d3",
+        {"tag": "x"},
+        4.0,
+        6,
+        False,
+    )
+    # Replacing is by id: same count, new content, a seq after every other one.
+    kb.upsert(new_docs(["d3"], seed=5, tag="y"))
+    assert kb.counts()[0] == 7
+    assert kb.get("d3").metadata == {"tag": "y"}
+    first = kb.page(0, 3)
+    rest = kb.page(first[-1].seq, 100)
+    assert [d.id for d in first + rest] == ["d0", "d1", "d2", "d4", "d5", "d6", "d3"]
+    assert kb.page(rest[-1].seq, 10) == []
+    assert kb.missing(["d1", "zz", "zz", "a"]) == ["a", "zz"]
+    assert set(kb.get_many(["d1", "d2", "nope"])) == {"d1", "d2"}
+    kb.delete("d1")
+    with pytest.raises(NotFoundError):
+        kb.get("d1")
+    with pytest.raises(NotFoundError):
+        kb.delete("d1")
+    assert kb.delete_where({"tag": "y"}) == 1
+    assert kb.counts()[0] == 5
+    norms, tokens = kb.norm_sample()
+    assert sorted(norms.tolist()) == [1.0, 3.0, 5.0, 6.0, 7.0]
+    assert sorted(tokens.tolist()) == [3, 5, 7, 8, 9]
+    assert kb.delete_where({}) == 5
+    assert kb.counts() == (0, 0, 0)
+
+
+def test_search_is_the_exact_top_k_under_a_filter(kb: MilvusCollection[Cal]) -> None:
+    docs = new_docs([f"d{i}" for i in range(40)], seed=1)
+    docs = [
+        NewDocument(**{**d.__dict__, "metadata": {"even": i % 2 == 0, "i": i}})
+        for i, d in enumerate(docs)
+    ]
+    kb.upsert(docs)
+    query = unit_vectors(1, seed=9)
+    vectors = np.stack([d.vector for d in docs])
+    cosine = vectors @ query[0]
+    even = [i for i in range(40) if i % 2 == 0]
+    expected = sorted(even, key=lambda i: -cosine[i])[:5]
+    (pool,) = kb.search(query, ["zzzz"], 5, {"even": True})
+    hits = [pool.hits[i] for i in pool.dense_top(5)]
+    assert [h.document.id for h in hits] == [f"d{i}" for i in expected]
+    assert [h.score for h in hits] == pytest.approx(
+        [cosine[i] for i in expected], abs=1e-5
+    )
+    (pool,) = kb.search(query, ["q"], 5, {"i": 7})
+    assert [h.document.id for h in pool.hits] == ["d7"]
+    # 1 is not true, "7" is not 7: JSON types are kept apart as in the SQLite store.
+    assert kb.search(query, ["q"], 5, {"even": 1})[0].hits == []
+    assert kb.search(query, ["q"], 5, {"i": "7"})[0].hits == []
+    # A null matches a stored null, not a missing key.
+    (extra,) = new_docs(["null"], seed=7)
+    kb.upsert([NewDocument(**{**extra.__dict__, "metadata": {"even": None}})])
+    assert [
+        h.document.id for h in kb.search(query, ["q"], 50, {"even": None})[0].hits
+    ] == ["null"]
+    assert kb.search(query, ["q"], 50, {"missing": None})[0].hits == []
+
+
+def test_lexical_part_of_the_pool_comes_from_milvus_bm25(
+    kb: MilvusCollection[Cal],
+) -> None:
+    docs = new_docs([f"d{i}" for i in range(20)], seed=2)
+    docs[13] = NewDocument(**{**docs[13].__dict__, "text": "zebra crossing rules"})
+    kb.upsert(docs)
+    far = -docs[13].vector[None, :]  # d13 is the dense *last*
+    (pool,) = kb.search(far, ["zebra rules"], 3)
+    assert pool.n_dense == 3
+    (best,) = pool.lexical_top(1)
+    assert pool.hits[best].document.id == "d13"
+    assert pool.hits[best].score == pytest.approx(-1.0, abs=1e-5)  # its cosine
+    assert pool.lexical.bm25[best] > 0 and pool.lexical.top == pool.lexical.bm25[best]
+    assert pool.lexical.rank[best] == 1.0
+    assert pool.lexical.idf_mass > 0
+
+
+INJECTIONS = [
+    'x" or 1==1 or metadata["k"] == "',
+    "x' or 1==1 or metadata['k'] == '",
+    "x\\",
+    'x\\" or true or "',
+    "x or 1==1",
+    "x) or (1==1",
+    "ünïcödé ✓ 日本語",
+    "tab\tnew\nline",
+    "v" * 20_000,
+]
+
+
+@pytest.mark.parametrize("value", INJECTIONS)
+def test_filter_values_match_literally_and_never_widen(
+    kb: MilvusCollection[Cal], value: str
+) -> None:
+    docs = new_docs(["hit", "other", "third"], seed=3)
+    metas = [{"k": value}, {"k": "x"}, {"k": value + "y"}]
+    kb.upsert(
+        [
+            NewDocument(**{**d.__dict__, "metadata": m})
+            for d, m in zip(docs, metas, strict=True)
+        ]
+    )
+    query = unit_vectors(1, seed=4)
+    (pool,) = kb.search(query, ["text"], 10, {"k": value})
+    assert [h.document.id for h in pool.hits] == ["hit"]
+    (pool,) = kb.search(query, ["text"], 10, {value: "x"})  # a hostile key
+    assert pool.hits == []
+    assert kb.delete_where({value: "x"}) == 0
+    assert kb.delete_where({"k": value}) == 1
+    assert kb.missing(["hit", "other", "third"]) == ["hit"]
+
+
+def test_values_that_cannot_be_written_are_refused(kb: MilvusCollection[Cal]) -> None:
+    with pytest.raises(InvalidRequestError, match="control character U\\+0000"):
+        metadata_filter({"k": "a\x00b"})
+    with pytest.raises(InvalidRequestError, match="64-bit"):
+        metadata_filter({"k": 2**64})
+    with pytest.raises(InvalidRequestError, match="finite"):
+        metadata_filter({"k": float("nan")})
+
+
+def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) -> None:
+    storage = open_storage(tmp_path)
+    kb = storage.create("kb", dict(META))
+    kb.upsert(new_docs(["a", "b", "c"]))
+    kb.set_meta(query_log={"enabled": True})
+    kb.add_calibrator(Cal("c1", data={"w": [1, 2]}), activate=False)
+    kb.add_calibrator(Cal("c2"), activate=True)
+    assert kb.add_judgments([("q1", "a", 1), ("q2", "b", 0)]) == 2
+    assert kb.add_judgments([("q1", "c", 0)]) == 3
+    kb.log_queries(["q3", "q4", "q3"], retention=10)
+    assert kb.add_judging_queries(["u1", "u2", "u1"]) == 2
+    assert kb.add_judging_queries(["u2"]) == 0
+    query = unit_vectors(1, seed=6)
+    before = kb.search(query, ["text of a"], 3)
+    storage.close()
+
+    storage = open_storage(tmp_path)
+    again = storage.open("kb")
+    assert again.meta["query_log"] == {"enabled": True}
+    assert again.meta["dim"] == DIM and again.meta["active_calibrator"] == "c2"
+    assert again.profile == Cal("c2")
+    assert [c.id for c in again.calibrators()] == ["c1", "c2"]
+    assert again.calibrator("c1").data == {"w": [1, 2]}
+    assert again.judgments() == [("q1", "a", 1), ("q2", "b", 0), ("q1", "c", 0)]
+    page = again.judgments_page(2, 0)
+    assert [r[1:4] for r in page] == [("q1", "a", 1), ("q2", "b", 0)]
+    assert [r[1:4] for r in again.judgments_page(2, page[-1][0])] == [("q1", "c", 0)]
+    assert again.query_log_size() == 2
+    assert again.judging_candidates(1) == ("uploaded", ["u1"], 2)
+    assert again.judging_counts() == (2, 1, 0)
+    (after,) = again.search(query, ["text of a"], 3)
+    assert [h.document for h in after.hits] == [h.document for h in before[0].hits]
+    assert [h.score for h in after.hits] == pytest.approx(
+        [h.score for h in before[0].hits]
+    )
+    storage.close()
+
+
+def test_calibrators_judging_and_log(kb: MilvusCollection[Cal]) -> None:
+    kb.add_calibrator(Cal("c1"), activate=True)
+    with pytest.raises(ConflictError, match="active one"):
+        kb.delete_calibrator("c1")
+    with pytest.raises(NotFoundError):
+        kb.activate("nope")
+    kb.deactivate()
+    assert kb.profile is None and "active_calibrator" not in kb.meta
+    kb.delete_calibrator("c1")
+    with pytest.raises(NotFoundError):
+        kb.delete_calibrator("c1")
+    kb.log_queries(["a", "b", "a"], retention=10)
+    kb.log_queries(["c"], retention=10)
+    assert kb.judging_candidates(10) == ("log", ["a", "c", "b"], 3)
+    assert kb.trim_query_log(2) == 2
+    assert kb.query_log_size() == 2
+    assert kb.skip_judging("c") is True
+    assert kb.skip_judging("never-seen") is False
+    kb.add_judgments([("a", "d", 2), ("b", "d", 0)])
+    assert kb.judging_candidates(10) == ("none", [], 0)
+    assert kb.judging_counts() == (2, 1, 1)
+    assert kb.delete_judgments("a") == 1
+    assert kb.judgments() == [("b", "d", 0)]
+    assert kb.delete_judgments(None) == 1
+    assert kb.delete_judgments(None) == 0
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """``milvus-lite server`` on a free loopback port; its URI once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "milvus-lite"),
+            "server",
+            "--data-dir",
+            str(tmp_path / "server"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert process.poll() is None, "milvus-lite server exited"
+            assert time.monotonic() < deadline, "milvus-lite server never listened"
+            time.sleep(0.1)  # polling a condition, not synchronising on time
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_two_clients_of_one_server_share_documents_and_state(server: str) -> None:
+    first: MilvusStorage[Cal] = MilvusStorage(server, load)
+    second: MilvusStorage[Cal] = MilvusStorage(server, load)
+    try:
+        kb = first.create("kb", dict(META))
+        kb.upsert(new_docs(["a", "b"]))
+        kb.add_calibrator(Cal("c1"), activate=True)
+        other = second.open("kb")
+        assert other.profile == Cal("c1")
+        assert other.get("b").id == "b"
+        other.add_judgments([("q", "a", 1)])
+        other.upsert(new_docs(["c"], seed=8))
+        assert kb.judgments() == [("q", "a", 1)]
+        assert kb.counts()[0] == 3
+        assert second.names() == first.names() == ["kb"]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_text_is_stored_up_to_milvus_varchar_bound(kb: MilvusCollection[Cal]) -> None:
+    (doc,) = new_docs(["long"])
+    at_bound = "é" * (65_535 // 2) + "a"  # 65535 UTF-8 bytes
+    kb.upsert([NewDocument(**{**doc.__dict__, "text": at_bound})])
+    assert kb.get("long").text == at_bound
+    with pytest.raises(InvalidRequestError, match="at most 65535 bytes"):
+        kb.upsert([NewDocument(**{**doc.__dict__, "text": at_bound + "a"})])
+    assert kb.get("long").text == at_bound
+
+
+def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
+    storage: MilvusStorage[Cal] = MilvusStorage(
+        str(tmp_path / "h.db"), load, index_type="hnsw"
+    )
+    try:
+        kb = storage.create("kb", dict(META))
+        docs = new_docs([f"d{i}" for i in range(30)], seed=11)
+        kb.upsert(docs)
+        assert kb.index_type == "hnsw" and storage.open("kb").index_type == "hnsw"
+        (pool,) = kb.search(docs[17].vector[None, :], ["x"], 1)
+        assert pool.hits[0].document.id == "d17"
+    finally:
+        storage.close()
