@@ -209,7 +209,9 @@ def main() -> None:
     parser.add_argument("--embed-texts", type=int, default=500)
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--no-embed", action="store_true")
-    parser.add_argument("--worker", choices=[*BACKENDS, "embed"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", choices=[*BACKENDS, "embed"], help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.worker == "embed":
         print(json.dumps(embed_worker(args)))
@@ -233,8 +235,12 @@ def main() -> None:
     ]
     names = list(rows)
     ratio = "milvus/local" if {"local", "milvus"} <= rows.keys() else None
-    print(f"| {'':16} | " + " | ".join(f"{n:>8}" for n in names)
-          + (f" | {ratio}" if ratio else "") + " |")
+    print(
+        f"| {'':16} | "
+        + " | ".join(f"{n:>8}" for n in names)
+        + (f" | {ratio}" if ratio else "")
+        + " |"
+    )
     for key, label, fmt in cols:
         cells = [fmt.format(rows[n][key]) for n in names]
         extra = ""
