@@ -60,6 +60,9 @@ _STATE_FIELDS = ["pk", "kind", "key", "n", "data"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
 _MAX_TEXT_BYTES = 65_535  # Milvus's VARCHAR maximum
 _QUERY_BATCH = 1000  # rows per query-iterator page and per get/delete by ids
+_QUERY_WINDOW = 16_384  # Milvus's cap on offset + limit of one query
+_PAGE_ROUNDS = 32  # narrowing rounds of one page before falling back to a full scan
+_DF_TTL = 60.0  # seconds a cached document frequency may miss other replicas' writes
 _NORM_SAMPLE = 5000
 _DUMMY = [1.0, 0.0]  # the state collection's vector: Milvus requires one
 _INT64 = (-(2**63), 2**63 - 1)
@@ -373,6 +376,10 @@ class MilvusCollection(Generic[C]):
         self.lock = RWLock()
         self.closed = False
         self.meta: dict[str, Any] = meta
+        # term -> document frequency ("" -> documents), counted at _df_at (monotonic)
+        self._df: dict[str, int] = {}
+        self._df_at = 0.0
+        self._df_lock = threading.Lock()
         active = meta.get("active_calibrator")
         self.profile: C | None = self.calibrator(active) if active else None
 
@@ -423,6 +430,7 @@ class MilvusCollection(Generic[C]):
         ]
         with self._writing():
             self._client.upsert(self._docs, rows)
+            self._forget_frequencies()
 
     def delete(self, doc_id: str) -> None:
         """Delete one document (``NotFoundError`` if absent)."""
@@ -430,6 +438,7 @@ class MilvusCollection(Generic[C]):
             if not self._client.get(self._docs, ids=[doc_id], output_fields=["id"]):
                 raise NotFoundError("document", doc_id)
             self._client.delete(self._docs, ids=[doc_id])
+            self._forget_frequencies()
 
     def get(self, doc_id: str) -> StoredDocument:
         """Read one document (``NotFoundError`` if absent)."""
@@ -452,20 +461,46 @@ class MilvusCollection(Generic[C]):
     def page(self, after: int, limit: int) -> list[StoredDocument]:
         """Up to ``limit`` documents with a seq above ``after``, in seq order.
 
-        Milvus queries have no ORDER BY: the seqs above ``after`` are read (one
-        field) and sorted here, so a page costs a scan of the seqs after it.
+        Milvus queries have no ORDER BY (Milvus Lite ignores ``order_by_fields``), so
+        the page is found by a narrowing keyset window (:meth:`_page_seqs`): a few
+        capped queries of the ``seq`` field, then one read of the page's rows.
         """
         with self._reading():
-            seqs = sorted(
-                int(r["seq"])
-                for r in _all(self._client, self._docs, f"seq > {int(after)}", ["seq"])
-            )[:limit]
+            seqs = self._page_seqs(int(after), limit)
             if not seqs:
                 return []
             rows = self._client.query(
                 self._docs, filter=f"seq in {seqs}", output_fields=_DOC_FIELDS
             )
         return sorted((_document(r) for r in rows), key=lambda d: d.seq)
+
+    def _page_seqs(self, after: int, limit: int) -> list[int]:
+        """The ``limit`` smallest seqs above ``after``, reading a bounded window.
+
+        A query capped at :data:`_QUERY_WINDOW` rows returns *some* seqs of its range;
+        if it is not full it returned all of them. If it is full, the ``limit``-th
+        smallest seq it saw bounds the answer from above, so the range shrinks to
+        ``(after, bound]`` and is read again: each round either completes or narrows
+        (Milvus returns rows roughly in insertion order, so one narrowing usually
+        suffices). Past :data:`_PAGE_ROUNDS` rounds, every seq above ``after`` is
+        scanned (the old, always-correct way).
+        """
+        expr = f"seq > {after}"
+        for _ in range(_PAGE_ROUNDS):
+            rows = self._client.query(
+                self._docs, filter=expr, output_fields=["seq"], limit=_QUERY_WINDOW
+            )
+            seqs = sorted(int(r["seq"]) for r in rows)
+            if len(seqs) < _QUERY_WINDOW:
+                return seqs[:limit]
+            bound = seqs[min(limit, len(seqs)) - 1]
+            narrower = f"seq > {after} and seq <= {bound}"
+            if narrower == expr:  # a full window that cannot narrow: scan
+                break
+            expr = narrower
+        return sorted(
+            int(r["seq"]) for r in _all(self._client, self._docs, expr, ["seq"])
+        )[:limit]
 
     def delete_where(self, where: dict[str, MetadataValue]) -> int:
         """Delete every document matching ``where`` (all when empty); return how many.
@@ -479,6 +514,7 @@ class MilvusCollection(Generic[C]):
             ids = [r["id"] for r in rows if matches(r["metadata"], where)]
             for chunk in _chunks(ids):
                 self._client.delete(self._docs, ids=chunk)
+            self._forget_frequencies()
         return len(ids)
 
     def search(
@@ -490,9 +526,11 @@ class MilvusCollection(Generic[C]):
     ) -> list[Pool]:
         """The hybrid pool of each query: dense top-``n`` by IP, then Milvus's BM25.
 
+        One dense request and one BM25 request carry every query of the call.
         BM25 is Milvus's (its analyzer, IDF per segment in Milvus Lite), listed to
         depth ``max(n, LEXICAL_DEPTH)``: a dense hit beyond it scores 0, where the
-        SQLite backend scores every match.
+        SQLite backend scores every match. ``idf_mass`` uses cached document
+        frequencies (:meth:`_idf_masses`).
         """
         where = where or {}
         expr = metadata_filter(where)
@@ -507,22 +545,22 @@ class MilvusCollection(Generic[C]):
                 output_fields=fields,
                 search_params={"metric_type": "IP", "params": {"ef": self._ef_search}},
             )
-            return [
-                self._pool(vectors[i], texts[i], n, where, expr, dense[i], fields)
-                for i in range(len(texts))
-            ]
+            lex = self._lexical(texts, max(n, LEXICAL_DEPTH), expr, fields)
+            masses = self._idf_masses(texts)
+        return [
+            self._pool(vectors[i], n, where, dense[i], lex[i], masses[i])
+            for i in range(len(texts))
+        ]
 
     def _pool(
         self,
         vector: NDArray[np.float32],
-        text: str,
         n: int,
         where: dict[str, MetadataValue],
-        expr: str,
         dense: Sequence[dict[str, Any]],
-        fields: list[str],
+        lex: Sequence[dict[str, Any]],
+        idf_mass: float,
     ) -> Pool:
-        lex = self._lexical(text, max(n, LEXICAL_DEPTH), expr, fields)
         rows = {}
         cosine: dict[str, float] = {}
         bm25: dict[str, float] = {}
@@ -555,42 +593,69 @@ class MilvusCollection(Generic[C]):
             lexical=LexicalEvidence(
                 bm25=np.array([bm25.get(d, 0.0) for d in ids], dtype=np.float64),
                 rank=lexical_ranks(ids, lex_ids),
-                idf_mass=self._idf_mass(text),
+                idf_mass=idf_mass,
                 top=bm25[lex_ids[0]] if lex_ids else 0.0,
             ),
         )
 
     def _lexical(
-        self, text: str, depth: int, expr: str, fields: list[str]
-    ) -> list[dict[str, Any]]:
-        if not lexical.query_terms(text):
-            return []
-        found = self._client.search(
-            self._docs,
-            data=[text],
-            anns_field="sparse",
-            limit=depth,
-            filter=expr,
-            output_fields=fields,
-            search_params={"metric_type": "BM25"},
-        )
-        return list(found[0])
+        self, texts: Sequence[str], depth: int, expr: str, fields: list[str]
+    ) -> list[list[dict[str, Any]]]:
+        """BM25 hits of every text, in one request (none for a text without terms)."""
+        asked = [i for i, t in enumerate(texts) if lexical.query_terms(t)]
+        out: list[list[dict[str, Any]]] = [[] for _ in texts]
+        if asked:
+            found = self._client.search(
+                self._docs,
+                data=[texts[i] for i in asked],
+                anns_field="sparse",
+                limit=depth,
+                filter=expr,
+                output_fields=fields,
+                search_params={"metric_type": "BM25"},
+            )
+            for i, hits in zip(asked, found, strict=True):
+                out[i] = list(hits)
+        return out
 
-    def _idf_mass(self, text: str) -> float:
-        """The query's IDF mass, by the SQLite backend's formula (``lexical.idf_mass``).
+    def _idf_masses(self, texts: Sequence[str]) -> list[float]:
+        """Each query's IDF mass, by the SQLite backend's formula (``lexical.idf_mass``).
 
-        Document frequencies come from ``text_match`` counts, one per term (the
-        terms are ``lexical.query_terms``: word characters only, no quoting issue).
+        Document frequencies are ``text_match`` counts (the terms are
+        ``lexical.query_terms``: word characters only, no quoting issue), kept in a
+        per-collection cache with the document total they were counted against: a
+        term costs one count the first time any query uses it. This process's writes
+        clear the cache; other replicas' writes are seen within :data:`_DF_TTL`
+        seconds. Between the two, ``idf_mass`` is that of a slightly older collection
+        state, where the SQLite backend's is exact: a normalisation scale that moves
+        by the log of a relative change in counts, so the ``lex`` feature drifts by
+        far less than the calibrators' noise.
         """
-        terms = lexical.query_terms(text)
-        total = self._count("")
-        if not terms or total == 0:
-            return 0.0
-        mass = 0.0
-        for term in terms:
-            df = self._count(f"text_match(text, {_string(term)})")
-            mass += max(math.log((total - df + 0.5) / (df + 0.5)), 1e-6)
-        return mass
+        terms = [lexical.query_terms(t) for t in texts]
+        if not any(terms):
+            return [0.0] * len(texts)
+        with self._df_lock:
+            if time.monotonic() - self._df_at > _DF_TTL:
+                self._df.clear()
+            if not self._df:
+                self._df_at = time.monotonic()
+                self._df[""] = self._count("")
+            for term in dict.fromkeys(t for ts in terms for t in ts):
+                if term not in self._df:
+                    self._df[term] = self._count(f"text_match(text, {_string(term)})")
+            df = dict(self._df)
+        total = df[""]
+        if total == 0:
+            return [0.0] * len(texts)
+        return [
+            sum(max(math.log((total - df[t] + 0.5) / (df[t] + 0.5)), 1e-6) for t in ts)
+            for ts in terms
+        ]
+
+    def _forget_frequencies(self) -> None:
+        """Drop cached document frequencies: this process just changed the documents."""
+        with self._df_lock:
+            self._df.clear()
 
     def _count(self, expr: str) -> int:
         rows = self._client.query(self._docs, filter=expr, output_fields=["count(*)"])

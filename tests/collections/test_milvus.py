@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
 
+from app.collections import milvus
 from app.collections.milvus import (
     MilvusCollection,
     MilvusStorage,
@@ -166,6 +167,45 @@ def test_lexical_part_of_the_pool_comes_from_milvus_bm25(
     assert pool.lexical.bm25[best] > 0 and pool.lexical.top == pool.lexical.bm25[best]
     assert pool.lexical.rank[best] == 1.0
     assert pool.lexical.idf_mass > 0
+
+
+def test_pages_stay_in_seq_order_when_a_window_is_full(
+    kb: MilvusCollection[Cal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query window smaller than the collection forces the narrowing rounds."""
+    monkeypatch.setattr(milvus, "_QUERY_WINDOW", 4)
+    ids = [f"p{i:02d}" for i in range(23)]
+    for start in range(0, len(ids), 5):
+        kb.upsert(new_docs(ids[start : start + 5], seed=start))
+    kb.upsert(new_docs(["p03"], seed=99))  # replaced: now the newest
+    seen: list[str] = []
+    after = 0
+    for _ in range(len(ids)):  # bounded: one page of 3 at a time
+        page = kb.page(after, 3)
+        if not page:
+            break
+        assert [d.seq for d in page] == sorted(d.seq for d in page)
+        seen += [d.id for d in page]
+        after = page[-1].seq
+    assert seen == [i for i in ids if i != "p03"] + ["p03"]
+
+
+def test_a_batch_of_queries_is_one_pool_each_and_writes_refresh_idf(
+    kb: MilvusCollection[Cal],
+) -> None:
+    docs = new_docs([f"d{i}" for i in range(10)], seed=4)
+    docs[2] = NewDocument(**{**docs[2].__dict__, "text": "zebra crossing"})
+    kb.upsert(docs)
+    vectors = np.stack([docs[2].vector, docs[5].vector])
+    zebra, blank = kb.search(vectors, ["zebra", "!!"], 3)
+    assert zebra.hits[zebra.lexical_top(1)[0]].document.id == "d2"
+    assert blank.lexical.idf_mass == 0 and blank.lexical_order == []
+    assert blank.hits[0].document.id == "d5"
+    # Every document now holds the term: its IDF falls to FTS5's floor.
+    kb.upsert([NewDocument(**{**d.__dict__, "text": "zebra crossing"}) for d in docs])
+    (again,) = kb.search(vectors[:1], ["zebra"], 3)
+    assert again.lexical.idf_mass == pytest.approx(1e-6)
+    assert zebra.lexical.idf_mass > 1
 
 
 INJECTIONS = [
