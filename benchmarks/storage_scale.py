@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 DIM = 384
 VOCAB = 20_000
 WORDS = 30
-DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
 BACKENDS = ("local", "milvus")
 
 

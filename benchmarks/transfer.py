@@ -1,6 +1,6 @@
 """Leave-one-dataset-out transfer benchmark of the cross-domain prior (issue 9).
 
-Usage (from the repo root, with ``/work/shared/data`` or ``--data``)::
+Usage (from the repo root, with ``../shared/data``, ``NORMCAL_SHARED_DATA`` or ``--data``)::
 
     python -m benchmarks.transfer --out benchmarks/out/transfer.json
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ from calibration.profile import QueryEvidence, build_features, single_threaded_b
 from calibration.report import to_jsonable
 
 FloatArray = NDArray[np.float64]
-DATA = Path("/work/shared/data")
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
 SETS = ("scifact", "cranfield", "cisi", "cacm", "npl", "cf", "time", "aila-statutes")
 K = 20
 CACHE = Path.home() / ".cache" / "normcal" / "transfer"
