@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -229,3 +231,27 @@ def test_service_boots_with_the_onnx_backend(tmp_path, exported, real_embedder):
     item = got["data"][0]
     assert item["n_tokens"] == int(ref.n_tokens[0])
     assert item["norm"] == pytest.approx(float(ref.norms[0]), rel=1e-4)
+
+
+def test_onnx_path_imports_no_torch(exported):
+    """With a pre-exported graph, embedding loads no torch, transformers or
+    sentence-transformers: a runtime image can leave them out."""
+    code = (
+        "import sys\n"
+        "from app.api.lifespan import load_embedder\n"
+        "from app.settings import Settings\n"
+        f"s = Settings(embedding_backend='onnx', onnx_path={str(exported)!r})\n"
+        "batch = load_embedder(s).embed(['aspirin'], 'query')\n"
+        "assert batch.norms[0] > 0\n"
+        "heavy = ('torch', 'transformers', 'sentence_transformers')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=source_env(),
+        timeout=300,
+    )
+    assert out.stdout.strip() == ""
