@@ -29,9 +29,9 @@ from app.embedding.onnx_export import (
     MANIFEST,
     OnnxExportError,
     ensure_onnx,
-    export_onnx,
     valid_export,
 )
+from app.ops.cli import main as cli_main
 from app.settings import Settings, default_model_path
 from tests.app.server import ServerProcess, source_env
 
@@ -54,8 +54,11 @@ def mixed_texts(n: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A graph of the bundled model, exported once for the module."""
-    return export_onnx(default_model_path(), tmp_path_factory.mktemp("onnx"))
+    """A graph of the bundled model, exported once for the module by the CLI."""
+    out = tmp_path_factory.mktemp("onnx")
+    assert cli_main(["export-onnx", "--out", str(out)]) == 0
+    assert valid_export(out, model_identity(default_model_path())) is None
+    return out
 
 
 @pytest.fixture(scope="module")
