@@ -108,6 +108,19 @@ class Settings(BaseSettings):
     query_prompt: str = Field("", description="prefix added to query texts")
     document_prompt: str = Field("", description="prefix added to document texts")
     device: str = Field("cpu", description="torch device for the embedder")
+    embedding_backend: Literal["torch", "onnx"] = Field(
+        "torch",
+        description="torch: sentence-transformers; onnx: ONNX Runtime (same norms, "
+        "exported from the model on first start unless NORMCAL_ONNX_PATH is set)",
+    )
+    onnx_threads: int = Field(
+        0, ge=0, le=64, description="ONNX Runtime intra-op threads; 0: one per core"
+    )
+    onnx_path: Path | None = Field(
+        None,
+        description="directory of a pre-exported graph (`normcal export-onnx --out`); "
+        "used if it matches the model, else the export under the data dir is",
+    )
     embed_batch_size: int = Field(
         32, ge=1, le=1024, description="texts per forward pass (and per shared pass)"
     )

@@ -7,7 +7,12 @@
    10k documents (npl abstracts), against in-process embed + FAISS search of the same
    queries on the same vectors.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ingest.py [--docs 2000]``.
+``--backend torch|onnx|both`` picks the server's embedding backend
+(``NORMCAL_EMBEDDING_BACKEND``); each is measured against the same raw encode of
+this run. The ONNX graph is exported once before timing (``NORMCAL_ONNX_PATH``).
+``--search-docs 0`` skips the search part.
+
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ingest.py [--docs 2000] [--backend both]``.
 Needs ``../shared/data`` (scifact, npl) beside the repository.
 """
 
@@ -42,12 +47,18 @@ def percentile_ms(samples: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1000.0, q))
 
 
-def bench_ingest(server: ServerProcess, model, docs: list[dict]) -> dict[str, float]:
+def bench_raw(model, docs: list[dict]) -> float:
+    """Seconds of raw ``SentenceTransformer.encode`` of the docs' texts."""
     texts = [d["text"] for d in docs]
     model.encode(texts[:64], batch_size=32)  # warm-up
     started = time.perf_counter()
     model.encode(texts, batch_size=32)
-    raw = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def bench_ingest(
+    server: ServerProcess, raw: float, docs: list[dict]
+) -> dict[str, float]:
     with NormcalClient(server.url, timeout=600) as client:
         ingest_documents(client, "warmup", docs[:64], progress=False)
         http = ingest_documents(client, "ingest", docs, progress=False).seconds
@@ -94,11 +105,41 @@ def bench_search(
     return out
 
 
+def server_env(backend: str, onnx_dir: Path | None) -> dict[str, str]:
+    env = {"NORMCAL_EMBEDDING_BACKEND": backend}
+    if onnx_dir is not None:
+        env["NORMCAL_ONNX_PATH"] = str(onnx_dir)
+    return env
+
+
+def print_ingest(backend: str, ingest: dict[str, float]) -> None:
+    print(
+        f"| normcal HTTP PUT /documents, {backend} backend (embed + SQLite + FAISS) "
+        f"| {ingest['http_docs_per_s']:.1f} | **{ingest['ratio']:.2f}** |"
+    )
+
+
+def print_search(backend: str, search: dict) -> None:
+    print(
+        f"\n| search ({backend}), {search['documents']} npl docs, k=10, "
+        f"{search['queries']} queries | p50 ms | p99 ms |"
+    )
+    print("|---|---|---|")
+    print(
+        f"| normcal HTTP POST /search | {search['http_p50_ms']:.1f} | {search['http_p99_ms']:.1f} |"
+    )
+    print(
+        f"| in-process embed + FAISS | {search['in_process_p50_ms']:.1f} | {search['in_process_p99_ms']:.1f} |"
+    )
+    print(f"| **p50 ratio HTTP / in-process** | **{search['p50_ratio']:.2f}** | |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=2000, help="scifact docs to ingest")
-    parser.add_argument("--search-docs", type=int, default=10_000)
+    parser.add_argument("--search-docs", type=int, default=10_000, help="0: no search")
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--backend", choices=("torch", "onnx", "both"), default="torch")
     parser.add_argument(
         "--json", type=Path, default=None, help="also write results here"
     )
@@ -109,46 +150,48 @@ def main() -> int:
 
     from sentence_transformers import SentenceTransformer
 
+    backends = ["torch", "onnx"] if args.backend == "both" else [args.backend]
     model = SentenceTransformer(default_model_path(), device="cpu")
     scifact = list(read_corpus(DATA / "scifact", args.docs))
-    npl = list(read_corpus(DATA / "npl", args.search_docs))
+    npl = list(read_corpus(DATA / "npl", args.search_docs)) if args.search_docs else []
     with (DATA / "npl" / "queries.jsonl").open() as fh:
         queries = [json.loads(line)["text"] for line in fh]
     queries = (queries * (args.queries // len(queries) + 1))[: args.queries]
 
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp)).start()
-        try:
-            ingest = bench_ingest(server, model, scifact)
-            search = bench_search(server, model, npl, queries)
-        finally:
-            server.stop()
+        onnx_dir = None
+        if "onnx" in backends:
+            from app.embedding.onnx_export import export_onnx
+
+            onnx_dir = export_onnx(default_model_path(), Path(tmp) / "onnx")
+        raw = bench_raw(model, scifact)
+        for backend in backends:
+            env = server_env(backend, onnx_dir if backend == "onnx" else None)
+            server = ServerProcess(Path(tmp) / backend, env=env).start()
+            try:
+                out: dict = {"ingest": bench_ingest(server, raw, scifact)}
+                if npl:
+                    out["search"] = bench_search(server, model, npl, queries)
+            finally:
+                server.stop()
+            results[backend] = out
 
     print(
-        f"cpu threads: torch={__import__('torch').get_num_threads()}, cores={os.cpu_count()}"
+        f"cpu threads: torch={__import__('torch').get_num_threads()}, cores={os.cpu_count()}, "
+        f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
-    print("\n| ingest (scifact abstracts) | docs/s |")
-    print("|---|---|")
-    print(
-        f"| raw SentenceTransformer.encode, {ingest['docs']} docs | {ingest['raw_docs_per_s']:.1f} |"
-    )
-    print(
-        f"| normcal HTTP PUT /documents (embed + SQLite + FAISS) | {ingest['http_docs_per_s']:.1f} |"
-    )
-    print(f"| **ratio HTTP / raw** | **{ingest['ratio']:.2f}** |")
-    print(
-        f"\n| search, {search['documents']} npl docs, k=10, {search['queries']} queries | p50 ms | p99 ms |"
-    )
+    first = results[backends[0]]["ingest"]
+    print(f"\n| ingest ({first['docs']} scifact abstracts) | docs/s | ratio to raw |")
     print("|---|---|---|")
-    print(
-        f"| normcal HTTP POST /search | {search['http_p50_ms']:.1f} | {search['http_p99_ms']:.1f} |"
-    )
-    print(
-        f"| in-process embed + FAISS | {search['in_process_p50_ms']:.1f} | {search['in_process_p99_ms']:.1f} |"
-    )
-    print(f"| **p50 ratio HTTP / in-process** | **{search['p50_ratio']:.2f}** | |")
+    print(f"| raw SentenceTransformer.encode | {first['raw_docs_per_s']:.1f} | 1.00 |")
+    for backend in backends:
+        print_ingest(backend, results[backend]["ingest"])
+    for backend in backends:
+        if "search" in results[backend]:
+            print_search(backend, results[backend]["search"])
     if args.json:
-        args.json.write_text(json.dumps({"ingest": ingest, "search": search}, indent=2))
+        args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from app.collections.registry import CollectionRegistry
 from app.concurrency import CpuPool
-from app.embedding import Embedder, SentenceTransformerEmbedder
+from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
 from app.ops.observability import Metrics
 from app.profiles import load_default_profile
 from app.service import NO_DEFAULT_REASON, Service
@@ -28,11 +28,28 @@ class State(TypedDict):
 
 
 def load_embedder(settings: Settings) -> Embedder:
-    """Load the configured sentence-transformers model from local files."""
+    """Load the configured model from local files with the configured backend."""
+    prompts: dict[InputType, str] = {
+        "query": settings.query_prompt,
+        "document": settings.document_prompt,
+    }
+    if settings.embedding_backend == "onnx":
+        from app.embedding.onnx_backend import OnnxEmbedder
+        from app.embedding.onnx_export import ensure_onnx
+
+        graph = ensure_onnx(settings.model_path, settings.data_dir, settings.onnx_path)
+        return OnnxEmbedder(
+            settings.model_path,
+            graph,
+            model_name=settings.model_name,
+            prompts=prompts,
+            batch_size=settings.embed_batch_size,
+            threads=settings.onnx_threads,
+        )
     return SentenceTransformerEmbedder(
         settings.model_path,
         model_name=settings.model_name,
-        prompts={"query": settings.query_prompt, "document": settings.document_prompt},
+        prompts=prompts,
         batch_size=settings.embed_batch_size,
         device=settings.device,
     )

@@ -40,6 +40,38 @@ class EmbeddingBatch:
     def __len__(self) -> int:
         return int(self.norms.shape[0])
 
+    @classmethod
+    def empty(cls, dim: int) -> EmbeddingBatch:
+        """The batch of no texts."""
+        return cls(
+            np.zeros((0, dim), np.float32),
+            np.zeros(0),
+            np.zeros(0, np.int64),
+            np.zeros(0, bool),
+        )
+
+    @classmethod
+    def from_pooled(
+        cls,
+        pooled: NDArray[np.floating],
+        n_tokens: NDArray[np.int64],
+        truncated: NDArray[np.bool_],
+    ) -> EmbeddingBatch:
+        """Split pooled vectors into unit vectors and raw norms.
+
+        Every backend ends here, so they agree on what a zero vector becomes.
+        """
+        z = np.asarray(pooled, dtype=np.float64)
+        norms = np.linalg.norm(z, axis=1)
+        # A zero vector has no direction; keep it as zeros (cosine 0 with everything).
+        safe = np.where(norms > 0, norms, 1.0)
+        return cls(
+            vectors=(z / safe[:, None]).astype(np.float32),
+            norms=norms,
+            n_tokens=np.asarray(n_tokens, dtype=np.int64),
+            truncated=np.asarray(truncated, dtype=bool),
+        )
+
 
 class Embedder(Protocol):
     """What the service needs from an embedding model."""

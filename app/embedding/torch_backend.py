@@ -91,12 +91,7 @@ class SentenceTransformerEmbedder:
         prefix = self.prompts.get(input_type, "")
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         if not inputs:
-            return EmbeddingBatch(
-                np.zeros((0, self.dim), np.float32),
-                np.zeros(0),
-                np.zeros(0, np.int64),
-                np.zeros(0, bool),
-            )
+            return EmbeddingBatch.empty(self.dim)
         raw = self._model.encode(
             inputs,
             batch_size=self.batch_size,
@@ -104,15 +99,7 @@ class SentenceTransformerEmbedder:
             normalize_embeddings=False,
             show_progress_bar=False,
         )
-        z = np.asarray(raw, dtype=np.float64)
-        norms = np.linalg.norm(z, axis=1)
-        # A zero vector has no direction; keep it as zeros (cosine 0 with everything).
-        safe = np.where(norms > 0, norms, 1.0)
-        vectors = (z / safe[:, None]).astype(np.float32)
         full = self.token_counts(inputs)
-        return EmbeddingBatch(
-            vectors=vectors,
-            norms=norms,
-            n_tokens=np.minimum(full, self.max_seq_length),
-            truncated=full > self.max_seq_length,
+        return EmbeddingBatch.from_pooled(
+            raw, np.minimum(full, self.max_seq_length), full > self.max_seq_length
         )

@@ -408,6 +408,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export_onnx(args: argparse.Namespace) -> int:
+    """Export the configured model's transformer to ONNX (needs torch and onnx).
+
+    An image ships the result and sets ``NORMCAL_ONNX_PATH`` to it, so the onnx
+    backend starts without exporting (and without torch).
+    """
+    from app.embedding.onnx_export import export_onnx
+
+    settings = _settings()
+    out = export_onnx(settings.model_path, args.out)
+    print(f"exported {settings.model_path} to {out}; set NORMCAL_ONNX_PATH={out}")
+    return 0
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
     """Install a snapshot file as a collection, offline (the server must be stopped).
 
@@ -649,6 +663,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="where collections live (default: NORMCAL_DATA_DIR, ./data)",
     )
     restore.set_defaults(func=cmd_restore)
+
+    export = command(
+        "export-onnx",
+        "export the model (NORMCAL_MODEL_PATH) to ONNX for the onnx backend",
+    )
+    export.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for model.onnx and manifest.json (then NORMCAL_ONNX_PATH=DIR)",
+    )
+    export.set_defaults(func=cmd_export_onnx)
     return parser
 
 
