@@ -283,9 +283,9 @@ class Service:
         return self._describe(self._snapshots(name).restore(name, snapshot_id))
 
     def _snapshots(self, name: str) -> Snapshots:
-        """The snapshots, after a 404 for an unknown collection; 422 off the local backend."""
-        self.registry.get(name)
+        """The snapshots; off the local backend, a 404 for an unknown collection, else 422."""
         if self.snapshots is None:
+            self.registry.get(name)
             raise BackendUnsupportedError(
                 self.registry.backend,
                 "has no snapshots: back its data up with the engine's own tools "
