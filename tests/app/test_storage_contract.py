@@ -278,6 +278,30 @@ def test_a_restart_serves_identical_results(kb: TestClient, settings, embedder):
     assert all(h["probability"] is not None for r in results for h in r["hits"])
 
 
+class OtherFiles:
+    """The same model name served from other files: another identity."""
+
+    model_id = "other-files"
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_collection_of_other_model_files_is_refused_not_lost(
+    kb: TestClient, settings, embedder
+):
+    kb.__exit__(None, None, None)
+    with TestClient(create_app(settings, embedder=OtherFiles(embedder))) as other:
+        q = {"query": QUERIES["paris"], "k": 2}
+        body = assert_problem(other.post(f"{URL}/search", json=q), 409)
+        assert "identity" in body["detail"]
+        assert other.get(URL).json()["documents"] == 5  # described, not used
+        assert other.delete(URL).status_code == 204
+
+
 # -- what only the local backend has ----------------------------------------------------
 def test_snapshots_are_local_only(kb: TestClient, storage: str):
     r = kb.post(f"{URL}/snapshots")
@@ -290,7 +314,7 @@ def test_snapshots_are_local_only(kb: TestClient, storage: str):
     assert_problem(kb.post("/v1/collections/nope/snapshots"), 404)
 
 
-def test_readiness_names_the_backend(client: TestClient, storage: str):
+def test_a_healthy_backend_is_ready(client: TestClient):
     body = client.get("/readyz").json()
     assert body["status"] == "ready", body
 
