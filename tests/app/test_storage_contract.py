@@ -355,7 +355,13 @@ def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
             assert seen_by_one["calibrator"]["id"] == calibrator
             assert seen_by_one == seen_by_two
             assert_problem(one.delete(f"{URL}/calibrators/{calibrator}"), 409)
-            assert one.post(f"{URL}/calibrators/{calibrator}/activate").is_success
+            # back to the shipped default on one replica: the other follows
+            listed = two.get(f"{URL}/calibrators").json()["data"]
+            (default,) = [c["id"] for c in listed if c["default"]]
+            assert one.post(f"{URL}/calibrators/{default}/activate").is_success
+            after = two.post(f"{URL}/search", json=q).json()["calibrator"]
+            assert after["status"] == "default"
+            assert two.delete(f"{URL}/calibrators/{calibrator}").status_code == 204
             assert two.delete("/v1/collections/kb").status_code == 204
             assert_problem(one.post(f"{URL}/search", json=q), 404)
             assert one.get("/v1/collections").json()["data"] == []
