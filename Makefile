@@ -12,6 +12,10 @@ DATA_DIR ?= ./data
 # local CPU wheel), `make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"`
 # avoids the multi-GB CUDA build.
 TORCH_PIP_ARGS ?=
+# Optional extras on top of the runtime set, each pinned in requirements/EXTRA.txt:
+# `make install EXTRAS=milvus` (or `make run EXTRAS=milvus`) for NORMCAL_STORAGE=milvus.
+# `make test` needs none: the dev lock includes them.
+EXTRAS ?=
 
 .PHONY: install install-dev lock run test test-fast lint fmt bench clean
 
@@ -19,8 +23,8 @@ TORCH_PIP_ARGS ?=
 RUNTIME_LOCK := requirements/runtime.txt
 DEV_LOCK := requirements/dev.txt
 
-# `make run` needs only the runtime set; test/lint/fmt add the dev tools on top.
-install: $(VENV)/.installed
+# `make run` needs only the runtime set (and EXTRAS); test/lint/fmt add the dev tools.
+install: $(VENV)/.installed $(foreach e,$(EXTRAS),$(VENV)/.installed-$(e))
 install-dev: $(VENV)/.installed-dev
 
 # torch is installed first and pinned: an unpinned resolve would pull a multi-GB CUDA
@@ -31,6 +35,12 @@ $(VENV)/.installed: pyproject.toml $(RUNTIME_LOCK)
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -r $(RUNTIME_LOCK)
 	$(BIN)/pip install --no-deps -e .
+	$(BIN)/pip check
+	touch $@
+
+# One extra's pins, installed over the runtime set (the lock keeps them compatible).
+$(VENV)/.installed-%: $(VENV)/.installed requirements/%.txt
+	$(BIN)/pip install -r requirements/$*.txt
 	$(BIN)/pip check
 	touch $@
 

@@ -108,6 +108,9 @@ class FitJobs:
         if self._conn is not None:
             return self._conn
         try:
+            # The local registry makes the data dir; with Milvus storage only this
+            # file lives there (fit jobs are per process).
+            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             conn = sqlite3.connect(self._path, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             with conn:
@@ -117,7 +120,7 @@ class FitJobs:
                     " WHERE status IN ('queued', 'running')",
                     (time.time(), RESTARTED.model_dump_json()),
                 ).rowcount
-        except sqlite3.Error as error:
+        except (sqlite3.Error, OSError) as error:
             raise StorageUnavailableError(
                 f"the fit job file {self._path} cannot be used: {error}"
             ) from error

@@ -2,8 +2,8 @@
 
 Routers translate HTTP into calls here and touch nothing else: not the embedder, the
 registry or the pool. The service reaches collections only through the methods of
-``Collection`` and ``CollectionRegistry``, never their store. Every CPU-bound step
-runs in the bounded pool.
+``CollectionBackend`` and ``Registry`` (``app.collections.base``), never their store,
+so it serves either backend. Every CPU-bound step runs in the bounded pool.
 """
 
 from __future__ import annotations
@@ -59,13 +59,19 @@ from app.api.schemas.judging import (
 )
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.api.schemas.snapshots import SnapshotInfo
-from app.collections.registry import Collection, CollectionRegistry, Pool
+from app.collections.base import CollectionBackend, Registry
+from app.collections.registry import CollectionRegistry, Pool
 from app.collections.snapshots import Snapshot, Snapshots
 from app.collections.store import DEFAULT_STEMMER, NewDocument, StoredDocument
 from app.concurrency import CpuPool
 from app.embedding import Embedder, EmbeddingBatch, InputType
 from app.embedding.batching import EmbedBatcher
-from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
+from app.exceptions import (
+    BackendUnsupportedError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+)
 from app.jobs import JOBS_FILE, FitJobs, Progress
 from app.ops.observability import Metrics
 from app.ops.report import reliability_png
@@ -94,20 +100,25 @@ class Service:
 
     settings: Settings
     embedder: Embedder
-    registry: CollectionRegistry[Profile]
+    registry: Registry[Profile]
     pool: CpuPool
     default_profile: Profile | None = None
     # Why no shipped profile serves this model (``app.profiles.load_default_profile``).
     no_default_reason: str = NO_DEFAULT_REASON
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
-    snapshots: Snapshots = field(init=False)
+    # Only the local backend has snapshots (files of SQLite's online backup).
+    snapshots: Snapshots | None = field(init=False)
     # Every embedding goes through it, so concurrent requests share forward passes.
     batcher: EmbedBatcher = field(init=False)
     fit_jobs: FitJobs = field(init=False)
 
     def __post_init__(self) -> None:
-        self.snapshots = Snapshots(self.registry)
+        self.snapshots = (
+            Snapshots(self.registry)
+            if isinstance(self.registry, CollectionRegistry)
+            else None
+        )
         self.fit_jobs = FitJobs(
             self.settings.data_dir / JOBS_FILE, self.settings.limits
         )
@@ -131,7 +142,13 @@ class Service:
         broken = self.registry.unavailable()
         reasons: list[str] = []
         if storage is not None:
-            reasons.append(storage if detailed else "the data dir is not writable")
+            reasons.append(
+                storage
+                if detailed
+                else "the data dir is not writable"
+                if self.registry.backend == "local"
+                else f"the {self.registry.backend} storage does not answer"
+            )
         if broken:
             reasons.append(f"{len(broken)} collection(s) unavailable")
         answer = Readiness(
@@ -206,7 +223,7 @@ class Service:
         """Describe a collection (503 if it is quarantined)."""
         return self._describe(self.registry.get(name))
 
-    def _describe(self, collection: Collection[Profile]) -> CollectionInfo:
+    def _describe(self, collection: CollectionBackend[Profile]) -> CollectionInfo:
         documents, lexical_indexed, indexed = collection.counts()
         meta = collection.meta
         return CollectionInfo(
@@ -247,23 +264,34 @@ class Service:
     # -- snapshots --------------------------------------------------------------------
     def create_snapshot(self, name: str) -> SnapshotInfo:
         """Back a served collection up while writes go on."""
-        return _snapshot_info(self.snapshots.create(name))
+        return _snapshot_info(self._snapshots(name).create(name))
 
     def list_snapshots(self, name: str) -> list[SnapshotInfo]:
         """A collection's snapshots, oldest first."""
-        return [_snapshot_info(s) for s in self.snapshots.list(name)]
+        return [_snapshot_info(s) for s in self._snapshots(name).list(name)]
 
     def snapshot_file(self, name: str, snapshot_id: str) -> Path:
         """The file of one snapshot, for download."""
-        return self.snapshots.path(name, snapshot_id)
+        return self._snapshots(name).path(name, snapshot_id)
 
     def delete_snapshot(self, name: str, snapshot_id: str) -> None:
         """Delete one snapshot."""
-        self.snapshots.delete(name, snapshot_id)
+        self._snapshots(name).delete(name, snapshot_id)
 
     def restore_snapshot(self, name: str, snapshot_id: str) -> CollectionInfo:
         """Replace a collection (served or quarantined) by one of its snapshots."""
-        return self._describe(self.snapshots.restore(name, snapshot_id))
+        return self._describe(self._snapshots(name).restore(name, snapshot_id))
+
+    def _snapshots(self, name: str) -> Snapshots:
+        """The snapshots; off the local backend, a 404 for an unknown collection, else 422."""
+        if self.snapshots is None:
+            self.registry.get(name)
+            raise BackendUnsupportedError(
+                self.registry.backend,
+                "has no snapshots: back its data up with the engine's own tools "
+                "(for Milvus: milvus-backup)",
+            )
+        return self.snapshots
 
     # -- documents --------------------------------------------------------------------
     async def upsert(self, name: str, documents: list[DocumentIn]) -> UpsertResponse:
@@ -366,7 +394,9 @@ class Service:
         """
         return self._export(self.registry.get(name))
 
-    async def _export(self, collection: Collection[Profile]) -> AsyncIterator[bytes]:
+    async def _export(
+        self, collection: CollectionBackend[Profile]
+    ) -> AsyncIterator[bytes]:
         after = 0
         while docs := await self.pool.run(collection.page, after, EXPORT_CHUNK):
             yield "".join(
@@ -454,7 +484,7 @@ class Service:
 
     async def _fit(
         self,
-        collection: Collection[Profile],
+        collection: CollectionBackend[Profile],
         body: FitRequest,
         qrels: dict[str, dict[str, int]],
         k: int,
@@ -678,7 +708,7 @@ class Service:
         return QueryLogInfo(**body.model_dump(), entries=entries)
 
     async def _log_queries(
-        self, collection: Collection[Profile], texts: list[str]
+        self, collection: CollectionBackend[Profile], texts: list[str]
     ) -> None:
         """Record searched texts when the log is on; a failure only gets logged."""
         current = _query_log_settings(collection)
@@ -760,7 +790,7 @@ class Service:
         )
 
     def _check_documents_exist(
-        self, collection: Collection[Profile], ids: list[str]
+        self, collection: CollectionBackend[Profile], ids: list[str]
     ) -> None:
         unknown = collection.missing(ids)
         if unknown:
@@ -779,12 +809,12 @@ class Service:
             return None
         return default.prior
 
-    def _profile_for(self, collection: Collection[Profile]) -> Profile | None:
+    def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
         if collection.profile is not None:
             return collection.profile
         return self._default_for(collection)
 
-    def _default_for(self, collection: Collection[Profile]) -> Profile | None:
+    def _default_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
         """The shipped default profile, if it was fitted for the collection's model."""
         default = self.default_profile
         if default is not None and default.model == collection.meta.get("model"):
@@ -795,7 +825,7 @@ class Service:
         return _calibrator_ref(profile, self.no_default_reason)
 
     def _info(
-        self, collection: Collection[Profile], profile: Profile
+        self, collection: CollectionBackend[Profile], profile: Profile
     ) -> CalibratorInfo:
         active = self._profile_for(collection)
         report = profile.report
@@ -859,7 +889,7 @@ def _imported_profile(data: dict[str, Any]) -> Profile:
     )
 
 
-def _query_log_settings(collection: Collection[Profile]) -> QueryLogSettings:
+def _query_log_settings(collection: CollectionBackend[Profile]) -> QueryLogSettings:
     """The stored query log settings (the defaults, off, when never set)."""
     return QueryLogSettings.model_validate(collection.meta.get("query_log", {}))
 

@@ -9,7 +9,7 @@ from typing import TypedDict
 
 from fastapi import FastAPI
 
-from app.collections.registry import CollectionRegistry
+from app.collections.backends import open_registry
 from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
 from app.ops.observability import Metrics
@@ -65,31 +65,26 @@ def make_lifespan(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         model = embedder if embedder is not None else load_embedder(settings)
-        registry = CollectionRegistry(
-            settings.data_dir,
+        registry = open_registry(
+            settings,
             model_name=model.model_name,
             model_id=model.model_id,
             dim=model.dim,
             load_calibrator=Profile.from_json,
-            index_type=settings.index_type,
-            hnsw_m=settings.hnsw_m,
-            ef_search=settings.hnsw_ef_search,
-            synchronous=settings.sqlite_synchronous,
-            max_open=settings.max_open_collections,
         )
-        registry.load()
         pool = CpuPool(settings.worker_threads, settings.max_pending_jobs)
         default = load_default_profile(model.model_name, model.model_id)
         no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
         if isinstance(default, str):
             logger.warning("search is uncalibrated until a fit: %s", default)
         logger.info(
-            "normcal ready: model %s (%s, dim %d), %d collections in %s",
+            "normcal ready: model %s (%s, dim %d), %d collections in %s (%s)",
             model.model_name,
             model.model_id,
             model.dim,
             len(registry.names()),
-            settings.data_dir,
+            settings.data_dir if registry.backend == "local" else settings.milvus_uri,
+            registry.backend,
         )
         if metrics is not None:
             model = metrics.instrument(model)
@@ -107,7 +102,8 @@ def make_lifespan(
         try:
             yield {"service": service}
         finally:
-            # Reverse order: stop fit jobs, finish CPU work, then close SQLite cleanly.
+            # Reverse order: stop fit jobs, finish CPU work, then close the storage
+            # (SQLite files, or the Milvus client) cleanly.
             await service.fit_jobs.close()
             if metrics is not None:
                 metrics.watch(None)

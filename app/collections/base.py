@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections.index import IndexType
-from app.collections.registry import Pool, StoredCalibrator
+from app.collections.registry import Pool, StoredCalibrator, Unavailable
 from app.collections.store import MetadataValue, NewDocument, StoredDocument
 
 C = TypeVar("C", bound=StoredCalibrator)
@@ -60,6 +60,10 @@ class CollectionBackend(Protocol[C]):
 
     def delete_where(self, where: dict[str, MetadataValue]) -> int:
         """Delete every document matching ``where`` (all when empty); return how many."""
+        ...
+
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
         ...
 
     def search(
@@ -166,9 +170,62 @@ class CollectionBackend(Protocol[C]):
         ...
 
 
+class Registry(Protocol[C]):
+    """What the service needs of the set of collections, whichever backend holds them.
+
+    ``app.collections.registry.CollectionRegistry`` (one SQLite file per collection
+    under the data dir) and ``app.collections.milvus_registry.MilvusRegistry`` (one
+    Milvus) satisfy it; both enforce the same rules (case-insensitive unique names,
+    the serving model's identity on use).
+    """
+
+    backend: str
+    """``local`` or ``milvus``: names the backend in messages."""
+
+    def load(self) -> None:
+        """Open what is stored (never raises for one bad collection)."""
+        ...
+
+    def create(self, name: str, **extra_meta: Any) -> CollectionBackend[C]:
+        """Create an empty collection (``ConflictError`` if the name is taken)."""
+        ...
+
+    def get(self, name: str) -> CollectionBackend[C]:
+        """A collection (404 if absent, 503 if unavailable)."""
+        ...
+
+    def get_compatible(self, name: str) -> CollectionBackend[C]:
+        """A collection whose vectors come from the serving model (409 if not)."""
+        ...
+
+    def names(self) -> list[str]:
+        """Names of the collections being served, sorted."""
+        ...
+
+    def unavailable(self) -> list[Unavailable]:
+        """Collections that cannot be served, by name."""
+        ...
+
+    def storage_problem(self) -> str | None:
+        """Why nothing can be written now (None when all is well)."""
+        ...
+
+    def drop(self, name: str) -> None:
+        """Delete a collection and everything stored for it."""
+        ...
+
+    def close(self) -> None:
+        """Close every collection and the storage."""
+        ...
+
+
 if TYPE_CHECKING:
-    from app.collections.registry import Collection
+    from app.collections.registry import Collection, CollectionRegistry
 
     def _conforming(collection: Collection[C]) -> CollectionBackend[C]:
         """The type-checked proof that the SQLite + FAISS collection is a backend."""
         return collection
+
+    def _registry(registry: CollectionRegistry[C]) -> Registry[C]:
+        """The type-checked proof that the local registry is a ``Registry``."""
+        return registry

@@ -517,6 +517,18 @@ class MilvusCollection(Generic[C]):
             self._forget_frequencies()
         return len(ids)
 
+    def delete_ids(self, ids: Sequence[str]) -> int:
+        """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
+        with self._writing():
+            found = [
+                str(row["id"])
+                for chunk in _chunks(sorted(set(ids)))
+                for row in self._client.get(self._docs, ids=chunk, output_fields=["id"])
+            ]
+            for chunk in _chunks(found):
+                self._client.delete(self._docs, ids=chunk)
+        return len(found)
+
     def search(
         self,
         vectors: NDArray[np.float32],
@@ -930,6 +942,32 @@ class MilvusCollection(Generic[C]):
             if self._stored_calibrator(calibrator_id) is None:
                 raise NotFoundError("calibrator", calibrator_id)
             self._remove("calibrator", [calibrator_id])
+
+    def refresh(self) -> None:
+        """Follow the active calibrator another replica may have set: one point query.
+
+        ``meta`` and ``profile`` are cached per process; the registry calls this on
+        every lookup (about 2 ms on Milvus Lite), so a replica serves another's
+        activation from its next request on. A collection another replica dropped
+        is a ``NotFoundError`` here.
+        """
+        key = [_pk("meta", "active_calibrator")]
+        with self._reading():
+            try:
+                rows = self._client.get(self._state, ids=key, output_fields=["data"])
+            except MilvusException as error:
+                if not self._client.has_collection(self._state):
+                    raise NotFoundError("collection", self.name) from error
+                raise
+        active = rows[0]["data"]["value"] if rows else None
+        if active == self.meta.get("active_calibrator"):
+            return
+        profile = self.calibrator(active) if active else None
+        if active:
+            self.meta["active_calibrator"] = active
+        else:
+            self.meta.pop("active_calibrator", None)
+        self.profile = profile
 
     def close(self) -> None:
         """Wait for in-flight work; later calls get 404 (the client is the storage's)."""

@@ -477,6 +477,8 @@ class CollectionRegistry(Generic[C]):
     one recorded by another model is refused; None records and checks nothing.
     """
 
+    backend = "local"
+
     def __init__(
         self,
         data_dir: Path,
@@ -546,7 +548,7 @@ class CollectionRegistry(Generic[C]):
         The file is built complete under a temporary name, then renamed into place
         and the directory fsynced: a crash leaves a whole collection or none.
         """
-        self._check_name(name)
+        self.check_name(name)
         with self._lock:
             self._check_free(name)
             path = self._path(name)
@@ -598,21 +600,7 @@ class CollectionRegistry(Generic[C]):
         only, and is not given the serving model's identity behind the user's back.
         """
         collection = self.get(name)
-        if collection.meta.get("model") != self.model_name:
-            raise ConflictError(
-                f"collection {name!r} was built with model "
-                f"{collection.meta.get('model')!r}, not {self.model_name!r}"
-            )
-        stored_id = collection.meta.get("model_id")
-        if stored_id is not None and self.model_id is not None:
-            if stored_id != self.model_id:
-                raise ConflictError(
-                    f"collection {name!r} was built with model {self.model_name!r} "
-                    f"of identity {stored_id!r}, but the model now served under "
-                    f"that name (NORMCAL_MODEL_PATH) has identity "
-                    f"{self.model_id!r}: its vectors are not comparable; serve "
-                    "the original model files, or re-embed into a new collection"
-                )
+        check_model(name, collection.meta, self.model_name, self.model_id)
         return collection
 
     def names(self) -> list[str]:
@@ -796,7 +784,8 @@ class CollectionRegistry(Generic[C]):
         return self.data_dir / f"{name}{_SUFFIX}"
 
     @staticmethod
-    def _check_name(name: str) -> None:
+    def check_name(name: str) -> None:
+        """Refuse (422) a name no backend may store (``MilvusRegistry`` uses it too)."""
         if not _NAME_RE.match(name):
             raise InvalidRequestError(
                 "collection names are 1-64 letters, digits, '_' or '-', "
@@ -809,6 +798,30 @@ class CollectionRegistry(Generic[C]):
             )
 
 
+def check_model(
+    name: str, meta: dict[str, Any], model_name: str, model_id: str | None
+) -> None:
+    """Refuse (409) a collection whose vectors another model made (see ``get_compatible``).
+
+    Shared by every registry, so both backends apply the same rule.
+    """
+    if meta.get("model") != model_name:
+        raise ConflictError(
+            f"collection {name!r} was built with model "
+            f"{meta.get('model')!r}, not {model_name!r}"
+        )
+    stored_id = meta.get("model_id")
+    if stored_id is not None and model_id is not None:
+        if stored_id != model_id:
+            raise ConflictError(
+                f"collection {name!r} was built with model {model_name!r} "
+                f"of identity {stored_id!r}, but the model now served under "
+                f"that name (NORMCAL_MODEL_PATH) has identity "
+                f"{model_id!r}: its vectors are not comparable; serve "
+                "the original model files, or re-embed into a new collection"
+            )
+
+
 def restore_offline(data_dir: Path, name: str, source: Path) -> None:
     """Install the snapshot file ``source`` as collection ``name`` with the server stopped.
 
@@ -817,7 +830,7 @@ def restore_offline(data_dir: Path, name: str, source: Path) -> None:
     name); the server's next start-up load does the rest and quarantines it if the
     model differs.
     """
-    CollectionRegistry._check_name(name)
+    CollectionRegistry.check_name(name)
     path = data_dir / f"{name}{_SUFFIX}"
     if path.is_dir():
         raise ConflictError(f"{path} is a directory, not a collection file")

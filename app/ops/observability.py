@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from app.collections.registry import CollectionRegistry
+    from app.collections.base import Registry
     from app.embedding import Embedder, EmbeddingBatch, InputType
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class _CollectionCollector(Collector):
     """Index sizes and the calibrator in use, read from the registry at scrape time."""
 
     def __init__(self) -> None:
-        self.registry: CollectionRegistry[Any] | None = None
+        self.registry: Registry[Any] | None = None
 
     def collect(self) -> Iterator[Metric]:
         documents = GaugeMetricFamily(
@@ -168,7 +168,7 @@ class Metrics:
         self._collections = _CollectionCollector()
         self.registry.register(self._collections)
 
-    def watch(self, registry: CollectionRegistry[Any] | None) -> None:
+    def watch(self, registry: Registry[Any] | None) -> None:
         """Report index sizes and calibrators of ``registry`` (None: stop)."""
         self._collections.registry = registry
 

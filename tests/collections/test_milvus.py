@@ -7,10 +7,6 @@ Random unit vectors stand in for embeddings; the calibrator is a plain JSON hold
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +27,7 @@ from app.collections.milvus import (
 from app.collections.store import NewDocument
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from tests.collections.conftest import DIM, new_docs, unit_vectors
+from tests.milvus_lite import milvus_lite_server
 
 META = {"name": "kb", "model": "m", "dim": DIM, "created_at": 0.0}
 
@@ -320,36 +317,8 @@ def test_calibrators_judging_and_log(kb: MilvusCollection[Cal]) -> None:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """``milvus-lite server`` on a free loopback port; its URI once it answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "milvus-lite"),
-            "server",
-            "--data-dir",
-            str(tmp_path / "server"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with socket.socket() as client:
-                if client.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert process.poll() is None, "milvus-lite server exited"
-            assert time.monotonic() < deadline, "milvus-lite server never listened"
-            time.sleep(0.1)  # polling a condition, not synchronising on time
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    with milvus_lite_server(tmp_path / "server") as uri:
+        yield uri
 
 
 def test_two_clients_of_one_server_share_documents_and_state(server: str) -> None:

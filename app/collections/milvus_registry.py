@@ -1,0 +1,200 @@
+"""The registry of collections stored in one Milvus (``NORMCAL_STORAGE=milvus``).
+
+The same rules as the local registry (``app.collections.registry``): names are
+checked alike and unique case-insensitively, new collections record the serving
+model and its identity, and one built by another model is refused on use
+(:func:`~app.collections.registry.check_model`).
+
+Milvus is the truth, not this process: several replicas may serve one Milvus. A
+lookup of a collection this process has not opened opens it (another replica
+created it), and every lookup re-reads the active calibrator with one point query
+(:meth:`MilvusCollection.refresh`), so an activation or a drop by another replica
+is seen on the next request. The name check and the create that follows it are not
+atomic across replicas: two replicas creating ``Kb`` and ``kb`` at the same moment
+may both succeed.
+
+This module imports ``pymilvus``: only :func:`app.collections.backends.open_registry`
+imports it, when the Milvus backend is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Generic
+
+from app.collections.index import IndexType
+from app.collections.milvus import BACKEND, MilvusCollection, MilvusStorage
+from app.collections.registry import (
+    C,
+    CalibratorLoader,
+    CollectionRegistry,
+    Unavailable,
+    check_model,
+)
+from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class MilvusRegistry(Generic[C]):
+    """All normcal collections of one Milvus (see the module docstring)."""
+
+    backend = BACKEND
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        token: str,
+        model_name: str,
+        dim: int,
+        load_calibrator: CalibratorLoader[C],
+        model_id: str | None = None,
+        index_type: IndexType = "flat",
+        hnsw_m: int = 32,
+        ef_search: int = 128,
+    ) -> None:
+        self.uri = uri
+        self.model_name = model_name
+        self.model_id = model_id
+        self.dim = dim
+        self._token = token
+        self._load_calibrator = load_calibrator
+        self._storage_args: dict[str, Any] = {
+            "index_type": index_type,
+            "hnsw_m": hnsw_m,
+            "ef_search": ef_search,
+        }
+        self._storage: MilvusStorage[C] | None = None
+        self._problem: str | None = None
+        self._collections: dict[str, MilvusCollection[C]] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Connect and open every stored collection; a failure is kept for readiness.
+
+        Never raises: the service starts, answers ``/readyz`` with the reason, and
+        every collection request with a 503 until a readiness probe reconnects.
+        """
+        with self._lock:
+            storage = self._connect()
+            if storage is None:
+                return
+            for name in storage.names():
+                self._collections[name] = storage.open(name)
+                logger.info("opened collection %s in %s", name, BACKEND)
+
+    def _connect(self) -> MilvusStorage[C] | None:
+        if self._storage is not None:
+            return self._storage
+        try:
+            self._storage = MilvusStorage(
+                self.uri,
+                self._load_calibrator,
+                token=self._token,
+                **self._storage_args,
+            )
+        except Exception as error:  # pymilvus raises several kinds; all mean "not now"
+            self._problem = f"cannot connect to Milvus at {self.uri}: {error}"
+            logger.error("%s", self._problem)
+            return None
+        self._problem = None
+        return self._storage
+
+    def _connected(self) -> MilvusStorage[C]:
+        storage = self._connect()
+        if storage is None:
+            raise StorageUnavailableError(self._problem or "Milvus is not connected")
+        return storage
+
+    def create(self, name: str, **extra_meta: Any) -> MilvusCollection[C]:
+        """Create an empty collection (``ConflictError`` if the name is taken).
+
+        Its BM25 is Milvus's, whose standard analyzer does not stem: the collection
+        records ``stemmer: none`` whatever was asked, so ``describe`` tells the truth.
+        """
+        CollectionRegistry.check_name(name)
+        with self._lock:
+            storage = self._connected()
+            key = name.casefold()
+            for taken in storage.names():
+                if taken.casefold() == key:
+                    raise ConflictError(f"collection {taken!r} already exists")
+            meta = {
+                "model": self.model_name,
+                "dim": self.dim,
+                "created_at": time.time(),
+                **extra_meta,
+                "stemmer": "none",
+            }
+            if self.model_id is not None:
+                meta["model_id"] = self.model_id
+            collection = storage.create(name, meta)
+            self._collections[name] = collection
+            return collection
+
+    def get(self, name: str) -> MilvusCollection[C]:
+        """A collection, its active calibrator re-read (404 if absent, 503 if offline)."""
+        collection = self._collections.get(name)
+        if collection is None:
+            with self._lock:
+                storage = self._connected()
+                collection = self._collections.get(name)
+                if collection is None:
+                    collection = storage.open(name)  # created by another replica
+                    self._collections[name] = collection
+        try:
+            collection.refresh()
+        except NotFoundError:  # dropped by another replica
+            with self._lock:
+                if self._collections.get(name) is collection:
+                    del self._collections[name]
+            raise
+        return collection
+
+    def get_compatible(self, name: str) -> MilvusCollection[C]:
+        """A collection whose vectors come from the serving model (409 if not)."""
+        collection = self.get(name)
+        check_model(name, collection.meta, self.model_name, self.model_id)
+        return collection
+
+    def names(self) -> list[str]:
+        """Names of the collections stored in Milvus (any replica's), sorted."""
+        storage = self._connect()
+        return [] if storage is None else storage.names()
+
+    def unavailable(self) -> list[Unavailable]:
+        """None: Milvus has no per-collection file to quarantine."""
+        return []
+
+    def storage_problem(self) -> str | None:
+        """Why Milvus cannot be used now (a cheap call checks the connection)."""
+        storage = self._connect()
+        if storage is None:
+            return self._problem
+        try:
+            storage.client.list_collections()
+        except Exception as error:  # any failure of the round trip
+            return f"Milvus at {self.uri} does not answer: {error}"
+        return None
+
+    def drop(self, name: str) -> None:
+        """Drop a collection's Milvus collections (404 if absent)."""
+        with self._lock:
+            storage = self._connected()
+            collection = self._collections.pop(name, None)
+            if collection is not None:
+                collection.close()
+            storage.drop(name)
+
+    def close(self) -> None:
+        """Close every collection, then the Milvus client."""
+        with self._lock:
+            for collection in self._collections.values():
+                collection.close()
+            self._collections.clear()
+            if self._storage is not None:
+                self._storage.close()
+                self._storage = None

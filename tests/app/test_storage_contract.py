@@ -1,0 +1,402 @@
+"""One HTTP contract, two storage backends: every test here runs on ``local`` (SQLite +
+FAISS) and on ``milvus`` (Milvus Lite, a file under ``tmp_path``).
+
+Real model, real engines, real HTTP through the app. The Milvus cases skip, with the
+reason, when the milvus extra (pymilvus, milvus-lite) is not installed; ``make test``
+and CI install it from the dev lock.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.app import create_app
+from app.settings import Limits, Settings
+from tests.app.corpus import CORPUS, QUERIES
+from tests.conftest import REPO, assert_problem
+
+HAS_MILVUS = all(importlib.util.find_spec(m) for m in ("pymilvus", "milvus_lite"))
+needs_milvus = pytest.mark.skipif(
+    not HAS_MILVUS, reason="the milvus extra (pymilvus, milvus-lite) is not installed"
+)
+BACKENDS = ["local", pytest.param("milvus", marks=needs_milvus)]
+LIMITS = Limits(max_k=8, max_page_size=4)
+# Two topics, so a filter keeps a strict, known subset.
+TOPIC = {
+    "aspirin": "health",
+    "photosynthesis": "science",
+    "python": "tech",
+    "faiss": "tech",
+    "paris": "places",
+}
+DOCS = [
+    {"id": key, "text": text, "metadata": {"topic": TOPIC[key], "n": i}}
+    for i, (key, text) in enumerate(CORPUS.items())
+]
+JUDGMENTS = [
+    {"query": q, "document_id": doc, "relevance": 1} for doc, q in QUERIES.items()
+] + [
+    {"query": q, "document_id": other, "relevance": 0}
+    for doc, q in QUERIES.items()
+    for other in CORPUS
+    if other != doc
+][:10]
+URL = "/v1/collections/kb"
+
+
+def backend_settings(tmp_path: Path, storage: str, **extra: Any) -> Settings:
+    """Settings of one backend; Milvus Lite keeps its file under ``tmp_path``."""
+    if storage == "milvus":
+        extra.setdefault("milvus_uri", str(tmp_path / "milvus.db"))
+    return Settings(data_dir=tmp_path / "data", storage=storage, limits=LIMITS, **extra)
+
+
+@pytest.fixture(params=BACKENDS)
+def storage(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, storage: str) -> Settings:
+    return backend_settings(tmp_path, storage)
+
+
+@pytest.fixture
+def client(settings: Settings, embedder: Any) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        yield c
+
+
+@pytest.fixture
+def kb(client: TestClient) -> TestClient:
+    """``client`` with collection ``kb`` holding the five documents."""
+    assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
+    r = client.put(f"{URL}/documents", json={"documents": DOCS})
+    assert r.status_code == 200, r.text
+    return client
+
+
+def ids_of(page: dict[str, Any]) -> list[str]:
+    return [d["id"] for d in page["data"]]
+
+
+def everything(client: TestClient) -> dict[str, Any]:
+    """What a failed request must leave unchanged: collections and their documents."""
+    names = sorted(c["name"] for c in client.get("/v1/collections").json()["data"])
+    state: dict[str, Any] = {"collections": names}
+    for name in names:
+        found = client.post(
+            f"/v1/collections/{name}/documents/get", json={"ids": list(CORPUS)}
+        ).json()
+        state[name] = sorted(
+            (d["id"], d["text"], str(d["metadata"])) for d in found["data"]
+        )
+    return state
+
+
+# -- collections ------------------------------------------------------------------------
+def test_collections_are_created_listed_described_and_dropped(client: TestClient):
+    created = client.post("/v1/collections", json={"name": "kb", "description": "d"})
+    assert created.status_code == 201, created.text
+    assert created.json()["documents"] == 0
+    assert client.post("/v1/collections", json={"name": "other"}).status_code == 201
+    listed = client.get("/v1/collections").json()["data"]
+    assert [c["name"] for c in listed] == ["kb", "other"]
+    info = client.get(URL).json()
+    assert (info["name"], info["description"], info["dim"]) == ("kb", "d", 384)
+    assert client.delete("/v1/collections/other").status_code == 204
+    assert_problem(client.get("/v1/collections/other"), 404)
+    assert [c["name"] for c in client.get("/v1/collections").json()["data"]] == ["kb"]
+
+
+def test_names_are_unique_whatever_their_case(kb: TestClient):
+    before = everything(kb)
+    assert_problem(kb.post("/v1/collections", json={"name": "KB"}), 409)
+    assert_problem(kb.post("/v1/collections", json={"name": "kb"}), 409)
+    assert everything(kb) == before
+
+
+# -- documents --------------------------------------------------------------------------
+def test_documents_upsert_get_replace_page_and_delete(kb: TestClient):
+    doc = kb.get(f"{URL}/documents/paris").json()
+    assert doc["text"] == CORPUS["paris"] and doc["metadata"]["topic"] == "places"
+    assert doc["norm"] > 0 and doc["n_tokens"] > 0
+    r = kb.put(
+        f"{URL}/documents",
+        json={"documents": [{"id": "paris", "text": "Paris is in France."}]},
+    )
+    assert r.json()["upserted"] == 1
+    replaced = kb.get(f"{URL}/documents/paris").json()
+    assert (replaced["text"], replaced["metadata"]) == ("Paris is in France.", {})
+    # keyset pages: every document once, the replaced one last (it has a new seq)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(5):
+        params: dict[str, Any] = {"limit": 2}
+        if cursor is not None:
+            params["cursor"] = cursor
+        page = kb.get(f"{URL}/documents", params=params).json()
+        seen += ids_of(page)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert cursor is None and len(seen) == len(set(seen)) == 5 and seen[-1] == "paris"
+    found = kb.post(f"{URL}/documents/get", json={"ids": ["faiss", "nope"]}).json()
+    assert (ids_of(found), found["missing"]) == (["faiss"], ["nope"])
+    assert kb.delete(f"{URL}/documents/faiss").status_code == 204
+    assert_problem(kb.get(f"{URL}/documents/faiss"), 404)
+    by_filter = kb.post(f"{URL}/documents/delete", json={"filter": {"topic": "tech"}})
+    assert by_filter.json()["deleted"] == 1  # python (faiss is gone)
+    by_ids = kb.post(f"{URL}/documents/delete", json={"ids": ["aspirin", "nope"]})
+    assert by_ids.json()["deleted"] == 1
+    assert kb.get(URL).json()["documents"] == 2
+    left = kb.post(f"{URL}/documents/get", json={"ids": list(CORPUS)}).json()
+    assert sorted(ids_of(left)) == ["paris", "photosynthesis"]
+
+
+# -- search -----------------------------------------------------------------------------
+def brute_force(
+    client: TestClient, query: str, k: int, where: dict[str, Any]
+) -> list[str]:
+    """The top-k ids by exact cosine among the documents matching ``where``."""
+    kept = [d for d in DOCS if all(d["metadata"][f] == v for f, v in where.items())]
+    if not kept:
+        return []
+    docs = client.post(
+        "/v1/embed",
+        json={"texts": [d["text"] for d in kept], "input_type": "document"},
+    ).json()["data"]
+    (q,) = client.post(
+        "/v1/embed", json={"texts": [query], "input_type": "query"}
+    ).json()["data"]
+    vectors = np.array([d["embedding"] for d in docs])
+    cosine = vectors @ np.array(q["embedding"])
+    order = np.argsort(-cosine, kind="stable")[:k]
+    return [kept[i]["id"] for i in order]
+
+
+@pytest.mark.parametrize("where", [{}, {"topic": "tech"}, {"n": 2}, {"topic": "none"}])
+def test_dense_search_returns_the_brute_force_top_k(kb: TestClient, where):
+    query = QUERIES["faiss"]
+    r = kb.post(f"{URL}/search", json={"query": query, "k": 3, "filter": where})
+    assert r.status_code == 200, r.text
+    hits = r.json()["hits"]
+    assert [h["id"] for h in hits] == brute_force(kb, query, 3, where)
+    assert all(h["probability"] is not None for h in hits)  # the shipped default
+    assert r.json()["calibrator"]["status"] in {"default", "none"}
+    assert all(0 <= h["probability"] <= 1 for h in hits)
+
+
+def test_k_is_accepted_at_its_bound_and_refused_past_it(kb: TestClient):
+    query = {"query": QUERIES["paris"]}
+    at = kb.post(f"{URL}/search", json={**query, "k": LIMITS.max_k})
+    assert at.status_code == 200 and len(at.json()["hits"]) == 5
+    assert_problem(kb.post(f"{URL}/search", json={**query, "k": LIMITS.max_k + 1}))
+    assert_problem(kb.post(f"{URL}/search", json={**query, "k": 0}))
+
+
+def test_the_default_profile_gives_probabilities(kb: TestClient):
+    body = kb.post(f"{URL}/search", json={"query": QUERIES["aspirin"], "k": 5}).json()
+    assert body["calibrator"]["status"] == "default"
+    assert body["hits"][0]["id"] == "aspirin"
+    assert all(h["probability"] is not None for h in body["hits"])
+
+
+# -- feedback and calibrators -----------------------------------------------------------
+def test_feedback_is_added_listed_and_deleted(kb: TestClient):
+    r = kb.post(f"{URL}/feedback", json={"judgments": JUDGMENTS[:3]})
+    assert r.status_code == 201 and r.json() == {"stored": 3, "total": 3}
+    listed = kb.get(f"{URL}/feedback", params={"limit": 2}).json()
+    assert [j["document_id"] for j in listed["data"]] == ["aspirin", "python"]
+    rest = kb.get(f"{URL}/feedback", params={"cursor": listed["next_cursor"]}).json()
+    assert [j["document_id"] for j in rest["data"]] == ["paris"]
+    one = kb.delete(f"{URL}/feedback", params={"query": QUERIES["python"]})
+    assert one.json() == {"deleted": 1}
+    assert kb.delete(f"{URL}/feedback").json() == {"deleted": 2}
+
+
+def fit(client: TestClient, *, activate: bool = True) -> str:
+    r = client.post(
+        f"{URL}/calibrators",
+        json={"judgments": JUDGMENTS, "method": "platt", "k": 5, "activate": activate},
+    )
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def test_a_calibrator_is_fitted_activated_listed_and_deleted(kb: TestClient):
+    first = fit(kb)
+    second = fit(kb, activate=False)
+    listed = {c["id"]: c for c in kb.get(f"{URL}/calibrators").json()["data"]}
+    assert listed[first]["active"] and not listed[second]["active"]
+    search = kb.post(f"{URL}/search", json={"query": QUERIES["paris"], "k": 2}).json()
+    assert search["calibrator"]["id"] == first
+    assert kb.post(f"{URL}/calibrators/{second}/activate").status_code == 200
+    assert_problem(kb.delete(f"{URL}/calibrators/{second}"), 409)  # the active one
+    assert kb.delete(f"{URL}/calibrators/{first}").status_code == 204
+    assert_problem(kb.delete(f"{URL}/calibrators/{first}"), 404)
+    search = kb.post(f"{URL}/search", json={"query": QUERIES["paris"], "k": 2}).json()
+    assert search["calibrator"]["id"] == second
+
+
+# -- errors change nothing --------------------------------------------------------------
+def test_errors_are_problems_and_change_nothing(kb: TestClient):
+    before = everything(kb)
+    q = {"query": QUERIES["paris"], "k": 2}
+    assert_problem(kb.post("/v1/collections/nope/search", json=q), 404)
+    assert_problem(kb.get("/v1/collections/nope/documents/paris"), 404)
+    assert_problem(kb.get(f"{URL}/documents/nope"), 404)
+    assert_problem(kb.delete(f"{URL}/documents/nope"), 404)
+    assert_problem(kb.post(f"{URL}/search", json={**q, "filter": {"topic": [1]}}))
+    bad = {"filter": {"topic": {"$ne": "x"}}}
+    assert_problem(kb.post(f"{URL}/documents/delete", json=bad))
+    assert_problem(kb.post("/v1/collections", json={"name": "kb"}), 409)
+    assert_problem(kb.post(f"{URL}/calibrators/nope/activate"), 404)
+    assert everything(kb) == before
+
+
+# -- restart ----------------------------------------------------------------------------
+def test_a_restart_serves_identical_results(kb: TestClient, settings, embedder):
+    calibrator = fit(kb)
+    queries = {"queries": list(QUERIES.values()), "k": 4}
+    before = kb.post(f"{URL}/search", json=queries).json()
+    kb.__exit__(None, None, None)  # the lifespan closes the storage
+    with TestClient(create_app(settings, embedder=embedder)) as again:
+        after = again.post(f"{URL}/search", json=queries).json()
+    assert after == before
+    results = after["results"]
+    assert all(r["calibrator"]["id"] == calibrator for r in results)
+    assert all(h["probability"] is not None for r in results for h in r["hits"])
+
+
+class OtherFiles:
+    """The same model name served from other files: another identity."""
+
+    model_id = "other-files"
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_collection_of_other_model_files_is_refused_not_lost(
+    kb: TestClient, settings, embedder
+):
+    kb.__exit__(None, None, None)
+    with TestClient(create_app(settings, embedder=OtherFiles(embedder))) as other:
+        q = {"query": QUERIES["paris"], "k": 2}
+        body = assert_problem(other.post(f"{URL}/search", json=q), 409)
+        assert "identity" in body["detail"]
+        assert other.get(URL).json()["documents"] == 5  # described, not used
+        assert other.delete(URL).status_code == 204
+
+
+# -- what only the local backend has ----------------------------------------------------
+def test_snapshots_are_local_only(kb: TestClient, storage: str):
+    r = kb.post(f"{URL}/snapshots")
+    if storage == "local":
+        assert r.status_code == 201, r.text
+        return
+    body = assert_problem(r, 422)
+    assert body["type"].endswith("backend-unsupported") and "milvus" in body["detail"]
+    assert_problem(kb.get(f"{URL}/snapshots"), 422)
+    assert_problem(kb.post("/v1/collections/nope/snapshots"), 404)
+
+
+def test_a_healthy_backend_is_ready(client: TestClient):
+    body = client.get("/readyz").json()
+    assert body["status"] == "ready", body
+
+
+# -- Milvus only ------------------------------------------------------------------------
+@needs_milvus
+def test_an_unreachable_milvus_is_reported_by_readiness(tmp_path, embedder):
+    settings = backend_settings(tmp_path, "milvus", milvus_uri="http://127.0.0.1:9")
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503, ready.text
+        assert any("127.0.0.1:9" in r for r in ready.json()["reasons"])
+        assert_problem(client.post("/v1/collections", json={"name": "kb"}), 503)
+
+
+@needs_milvus
+def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
+    tmp_path, embedder
+):
+    from tests.milvus_lite import milvus_lite_server
+
+    with milvus_lite_server(tmp_path / "server") as uri:
+        settings = backend_settings(tmp_path, "milvus", milvus_uri=uri)
+        with (
+            TestClient(create_app(settings, embedder=embedder)) as one,
+            TestClient(create_app(settings, embedder=embedder)) as two,
+        ):
+            assert one.post("/v1/collections", json={"name": "kb"}).status_code == 201
+            assert_problem(two.post("/v1/collections", json={"name": "Kb"}), 409)
+            one.put(f"{URL}/documents", json={"documents": DOCS[:3]})
+            two.put(f"{URL}/documents", json={"documents": DOCS[3:]})
+            assert one.get(URL).json()["documents"] == 5
+            assert two.get(f"{URL}/documents/{DOCS[0]['id']}").status_code == 200
+            calibrator = fit(two)
+            q = {"query": QUERIES["paris"], "k": 3}
+            seen_by_one = one.post(f"{URL}/search", json=q).json()
+            seen_by_two = two.post(f"{URL}/search", json=q).json()
+            assert seen_by_one["calibrator"]["id"] == calibrator
+            assert seen_by_one == seen_by_two
+            assert_problem(one.delete(f"{URL}/calibrators/{calibrator}"), 409)
+            # back to the shipped default on one replica: the other follows
+            listed = two.get(f"{URL}/calibrators").json()["data"]
+            (default,) = [c["id"] for c in listed if c["default"]]
+            assert one.post(f"{URL}/calibrators/{default}/activate").is_success
+            after = two.post(f"{URL}/search", json=q).json()["calibrator"]
+            assert after["status"] == "default"
+            assert two.delete(f"{URL}/calibrators/{calibrator}").status_code == 204
+            assert two.delete("/v1/collections/kb").status_code == 204
+            assert_problem(one.post(f"{URL}/search", json=q), 404)
+            assert one.get("/v1/collections").json()["data"] == []
+
+
+def test_the_app_runs_locally_without_pymilvus_and_names_the_extra_for_milvus(
+    tmp_path,
+):
+    """pymilvus blocked at import: local storage works, milvus refuses to start."""
+    script = f"""
+import sys
+sys.modules["pymilvus"] = None  # what an install without the extra looks like
+from app.api.app import create_app
+from app.collections.backends import BackendMissingError, open_registry
+from app.settings import Settings
+
+local = Settings(data_dir={str(tmp_path / "data")!r})
+registry = open_registry(local, model_name="m", model_id=None, dim=4,
+                         load_calibrator=dict)
+registry.create("kb")
+assert registry.names() == ["kb"]
+registry.close()
+try:
+    open_registry(Settings(storage="milvus"), model_name="m", model_id=None,
+                  dim=4, load_calibrator=dict)
+except BackendMissingError as error:
+    print(error)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "normcal[milvus]" in out.stdout and "EXTRAS=milvus" in out.stdout
