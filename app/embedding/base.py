@@ -8,12 +8,39 @@ module loads no model library: schemas, storage and tests import it freely.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 InputType = Literal["query", "document"]
+
+
+class MissingDependencyError(RuntimeError):
+    """A code path needs a library this install leaves out on purpose."""
+
+
+def require(what: str, *distributions: str) -> None:
+    """Fail in one line, before importing anything, if ``what`` lacks a distribution.
+
+    The torch-free image (Dockerfile target ``runtime-onnx``, installed from
+    ``requirements/runtime-onnx.txt``) has no torch, transformers or
+    sentence-transformers: its users get told where those are, not a
+    ModuleNotFoundError from deep inside a library.
+    """
+    missing = []
+    for name in distributions:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    if missing:
+        raise MissingDependencyError(
+            f"{what} needs {', '.join(missing)}, not installed here (the torch-free "
+            "image, requirements/runtime-onnx.txt): use the default normcal image "
+            "(with torch) or `pip install -r requirements/runtime.txt`"
+        )
 
 
 @dataclass(frozen=True)
