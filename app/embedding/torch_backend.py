@@ -48,7 +48,7 @@ class SentenceTransformerEmbedder:
             "NORMCAL_EMBEDDING_BACKEND=torch",
             "torch",
             "transformers",
-            "sentence-transformers",
+            "sentence_transformers",
         )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
