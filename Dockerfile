@@ -2,7 +2,7 @@
 # normcal: the retrieval-calibration sidecar. Two images from this file:
 #   default (target runtime): torch backend, today's image (~1.9 GB).
 #     Build: `docker build -t normcal .`
-#   --target runtime-onnx: torch-free (~1.0 GB). NORMCAL_EMBEDDING_BACKEND=onnx on the
+#   --target runtime-onnx: torch-free (~1.05 GB). NORMCAL_EMBEDDING_BACKEND=onnx on the
 #     graph of the bundled model exported at build time (NORMCAL_ONNX_PATH); no torch,
 #     transformers or sentence-transformers, so `normcal export-onnx` and
 #     NORMCAL_EMBEDDING_BACKEND=torch fail there with a one-line message.
