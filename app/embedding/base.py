@@ -8,12 +8,43 @@ module loads no model library: schemas, storage and tests import it freely.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 InputType = Literal["query", "document"]
+
+
+def _importable(name: str) -> bool:
+    """Whether a top-level module can be found, without importing it."""
+    try:
+        return find_spec(name) is not None
+    except ImportError:  # a finder that refuses the name: as good as absent
+        return False
+
+
+class MissingDependencyError(RuntimeError):
+    """A code path needs a library this install leaves out on purpose."""
+
+
+def require(what: str, *modules: str) -> None:
+    """Fail in one line, before importing anything, if ``what`` lacks a module.
+
+    The torch-free image (Dockerfile target ``runtime-onnx``, installed from
+    ``requirements/runtime-onnx.txt``) has no torch, transformers or
+    sentence-transformers: its users get told where those are, not a
+    ModuleNotFoundError from deep inside a library. ``modules`` are top-level
+    import names, looked up without being imported.
+    """
+    missing = [name for name in modules if not _importable(name)]
+    if missing:
+        raise MissingDependencyError(
+            f"{what} needs {', '.join(missing)}, not installed here (the torch-free "
+            "image, requirements/runtime-onnx.txt): use the default normcal image "
+            "(with torch) or `pip install -r requirements/runtime.txt`"
+        )
 
 
 @dataclass(frozen=True)

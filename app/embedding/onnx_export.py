@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from app.embedding.base import require
 from app.embedding.identity import IDENTITY_PREFIX, model_identity
 
 __all__ = [
@@ -110,6 +111,7 @@ def export_onnx(model_path: str | Path, out_dir: Path) -> Path:
     names and renamed, the manifest last: a crash leaves no graph that looks valid.
     Returns ``out_dir``.
     """
+    require("exporting to ONNX", "torch", "transformers", "onnx")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModel

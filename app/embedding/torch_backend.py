@@ -14,7 +14,7 @@ import threading
 import numpy as np
 from numpy.typing import NDArray
 
-from app.embedding.base import EmbeddingBatch, InputType
+from app.embedding.base import EmbeddingBatch, InputType, require
 from app.embedding.identity import model_identity
 
 
@@ -44,6 +44,12 @@ class SentenceTransformerEmbedder:
         batch_size: int = 32,
         device: str = "cpu",
     ) -> None:
+        require(
+            "NORMCAL_EMBEDDING_BACKEND=torch",
+            "torch",
+            "transformers",
+            "sentence_transformers",
+        )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.models import Normalize

@@ -414,10 +414,14 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     An image ships the result and sets ``NORMCAL_ONNX_PATH`` to it, so the onnx
     backend starts without exporting (and without torch).
     """
+    from app.embedding.base import MissingDependencyError
     from app.embedding.onnx_export import export_onnx
 
     settings = _settings()
-    out = export_onnx(settings.model_path, args.out)
+    try:
+        out = export_onnx(settings.model_path, args.out)
+    except MissingDependencyError as error:
+        raise CliError(EXIT_USAGE, str(error)) from None
     print(f"exported {settings.model_path} to {out}; set NORMCAL_ONNX_PATH={out}")
     return 0
 

@@ -258,3 +258,99 @@ def test_onnx_path_imports_no_torch(exported):
         timeout=300,
     )
     assert out.stdout.strip() == ""
+
+
+TORCH_SIDE = ("torch", "transformers", "sentence_transformers", "onnx")
+
+
+def torch_free_env(tmp_path, **extra: str) -> dict[str, str]:
+    """A child environment where the torch side cannot be imported, as in the
+    torch-free image: a ``sitecustomize`` puts a finder first on ``sys.meta_path``
+    that refuses those modules (and so their submodules), so a stray import fails
+    the child loudly and an optional one sees them absent."""
+    site = tmp_path / "torch-free-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Blocker:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.partition('.')[0] in {TORCH_SIDE!r}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Blocker())\n",
+        encoding="utf-8",
+    )
+    env = source_env(**extra)
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    return env
+
+
+@pytest.mark.server
+def test_service_serves_search_without_the_torch_side(tmp_path, exported):
+    """storage=local + backend=onnx boots, ingests and searches with calibrated
+    probabilities while torch, transformers, sentence-transformers and onnx are
+    unimportable: what the runtime-onnx image runs."""
+    env = torch_free_env(
+        tmp_path,
+        NORMCAL_EMBEDDING_BACKEND="onnx",
+        NORMCAL_ONNX_PATH=str(exported),
+        NORMCAL_STORAGE="local",
+    )
+    server = ServerProcess(tmp_path / "data", env=env).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            created = client.post("/v1/collections", json={"name": "c"})
+            assert created.status_code in (200, 201), created.text
+            docs = [{"id": "a", "text": "cats sleep in warm places"}]
+            put = client.put("/v1/collections/c/documents", json={"documents": docs})
+            assert put.status_code == 200, put.text
+            found = client.post(
+                "/v1/collections/c/search", json={"query": "where do cats sleep"}
+            )
+    finally:
+        server.stop()
+    assert found.status_code == 200, found.text
+    hit = found.json()["hits"][0]
+    assert hit["id"] == "a"
+    assert 0.0 <= hit["probability"] <= 1.0
+
+
+def test_export_onnx_fails_in_one_line_without_torch(tmp_path):
+    """Where the torch side is missing, the exporter says so and names the image
+    that has it, in one line, instead of a traceback."""
+    out = subprocess.run(
+        [sys.executable, "-m", "app.ops.cli", "export-onnx", "--out", "graph"],
+        capture_output=True,
+        text=True,
+        env=torch_free_env(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("normcal: exporting to ONNX needs torch, ")
+    assert "default normcal image" in out.stderr
+    assert not (tmp_path / "graph").exists()
+
+
+def test_torch_backend_names_what_is_missing_without_torch(tmp_path):
+    code = (
+        "from app.api.lifespan import load_embedder\n"
+        "from app.embedding.base import MissingDependencyError\n"
+        "from app.settings import Settings\n"
+        "try:\n"
+        "    load_embedder(Settings(embedding_backend='torch'))\n"
+        "except MissingDependencyError as error:\n"
+        "    print(error)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=torch_free_env(tmp_path),
+        timeout=300,
+    )
+    assert out.stdout.startswith(
+        "NORMCAL_EMBEDDING_BACKEND=torch needs torch, transformers, "
+        "sentence_transformers, not installed here"
+    ), out.stdout
