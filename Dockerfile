@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # normcal: the retrieval-calibration sidecar. Two images from this file:
-#   default (target runtime): torch backend, today's image (~1.9 GB).
+#   default (target runtime): torch backend, today's image (~2.0 GB).
 #     Build: `docker build -t normcal .`
 #   --target runtime-onnx: torch-free (~1.05 GB). NORMCAL_EMBEDDING_BACKEND=onnx on the
 #     graph of the bundled model exported at build time (NORMCAL_ONNX_PATH); no torch,

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 JOBS_FILE = "_jobs.sqlite3"  # "_" first: the registry never takes it for a collection
 # The steps of a fit, in order; a job's progress is how many are done.
 STAGES = ("embedding queries", "retrieving", "fitting", "storing")
+# Steps done when a stage starts.
+STEP = {stage: done for done, stage in enumerate(STAGES)}
 RESTARTED = FitJobError(
     title="Fit interrupted", detail="interrupted by a restart", status=503
 )
@@ -219,7 +221,7 @@ class FitJobs:
     def _progress(self, job_id: str, stage: str) -> None:
         self._write(
             "UPDATE fit_jobs SET stage = ?, done = ? WHERE id = ?",
-            (stage, STAGES.index(stage), job_id),
+            (stage, STEP[stage], job_id),
         )
 
     def _finish(
