@@ -2,8 +2,9 @@
 
 Wire schemas and path parameters load no model or index library (a client of the
 schemas, or a tool generating OpenAPI, must not wait 2 s for faiss and sklearn);
-``app.embedding`` loads no torch until a model is loaded; routers talk only to the
-service; the service never reaches past a collection into its store or index.
+``app.embedding`` loads no torch until a model is loaded; each router talks only to
+its resource's part of the service (``app.services``), which knows no HTTP; the
+service never reaches past a collection into its store or index.
 """
 
 from __future__ import annotations
@@ -61,15 +62,77 @@ def _attributes(path: Path) -> list[tuple[str, str, int]]:
     ]
 
 
+# The part of the service (``app.services.<part>``) each router calls: the layout
+# answers "where does this request go" (``ServiceDep`` -> ``service.<part>``).
+ROUTER_PARTS = {
+    "calibrators.py": "calibrators",
+    "fit_jobs.py": "calibrators",
+    "collections.py": "collections",
+    "snapshots.py": "collections",
+    "documents.py": "documents",
+    "search.py": "search",
+    "judging.py": "judging",
+    "embed.py": "system",
+    "health.py": "system",
+    "metrics.py": "system",
+}
+
+
+def _service_paths(path: Path) -> list[tuple[str, int]]:
+    """``(dotted path, line)`` of every ``service.a`` and ``service.a.b`` in a module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: dict[int, tuple[str, int]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        inner = node.value
+        if isinstance(inner, ast.Name) and inner.id == "service":
+            found.setdefault(id(node), (f"service.{node.attr}", node.lineno))
+        elif (
+            isinstance(inner, ast.Attribute)
+            and isinstance(inner.value, ast.Name)
+            and inner.value.id == "service"
+        ):
+            found[id(inner)] = (f"service.{inner.attr}.{node.attr}", node.lineno)
+    return list(found.values())
+
+
 @pytest.mark.parametrize(
     "path", sorted((APP / "api" / "routers").glob("*.py")), ids=lambda p: p.name
 )
-def test_routers_use_only_the_service_methods(path: Path):
-    inner = {"embedder", "registry", "pool", "metrics"}
+def test_routers_call_only_their_resources_use_cases(path: Path):
+    part = ROUTER_PARTS.get(path.name)
+    inner = {"context", "embedder", "registry", "pool", "batcher", "fit_jobs"}
     leaks = [
-        f"{path.name}:{line} service.{attr}"
-        for obj, attr, line in _attributes(path)
-        if obj == "service" and attr in inner
+        f"{path.name}:{line} {dotted}"
+        for dotted, line in _service_paths(path)
+        if dotted.split(".")[1] != part or set(dotted.split(".")[2:]) & inner
+    ]
+    assert leaks == []
+
+
+def test_every_router_that_uses_the_service_has_its_part():
+    using = {
+        p.name
+        for p in (APP / "api" / "routers").glob("*.py")
+        if "ServiceDep" in p.read_text()
+    }
+    assert using == set(ROUTER_PARTS)
+
+
+def test_the_use_cases_know_no_http():
+    http = ("fastapi", "starlette", "app.api.routers", "app.api.deps")
+    leaks = [
+        f"{p.name}: {name}"
+        for p in sorted((APP / "services").glob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+        )
+        if name.startswith(http)
     ]
     assert leaks == []
 

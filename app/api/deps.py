@@ -6,7 +6,7 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
-from app.service import Service
+from app.services import Service
 
 
 def get_service(request: Request) -> Service:

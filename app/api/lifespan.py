@@ -14,7 +14,7 @@ from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
 from app.ops.observability import Metrics
 from app.profiles import load_default_profile
-from app.service import NO_DEFAULT_REASON, Service
+from app.services import NO_DEFAULT_REASON, Context, Service
 from app.settings import Settings
 from calibration.profile import Profile
 
@@ -89,7 +89,7 @@ def make_lifespan(
         if metrics is not None:
             model = metrics.instrument(model)
             metrics.watch(registry)
-        service = Service(
+        context = Context(
             settings,
             model,
             registry,
@@ -98,13 +98,13 @@ def make_lifespan(
             no_default_reason=no_default,
             metrics=metrics,
         )
-        service.fit_jobs.open()  # fails the jobs a previous process left unfinished
+        context.fit_jobs.open()  # fails the jobs a previous process left unfinished
         try:
-            yield {"service": service}
+            yield {"service": Service(context)}
         finally:
             # Reverse order: stop fit jobs, finish CPU work, then close the storage
             # (SQLite files, or the Milvus client) cleanly.
-            await service.fit_jobs.close()
+            await context.fit_jobs.close()
             if metrics is not None:
                 metrics.watch(None)
             pool.shutdown()

@@ -1,6 +1,6 @@
 """The storage seam: what the service needs of one collection, whatever stores it.
 
-:class:`CollectionBackend` is the surface ``app.service`` uses. Two classes satisfy it:
+:class:`CollectionBackend` is the surface ``app.services`` uses. Two classes satisfy it:
 ``app.collections.registry.Collection`` (SQLite + FAISS, one file per collection) and
 ``app.collections.milvus.MilvusCollection`` (one Milvus collection for the documents,
 one for the per-collection state). mypy checks both against it (``_conforming`` here

@@ -298,7 +298,7 @@ def test_concurrent_searches_return_what_sequential_ones_do(real_embedder, tmp_p
         sequential = [search(client, q) for q in QUERIES]
         assert model.query_passes == [1] * len(QUERIES)
 
-        batcher = client.app_state["service"].batcher
+        batcher = client.app_state["service"].context.batcher
         model.gate.clear()
         model.entered.clear()
         model.query_passes.clear()

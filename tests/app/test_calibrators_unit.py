@@ -13,7 +13,7 @@ import pytest
 
 from app.api.schemas.search import SearchHit
 from app.profiles import default_profile_path, load_default_profile
-from app.service import _cut
+from app.services.search import _cut
 from calibration import FORMAT_VERSION, UnsupportedFormatError
 from calibration.profile import Profile, QueryEvidence, fit_profile
 from calibration.report import FitReport

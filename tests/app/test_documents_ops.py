@@ -15,9 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 from normcal_client import AsyncNormcalClient, InvalidRequest, NormcalClient, NotFound
 
-from app import service as service_module
 from app.api.app import create_app
 from app.ops.cli import main
+from app.services import documents as documents_service
 from app.settings import Limits, Settings
 from tests.app.live import ThreadServer
 from tests.conftest import assert_problem
@@ -339,7 +339,7 @@ def test_unknown_collection_is_404_on_every_new_route(kb):
 
 # -- export -----------------------------------------------------------------------
 def test_export_is_jsonl_of_every_document(kb, monkeypatch):
-    monkeypatch.setattr(service_module, "EXPORT_CHUNK", 2)  # several chunks
+    monkeypatch.setattr(documents_service, "EXPORT_CHUNK", 2)  # several chunks
     r = kb.get(f"{DOCS}/export")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("application/x-ndjson")

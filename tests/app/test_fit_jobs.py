@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app import service as service_module
 from app.api.app import create_app
 from app.jobs import JOBS_FILE
+from app.services import calibrators as calibrators_service
 from app.settings import Limits, Settings
 from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import assert_problem
@@ -61,13 +61,13 @@ def client(settings: Settings, embedder: Any) -> Iterator[TestClient]:
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """While unset, fits wait before fitting (always released at teardown)."""
     release = threading.Event()
-    real = service_module.fit_profile
+    real = calibrators_service.fit_profile
 
     def gated(*args: Any, **kwargs: Any) -> Any:
         assert release.wait(DEADLINE), "the test never opened the gate"
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(service_module, "fit_profile", gated)
+    monkeypatch.setattr(calibrators_service, "fit_profile", gated)
     yield release
     release.set()
 

@@ -129,12 +129,12 @@ def test_embedding_throughput_index_sizes_and_calibrator(used, app):
 
 def test_active_calibrator_and_fit_durations(used):
     service = used.app_state["service"]  # the lifespan state
-    service.registry.get("kb").meta["active_calibrator"] = {
+    service.context.registry.get("kb").meta["active_calibrator"] = {
         "id": "cal-1",
         "method": "nt",
     }
-    assert service.metrics is not None
-    service.metrics.observe_fit(0.3, method="nt")
+    assert service.context.metrics is not None
+    service.context.metrics.observe_fit(0.3, method="nt")
     s = _samples(used)
     assert (
         _value(
@@ -184,12 +184,12 @@ def test_one_access_log_line_per_request_with_its_id(client, caplog):
 def test_500_logs_the_request_id_of_its_problem(
     tmp_path, embedder, caplog, monkeypatch
 ):
-    from app.service import Service
+    from app.services.collections import CollectionsService
 
     def boom(self):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(Service, "list_collections", boom)
+    monkeypatch.setattr(CollectionsService, "list_collections", boom)
     caplog.set_level(logging.INFO)
     app = create_app(Settings(data_dir=tmp_path / "d"), embedder=embedder)
     with TestClient(app, raise_server_exceptions=False) as c:

@@ -37,13 +37,13 @@ async def create_calibrator(
     *, name: CollectionName, body: FitRequest, service: ServiceDep
 ) -> CalibratorInfo:
     """Fit a calibrator from judgments with grouped CV; activates it by default."""
-    return await service.fit_calibrator(name, body)
+    return await service.calibrators.fit_calibrator(name, body)
 
 
 @router.get("/calibrators")
 def read_calibrators(*, name: CollectionName, service: ServiceDep) -> CalibratorList:
     """List the collection's calibrators, oldest first."""
-    data = service.list_calibrators(name)
+    data = service.calibrators.list_calibrators(name)
     return CalibratorList(data=data, count=len(data))
 
 
@@ -52,7 +52,7 @@ def read_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> CalibratorInfo:
     """A calibrator's report: CV metrics of every method, norm lift, abstain rule."""
-    return service.get_calibrator(name, calibrator_id)
+    return service.calibrators.get_calibrator(name, calibrator_id)
 
 
 @router.get(
@@ -64,7 +64,7 @@ async def read_reliability_png(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> Response:
     """Reliability diagram of the calibrator's held-out probabilities."""
-    png = await service.reliability_png(name, calibrator_id)
+    png = await service.calibrators.reliability_png(name, calibrator_id)
     return Response(png, media_type="image/png")
 
 
@@ -73,7 +73,7 @@ def read_report(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> HTMLResponse:
     """An HTML page: reliability diagram, metrics per method, norm lift, abstain."""
-    profile = service.profile(name, calibrator_id)
+    profile = service.calibrators.profile(name, calibrator_id)
     page = report_html(
         profile,
         png_url="reliability.png",  # relative to .../calibrators/{id}/report
@@ -87,7 +87,7 @@ async def activate_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> CalibratorInfo:
     """Serve this calibrator from now on (an atomic switch)."""
-    return await service.activate_calibrator(name, calibrator_id)
+    return await service.calibrators.activate_calibrator(name, calibrator_id)
 
 
 @router.delete("/calibrators/{calibrator_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -95,7 +95,7 @@ async def delete_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> None:
     """Delete a fitted calibrator (409 for the active one and the shipped default)."""
-    await service.delete_calibrator(name, calibrator_id)
+    await service.calibrators.delete_calibrator(name, calibrator_id)
 
 
 @router.get("/calibrators/{calibrator_id}/export")
@@ -103,7 +103,7 @@ def export_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> CalibratorProfile:
     """The calibrator as portable JSON, for ``POST .../calibrators/import``."""
-    return service.export_calibrator(name, calibrator_id)
+    return service.calibrators.export_calibrator(name, calibrator_id)
 
 
 @router.post("/calibrators/import", status_code=status.HTTP_201_CREATED)
@@ -111,7 +111,7 @@ async def import_calibrator(
     *, name: CollectionName, body: CalibratorImport, service: ServiceDep
 ) -> CalibratorInfo:
     """Add an exported calibrator under a new id (422 for another embedding model)."""
-    return await service.import_calibrator(name, body)
+    return await service.calibrators.import_calibrator(name, body)
 
 
 @router.post("/feedback", status_code=status.HTTP_201_CREATED)
@@ -119,7 +119,7 @@ def create_feedback(
     *, name: CollectionName, body: FeedbackRequest, service: ServiceDep
 ) -> FeedbackResponse:
     """Store judgments for the next fit."""
-    stored, total = service.add_feedback(name, body.judgments)
+    stored, total = service.calibrators.add_feedback(name, body.judgments)
     return FeedbackResponse(stored=stored, total=total)
 
 
@@ -137,7 +137,7 @@ def read_feedback(
     ] = None,
 ) -> FeedbackPage:
     """Stored judgments, oldest first, a page at a time."""
-    return service.list_feedback(name, limit, cursor)
+    return service.calibrators.list_feedback(name, limit, cursor)
 
 
 @router.delete("/feedback")
@@ -150,4 +150,4 @@ def delete_feedback(
     ] = None,
 ) -> FeedbackDeleted:
     """Delete stored judgments; answers how many were deleted."""
-    return service.delete_feedback(name, query)
+    return service.calibrators.delete_feedback(name, query)

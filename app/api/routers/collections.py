@@ -17,24 +17,26 @@ router = APIRouter(
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_collection(*, body: CollectionCreate, service: ServiceDep) -> CollectionInfo:
     """Create an empty collection."""
-    return service.create_collection(body.name, body.description, body.stemmer)
+    return service.collections.create_collection(
+        body.name, body.description, body.stemmer
+    )
 
 
 @router.get("")
 def read_collections(*, service: ServiceDep) -> CollectionList:
     """List collections."""
-    data = service.list_collections()
+    data = service.collections.list_collections()
     return CollectionList(data=data, count=len(data))
 
 
 @router.get("/{name}")
 def read_collection(*, name: CollectionName, service: ServiceDep) -> CollectionInfo:
     """Describe a collection: counts, model, active calibrator."""
-    return service.describe(name)
+    return service.collections.describe(name)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_collection(*, name: CollectionName, service: ServiceDep) -> Response:
     """Drop a collection and its files."""
-    service.drop_collection(name)
+    service.collections.drop_collection(name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

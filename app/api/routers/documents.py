@@ -45,7 +45,7 @@ async def upsert_documents(
     *, name: CollectionName, body: UpsertRequest, service: ServiceDep
 ) -> UpsertResponse:
     """Upsert documents by id; the response means they are durable."""
-    return await service.upsert(name, body.documents)
+    return await service.documents.upsert(name, body.documents)
 
 
 @router.get("")
@@ -61,7 +61,7 @@ def list_documents(
     ] = None,
 ) -> DocumentPage:
     """A page of documents in write order; follow ``next_cursor`` until null."""
-    return service.list_documents(name, limit, cursor)
+    return service.documents.list_documents(name, limit, cursor)
 
 
 @router.post("/get")
@@ -69,7 +69,7 @@ def get_documents(
     *, name: CollectionName, body: DocumentsGetRequest, service: ServiceDep
 ) -> DocumentsFound:
     """Several documents by id; the unknown ones are listed in ``missing``."""
-    return service.get_documents(name, body.ids)
+    return service.documents.get_documents(name, body.ids)
 
 
 @router.post("/delete")
@@ -77,7 +77,7 @@ async def delete_documents(
     *, name: CollectionName, body: DocumentsDeleteRequest, service: ServiceDep
 ) -> DocumentsDeleted:
     """Delete documents by id, by metadata filter, or all (explicitly); the count."""
-    return await service.delete_documents(name, body)
+    return await service.documents.delete_documents(name, body)
 
 
 @router.get(
@@ -90,7 +90,7 @@ def export_documents(*, name: CollectionName, service: ServiceDep) -> NdjsonResp
 
     The file is what ``normcal ingest FILE.jsonl`` reads back.
     """
-    return NdjsonResponse(service.export_documents(name))
+    return NdjsonResponse(service.documents.export_documents(name))
 
 
 @router.get("/{doc_id:path}")
@@ -98,7 +98,7 @@ def read_document(
     *, name: CollectionName, doc_id: DocumentIdParam, service: ServiceDep
 ) -> DocumentOut:
     """Read one document."""
-    return service.get_document(name, doc_id)
+    return service.documents.get_document(name, doc_id)
 
 
 @router.delete("/{doc_id:path}", status_code=status.HTTP_204_NO_CONTENT)
@@ -106,5 +106,5 @@ async def delete_document(
     *, name: CollectionName, doc_id: DocumentIdParam, service: ServiceDep
 ) -> Response:
     """Delete one document."""
-    await service.delete_document(name, doc_id)
+    await service.documents.delete_document(name, doc_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -16,4 +16,4 @@ async def create_embeddings(
     *, body: EmbedRequest, service: ServiceDep
 ) -> EmbedResponse:
     """Embed texts; each gets its unit vector, raw norm and token count."""
-    return await service.embed(body.texts, body.input_type)
+    return await service.system.embed(body.texts, body.input_type)

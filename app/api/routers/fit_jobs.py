@@ -26,7 +26,7 @@ async def create_fit_job(
     Poll the job at ``Location``; on success it holds the calibrator, stored and
     (by default) activated in one step at the end.
     """
-    job = service.start_fit(name, body)
+    job = service.calibrators.start_fit(name, body)
     response.headers["Location"] = f"/v1/collections/{name}/fit-jobs/{job.id}"
     return job
 
@@ -34,11 +34,11 @@ async def create_fit_job(
 @router.get("")
 def read_fit_jobs(*, name: CollectionName, service: ServiceDep) -> FitJobList:
     """The collection's fit jobs, newest first (old finished ones are pruned)."""
-    data = service.list_fit_jobs(name)
+    data = service.calibrators.list_fit_jobs(name)
     return FitJobList(data=data, count=len(data))
 
 
 @router.get("/{job_id}")
 def read_fit_job(*, name: CollectionName, job_id: str, service: ServiceDep) -> FitJob:
     """One fit job: status, progress, and the calibrator or the error."""
-    return service.get_fit_job(name, job_id)
+    return service.calibrators.get_fit_job(name, job_id)

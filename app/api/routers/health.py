@@ -32,12 +32,12 @@ def read_readiness(
     request: Request, response: Response, service: ServiceDep
 ) -> Readiness:
     """Readiness: the model is loaded and the data dir is writable."""
-    key = service.settings.api_key
+    key = service.system.settings.api_key
     full = key is None or token_matches(
         request.headers.get("authorization", "").encode() or None,
         key.get_secret_value().encode(),
     )
-    answer = service.readiness(detailed=full)
+    answer = service.system.readiness(detailed=full)
     if answer.status == "not ready":
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     return answer
@@ -50,4 +50,4 @@ def read_version(service: ServiceDep) -> VersionInfo:
     Not a health path: with an API key set it needs the key, as the model's path
     is the operator's business.
     """
-    return service.version()
+    return service.system.version()

@@ -31,7 +31,7 @@ router = APIRouter(
 @router.get("/query-log")
 def read_query_log(*, name: CollectionName, service: ServiceDep) -> QueryLogInfo:
     """Whether searches are logged, the retention, and how many queries are kept."""
-    return service.query_log(name)
+    return service.judging.query_log(name)
 
 
 @router.put("/query-log")
@@ -39,7 +39,7 @@ def update_query_log(
     *, name: CollectionName, body: QueryLogSettings, service: ServiceDep
 ) -> QueryLogInfo:
     """Turn the query log on or off and set its retention (the oldest are dropped)."""
-    return service.set_query_log(name, body)
+    return service.judging.set_query_log(name, body)
 
 
 @router.post("/judging/queries", status_code=status.HTTP_201_CREATED)
@@ -47,7 +47,9 @@ def create_judging_queries(
     *, name: CollectionName, body: JudgingQueriesRequest, service: ServiceDep
 ) -> JudgingQueriesResponse:
     """Queue queries to judge; they are offered before any logged query."""
-    return JudgingQueriesResponse(added=service.add_judging_queries(name, body.queries))
+    return JudgingQueriesResponse(
+        added=service.judging.add_judging_queries(name, body.queries)
+    )
 
 
 @router.get("/judging/next")
@@ -60,7 +62,7 @@ async def read_next_to_judge(
     ),
 ) -> JudgingNext:
     """The next query to judge, its top hits, and the progress towards a fit."""
-    return await service.next_to_judge(name, k)
+    return await service.judging.next_to_judge(name, k)
 
 
 @router.post("/judging/skip", status_code=status.HTTP_204_NO_CONTENT)
@@ -68,5 +70,5 @@ def create_skip(
     *, name: CollectionName, body: SkipRequest, service: ServiceDep
 ) -> Response:
     """Never offer this queued or logged query again."""
-    service.skip_judging(name, body.query)
+    service.judging.skip_judging(name, body.query)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

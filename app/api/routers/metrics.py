@@ -23,4 +23,4 @@ router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
 )
 def read_metrics(service: ServiceDep) -> Response:
     """Prometheus metrics: requests, latency, embedding, index sizes, calibrators."""
-    return Response(service.render_metrics(), media_type=METRICS_CONTENT_TYPE)
+    return Response(service.system.render_metrics(), media_type=METRICS_CONTENT_TYPE)

@@ -19,7 +19,7 @@ async def search_collection(
     *, name: CollectionName, body: SearchRequest, service: ServiceDep
 ) -> SearchResult | BatchSearchResponse:
     """Top-k documents by cosine, with norms (and probabilities once calibrated)."""
-    results = await service.search(name, body)
+    results = await service.search.search(name, body)
     if body.query is not None:
         return results[0]
     return BatchSearchResponse(results=results)

@@ -34,13 +34,13 @@ router = APIRouter(
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_snapshot(*, name: CollectionName, service: ServiceDep) -> SnapshotInfo:
     """Take a snapshot now; the answer means it is durable on disk."""
-    return service.create_snapshot(name)
+    return service.collections.create_snapshot(name)
 
 
 @router.get("")
 def list_snapshots(*, name: CollectionName, service: ServiceDep) -> SnapshotList:
     """The collection's snapshots, oldest first."""
-    data = service.list_snapshots(name)
+    data = service.collections.list_snapshots(name)
     return SnapshotList(data=data, count=len(data))
 
 
@@ -53,7 +53,7 @@ def download_snapshot(
     *, name: CollectionName, snapshot_id: SnapshotId, service: ServiceDep
 ) -> FileResponse:
     """The snapshot file (SQLite), streamed; ``normcal restore`` installs it."""
-    path = service.snapshot_file(name, snapshot_id)
+    path = service.collections.snapshot_file(name, snapshot_id)
     return FileResponse(
         path, media_type=SQLITE, filename=f"{name}-{snapshot_id}.sqlite3"
     )
@@ -64,7 +64,7 @@ def restore_snapshot(
     *, name: CollectionName, snapshot_id: SnapshotId, service: ServiceDep
 ) -> CollectionInfo:
     """Replace the collection by the snapshot; describes the restored collection."""
-    return service.restore_snapshot(name, snapshot_id)
+    return service.collections.restore_snapshot(name, snapshot_id)
 
 
 @router.delete("/{snapshot_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -72,5 +72,5 @@ def delete_snapshot(
     *, name: CollectionName, snapshot_id: SnapshotId, service: ServiceDep
 ) -> Response:
     """Delete one snapshot."""
-    service.delete_snapshot(name, snapshot_id)
+    service.collections.delete_snapshot(name, snapshot_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

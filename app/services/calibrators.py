@@ -1,0 +1,353 @@
+"""Calibrators of a collection and the feedback later fits use.
+
+Calibrators: fit (as jobs), report, switch, delete, export, import. Feedback: the
+stored judgments a fit can include.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from app import limits
+from app.api.schemas.calibrators import (
+    CalibratorImport,
+    CalibratorInfo,
+    CalibratorProfile,
+    FeedbackDeleted,
+    FeedbackPage,
+    FitRequest,
+    Judgment,
+    MethodMetrics,
+    StoredJudgment,
+)
+from app.api.schemas.jobs import FitJob
+from app.collections.base import CollectionBackend
+from app.exceptions import ConflictError, InvalidRequestError
+from app.jobs import Progress
+from app.ops.report import reliability_png
+from app.paging import decode_cursor, encode_cursor
+from app.services.context import DEFAULT_PAGE_SIZE, Part
+from calibration.exceptions import CalibrationError
+from calibration.prior import CrossDomainPrior
+from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
+
+
+class CalibratorsService(Part):
+    """Calibrators, fit jobs and feedback of a collection."""
+
+    async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
+        """Fit a calibrator and wait for it: a fit job awaited (one code path)."""
+        job = self.start_fit(name, body)
+        return await self.fit_jobs.wait(job.id)
+
+    def start_fit(self, name: str, body: FitRequest) -> FitJob:
+        """Check a fit request, then start it as a job; nothing changes until it ends.
+
+        Every check that needs no fitting runs here, so a bad request is a 4xx with
+        no job; the job stores (and activates) the calibrator only if the fit works.
+        """
+        lim = self.settings.limits
+        limits.check_count("judgments", body.judgments, lim.max_judgments_per_fit)
+        limits.check_texts("judgments.query", [j.query for j in body.judgments], lim)
+        k = body.k if body.k is not None else min(DEFAULT_FIT_K, lim.max_k)
+        limits.check_value("k", k, lim.max_k)
+        collection = self.registry.get_compatible(name)
+        judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
+        if body.include_feedback:
+            judged += collection.judgments()
+        if not judged:
+            raise InvalidRequestError(
+                "no judgments: send some, or POST feedback first", field="judgments"
+            )
+        self._check_documents_exist(collection, [d for _, d, _ in judged])
+        qrels: dict[str, dict[str, int]] = {}
+        for query, doc_id, relevance in judged:
+            qrels.setdefault(query, {})[doc_id] = relevance
+        return self.fit_jobs.submit(
+            name, lambda progress: self._fit(collection, body, qrels, k, progress)
+        )
+
+    async def _fit(
+        self,
+        collection: CollectionBackend[Profile],
+        body: FitRequest,
+        qrels: dict[str, dict[str, int]],
+        k: int,
+        progress: Progress,
+    ) -> CalibratorInfo:
+        """The fit of a job, reporting each stage it enters to ``progress``."""
+        name = collection.name
+        progress("embedding queries")
+        queries = sorted(qrels)
+        batch = await self.batcher.embed(queries, "query")
+        progress("retrieving")
+        pools = await self.pool.run(collection.search, batch.vectors, queries, k, None)
+        progress("fitting")
+        evidence = [
+            QueryEvidence(
+                norm=float(batch.norms[i]),
+                n_tokens=int(batch.n_tokens[i]),
+                scores=np.array([h.score for h in pool.hits]),
+                doc_norms=np.array([h.document.norm for h in pool.hits]),
+                doc_tokens=np.array(
+                    [h.document.n_tokens for h in pool.hits], dtype=np.int64
+                ),
+                labels=np.array(
+                    [float(qrels[q].get(h.document.id, 0) > 0) for h in pool.hits]
+                ),
+                lexical=pool.lexical,
+            )
+            for i, (q, pool) in enumerate(zip(queries, pools, strict=True))
+        ]
+        doc_norms, doc_tokens = collection.norm_sample()
+        started = time.perf_counter()
+        profile = await self.pool.run(
+            fit_profile,
+            evidence,
+            doc_norms=doc_norms,
+            doc_tokens=doc_tokens,
+            model=self.embedder.model_name,
+            model_id=self.embedder.model_id,
+            method=body.method,
+            allow_reorder=body.allow_reorder,
+            abstain_target=body.abstain_target,
+            abstain_delta=body.abstain_delta,
+            extra_report={"collection": name},
+            prior=self._shipped_prior(),
+        )
+        seconds = time.perf_counter() - started
+        logger.info(
+            "fitted calibrator %s (%s) on %s in %.2fs",
+            profile.id,
+            profile.method,
+            name,
+            seconds,
+        )
+        if self.metrics is not None:
+            self.metrics.observe_fit(seconds, method=profile.method)
+        progress("storing")
+        await self.pool.run(collection.add_calibrator, profile, activate=body.activate)
+        return self._info(collection, profile)
+
+    def get_fit_job(self, name: str, job_id: str) -> FitJob:
+        """One fit job of a collection."""
+        self.registry.get(name)
+        return self.fit_jobs.get(name, job_id)
+
+    def list_fit_jobs(self, name: str) -> list[FitJob]:
+        """A collection's fit jobs, newest first."""
+        self.registry.get(name)
+        return self.fit_jobs.list(name)
+
+    def list_calibrators(self, name: str) -> list[CalibratorInfo]:
+        """Every calibrator of a collection, oldest first.
+
+        The shipped default comes first when it was fitted for the collection's model.
+        """
+        collection = self.registry.get(name)
+        default = self._default_for(collection)
+        shipped = [] if default is None else [default]
+        return [
+            self._info(collection, p) for p in [*shipped, *collection.calibrators()]
+        ]
+
+    def get_calibrator(self, name: str, calibrator_id: str) -> CalibratorInfo:
+        """One calibrator's report."""
+        collection = self.registry.get(name)
+        return self._info(collection, self.profile(name, calibrator_id))
+
+    def profile(self, name: str, calibrator_id: str) -> Profile:
+        """A collection's calibrator, or the default profile by its id.
+
+        The default is one of a collection's calibrators only when it was fitted for
+        the collection's model; otherwise its id is as unknown as any other.
+        """
+        collection = self.registry.get(name)
+        default = self._default_for(collection)
+        if default is not None and calibrator_id == default.id:
+            return default
+        return collection.calibrator(calibrator_id)
+
+    async def reliability_png(self, name: str, calibrator_id: str) -> bytes:
+        """A calibrator's reliability diagram (drawing it is CPU work for the pool)."""
+        return await self.pool.run(reliability_png, self.profile(name, calibrator_id))
+
+    async def activate_calibrator(
+        self, name: str, calibrator_id: str
+    ) -> CalibratorInfo:
+        """Serve a stored calibrator, or the shipped default, from now on."""
+        collection = self.registry.get_compatible(name)
+        default = self._default_for(collection)
+        if default is not None and calibrator_id == default.id:
+            await self.pool.run(collection.deactivate)
+            return self._info(collection, default)
+        profile = await self.pool.run(collection.activate, calibrator_id)
+        return self._info(collection, profile)
+
+    async def delete_calibrator(self, name: str, calibrator_id: str) -> None:
+        """Delete a fitted calibrator; the active one and the default are refused."""
+        collection = self.registry.get(name)
+        default = self._default_for(collection)
+        if default is not None and calibrator_id == default.id:
+            raise ConflictError(
+                f"calibrator {calibrator_id!r} is the shipped default of model "
+                f"{default.model!r}; it ships with the service and cannot be deleted"
+            )
+        await self.pool.run(collection.delete_calibrator, calibrator_id)
+
+    def export_calibrator(self, name: str, calibrator_id: str) -> CalibratorProfile:
+        """A calibrator (the default too) as portable profile JSON."""
+        profile = self.profile(name, calibrator_id)
+        return CalibratorProfile.model_validate(profile.to_json())
+
+    async def import_calibrator(
+        self, name: str, body: CalibratorImport
+    ) -> CalibratorInfo:
+        """Add an exported profile to a collection under a new id.
+
+        Refused (422, nothing stored) when the profile is not one this service can
+        read or score with, or was fitted for another embedding model: its maps are
+        only meaningful on that model's cosines and norms. The model is told by name
+        and, when the profile recorded one, by the identity of its files.
+        """
+        collection = self.registry.get_compatible(name)
+        model = collection.meta["model"]
+        if body.profile.get("model") != model:
+            raise InvalidRequestError(
+                f"the profile was fitted for embedding model "
+                f"{body.profile.get('model')!r}; collection {name!r} uses {model!r}",
+                field="profile.model",
+            )
+        recorded = body.profile.get("model_id")
+        if recorded is not None and recorded != self.embedder.model_id:
+            raise InvalidRequestError(
+                f"the profile was fitted for model files of identity {recorded!r}; "
+                f"the model served as {model!r} has identity "
+                f"{self.embedder.model_id!r} (see GET /version)",
+                field="profile.model_id",
+            )
+        imported = await self.pool.run(_imported_profile, body.profile)
+        await self.pool.run(collection.add_calibrator, imported, activate=body.activate)
+        return self._info(collection, imported)
+
+    def add_feedback(self, name: str, judgments: list[Judgment]) -> tuple[int, int]:
+        """Store judgments for the next fit; returns ``(stored, total)``."""
+        lim = self.settings.limits
+        limits.check_count("judgments", judgments, lim.max_judgments_per_fit)
+        limits.check_texts("judgments.query", [j.query for j in judgments], lim)
+        collection = self.registry.get(name)
+        self._check_documents_exist(collection, [j.document_id for j in judgments])
+        total = collection.add_judgments(
+            [(j.query, j.document_id, j.relevance) for j in judgments]
+        )
+        return len(judgments), total
+
+    def list_feedback(
+        self, name: str, limit: int | None, cursor: str | None
+    ) -> FeedbackPage:
+        """A page of stored feedback after ``cursor``, oldest first.
+
+        The cursor is that of document listings (``app.paging``) over the
+        judgments' ``n``, a position later additions and deletions cannot move.
+        """
+        largest = self.settings.limits.max_page_size
+        size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, largest)
+        limits.check_value("limit", size, largest)
+        after = decode_cursor(cursor) if cursor is not None else 0
+        # One more than asked tells whether another page follows.
+        rows = self.registry.get(name).judgments_page(size + 1, after)
+        more = len(rows) > size
+        data = [
+            StoredJudgment(query=q, document_id=d, relevance=r, created_at=t)
+            for _, q, d, r, t in rows[:size]
+        ]
+        last = rows[size - 1][0] if more else None
+        return FeedbackPage(
+            data=data,
+            count=len(data),
+            next_cursor=None if last is None else encode_cursor(last),
+        )
+
+    def delete_feedback(self, name: str, query: str | None) -> FeedbackDeleted:
+        """Delete stored feedback: all of it, or one query's judgments."""
+        collection = self.registry.get(name)
+        return FeedbackDeleted(deleted=collection.delete_judgments(query))
+
+    def _check_documents_exist(
+        self, collection: CollectionBackend[Profile], ids: list[str]
+    ) -> None:
+        unknown = collection.missing(ids)
+        if unknown:
+            shown = ", ".join(repr(i) for i in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise InvalidRequestError(
+                f"judgments name documents that are not in collection "
+                f"{collection.name!r}: {shown}{more}",
+                field="judgments",
+            )
+
+    def _shipped_prior(self) -> CrossDomainPrior | None:
+        """The cross-domain prior of the shipped default profile (for few-label fits)."""
+        default = self.default_profile
+        if default is None or default.model != self.embedder.model_name:
+            return None
+        return default.prior
+
+    def _info(
+        self, collection: CollectionBackend[Profile], profile: Profile
+    ) -> CalibratorInfo:
+        active = self._profile_for(collection)
+        report = profile.report
+        abstain = None if report.abstain is None else to_jsonable(report.abstain)
+        return CalibratorInfo(
+            id=profile.id,
+            collection=None if profile.default else collection.name,
+            method=profile.method,
+            created_at=profile.created_at,
+            active=active is not None and active.id == profile.id,
+            default=profile.default,
+            reorders_hits=profile.reorders_hits,
+            cv={m: MethodMetrics(**to_jsonable(s)) for m, s in report.cv.items()},
+            norm_lift=to_jsonable(report.norm_lift),
+            abstain=abstain,
+            report=report.to_jsonable(),
+        )
+
+
+def _imported_profile(data: dict[str, Any]) -> Profile:
+    """Decode an exported profile and give it a new id in this collection.
+
+    Any decoding failure, and a profile that cannot score a query, is a 422:
+    stored, it would break every later search.
+    """
+    try:
+        profile = Profile.from_json(data)
+        profile.score(
+            1.0,
+            8,
+            np.array([0.5, 0.1]),
+            np.array([1.0, 1.0]),
+            np.array([8, 8], dtype=np.int64),
+        )
+    except CalibrationError as error:
+        raise InvalidRequestError(
+            f"not a valid calibration profile: {error}", field="profile"
+        ) from error
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        raise InvalidRequestError(
+            f"not a valid calibration profile ({type(error).__name__}: {error})",
+            field="profile",
+        ) from error
+    return replace(
+        profile, id=uuid.uuid4().hex[:12], created_at=time.time(), default=False
+    )

@@ -1,0 +1,167 @@
+"""The state the service's parts share, and the calibrator every part reports.
+
+``Context`` is built once by the lifespan; each part (``app.services.documents`` and
+the others) is a ``Part`` over it, so a use case reads ``self.registry`` or
+``self.batcher`` whichever part it lives in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.api.schemas.collections import CalibratorRef, Guarantee
+from app.collections.base import CollectionBackend, Registry
+from app.collections.registry import CollectionRegistry
+from app.collections.snapshots import Snapshots
+from app.concurrency import CpuPool
+from app.embedding import Embedder
+from app.embedding.batching import EmbedBatcher
+from app.jobs import JOBS_FILE, FitJobs
+from app.ops.observability import Metrics
+from app.settings import Settings
+from calibration.profile import Profile
+
+DEFAULT_PAGE_SIZE = 100  # items per page of a listing without a limit
+NO_DEFAULT_REASON = "no calibration profile ships for this embedding model"
+
+
+@dataclass
+class Context:
+    """The state every part of the service shares, owned by the app's lifespan."""
+
+    settings: Settings
+    embedder: Embedder
+    registry: Registry[Profile]
+    pool: CpuPool
+    default_profile: Profile | None = None
+    # Why no shipped profile serves this model (``app.profiles.load_default_profile``).
+    no_default_reason: str = NO_DEFAULT_REASON
+    # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
+    metrics: Metrics | None = None
+    # Only the local backend has snapshots (files of SQLite's online backup).
+    snapshots: Snapshots | None = field(init=False)
+    # Every embedding goes through it, so concurrent requests share forward passes.
+    batcher: EmbedBatcher = field(init=False)
+    fit_jobs: FitJobs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.snapshots = (
+            Snapshots(self.registry)
+            if isinstance(self.registry, CollectionRegistry)
+            else None
+        )
+        self.fit_jobs = FitJobs(
+            self.settings.data_dir / JOBS_FILE, self.settings.limits
+        )
+        self.batcher = EmbedBatcher(
+            self.embedder,
+            self.pool,
+            max_texts=self.settings.embed_batch_size,
+            window=self.settings.embed_batch_window_ms / 1000,
+            max_queued=self.settings.max_pending_jobs,
+            enabled=self.settings.embed_batching,
+        )
+
+
+class Part:
+    """A part of the service (one resource's use cases) over the shared ``Context``.
+
+    The properties read the context, so every part sees the same registry, pool,
+    batcher and fit jobs; the methods below say which calibrator serves a
+    collection, which collections, search, judging and calibrators all report.
+    """
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+
+    @property
+    def settings(self) -> Settings:
+        """The service's settings."""
+        return self.context.settings
+
+    @property
+    def embedder(self) -> Embedder:
+        """The serving model."""
+        return self.context.embedder
+
+    @property
+    def registry(self) -> Registry[Profile]:
+        """The collections."""
+        return self.context.registry
+
+    @property
+    def pool(self) -> CpuPool:
+        """The bounded pool every CPU-bound step runs in."""
+        return self.context.pool
+
+    @property
+    def batcher(self) -> EmbedBatcher:
+        """The batcher every embedding goes through."""
+        return self.context.batcher
+
+    @property
+    def fit_jobs(self) -> FitJobs:
+        """The fit jobs of every collection."""
+        return self.context.fit_jobs
+
+    @property
+    def snapshots(self) -> Snapshots | None:
+        """The snapshots (``None`` off the local backend)."""
+        return self.context.snapshots
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """The app's Prometheus metrics, if it has them."""
+        return self.context.metrics
+
+    @property
+    def default_profile(self) -> Profile | None:
+        """The shipped default profile of the serving model, if one fits it."""
+        return self.context.default_profile
+
+    @property
+    def no_default_reason(self) -> str:
+        """Why no shipped profile serves this model."""
+        return self.context.no_default_reason
+
+    def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
+        if collection.profile is not None:
+            return collection.profile
+        return self._default_for(collection)
+
+    def _default_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
+        """The shipped default profile, if it was fitted for the collection's model."""
+        default = self.default_profile
+        if default is not None and default.model == collection.meta.get("model"):
+            return default
+        return None
+
+    def _calibrator_ref(self, profile: Profile | None) -> CalibratorRef:
+        return _calibrator_ref(profile, self.no_default_reason)
+
+
+def _calibrator_ref(profile: Profile | None, no_default_reason: str) -> CalibratorRef:
+    """Status of the calibrator in use (see ``CalibratorRef``)."""
+    if profile is None:
+        return CalibratorRef(
+            status="none",
+            default=False,
+            reason=f"{no_default_reason}; fit one from judgments "
+            "(POST .../calibrators)",
+        )
+    policy = None if profile.default else profile.certified_policy
+    return CalibratorRef(
+        status="default" if profile.default else "fitted",
+        id=profile.id,
+        method=profile.method,
+        default=profile.default,
+        reorders_hits=profile.reorders_hits,
+        n_queries=None if profile.default else profile.report.n_queries,
+        guarantee=None
+        if policy is None
+        else Guarantee(
+            target=policy.target_risk,
+            delta=policy.delta,
+            n_queries=policy.n_calibration,
+        ),
+    )

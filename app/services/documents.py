@@ -1,0 +1,149 @@
+"""Documents of a collection: upsert (embedded here), read, list, delete, export."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from app import limits
+from app.api.schemas.documents import (
+    DocumentIn,
+    DocumentOut,
+    DocumentPage,
+    DocumentsDeleted,
+    DocumentsDeleteRequest,
+    DocumentsFound,
+    UpsertResponse,
+)
+from app.collections.base import CollectionBackend
+from app.collections.store import NewDocument, StoredDocument
+from app.exceptions import InvalidRequestError
+from app.paging import decode_cursor, encode_cursor
+from app.services.context import DEFAULT_PAGE_SIZE, Part
+from calibration.profile import Profile
+
+EXPORT_CHUNK = 500  # documents read (and sent) per chunk of an export
+
+
+class DocumentsService(Part):
+    """The documents of a collection."""
+
+    async def upsert(self, name: str, documents: list[DocumentIn]) -> UpsertResponse:
+        """Embed and durably write documents; returns once the commit is done."""
+        lim = self.settings.limits
+        limits.check_count("documents", documents, lim.max_documents_per_upsert)
+        ids = [d.id for d in documents]
+        for i, doc in enumerate(documents):
+            limits.check_value(f"documents.{i}.id", len(doc.id), lim.max_id_chars)
+            limits.check_metadata(f"documents.{i}.metadata", doc.metadata, lim)
+        limits.check_texts("documents.text", [d.text for d in documents], lim)
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise InvalidRequestError(
+                f"document id {dup!r} appears more than once in the batch",
+                field="documents",
+            )
+        collection = self.registry.get_compatible(name)
+        batch = await self.batcher.embed([d.text for d in documents], "document")
+        rows = [
+            NewDocument(
+                id=d.id,
+                text=d.text,
+                metadata=d.metadata,
+                vector=batch.vectors[i],
+                norm=float(batch.norms[i]),
+                n_tokens=int(batch.n_tokens[i]),
+                truncated=bool(batch.truncated[i]),
+            )
+            for i, d in enumerate(documents)
+        ]
+        await self.pool.run(collection.upsert, rows)
+        return UpsertResponse(
+            upserted=len(rows),
+            ids=ids,
+            truncated=[r.id for r in rows if r.truncated],
+        )
+
+    def get_document(self, name: str, doc_id: str) -> DocumentOut:
+        """Read one document."""
+        return _document_out(self.registry.get(name).get(doc_id))
+
+    async def delete_document(self, name: str, doc_id: str) -> None:
+        """Delete one document."""
+        collection = self.registry.get(name)
+        await self.pool.run(collection.delete, doc_id)
+
+    def list_documents(
+        self, name: str, limit: int | None, cursor: str | None
+    ) -> DocumentPage:
+        """A page of documents in write order (see ``DocumentPage``)."""
+        lim = self.settings.limits
+        size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, lim.max_page_size)
+        limits.check_value("limit", size, lim.max_page_size)
+        after = decode_cursor(cursor) if cursor is not None else 0
+        # One more than asked tells whether another page follows.
+        docs = self.registry.get(name).page(after, size + 1)
+        more = len(docs) > size
+        docs = docs[:size]
+        return DocumentPage(
+            data=[_document_out(d) for d in docs],
+            count=len(docs),
+            next_cursor=encode_cursor(docs[-1].seq) if more else None,
+        )
+
+    def get_documents(self, name: str, ids: list[str]) -> DocumentsFound:
+        """The documents among ``ids`` in request order (once each), and the missing."""
+        limits.check_count("ids", ids, self.settings.limits.max_ids_per_get)
+        wanted = list(dict.fromkeys(ids))
+        found = self.registry.get(name).get_many(wanted)
+        data = [_document_out(found[i]) for i in wanted if i in found]
+        return DocumentsFound(
+            data=data, count=len(data), missing=[i for i in wanted if i not in found]
+        )
+
+    async def delete_documents(
+        self, name: str, body: DocumentsDeleteRequest
+    ) -> DocumentsDeleted:
+        """Delete the documents named by ``ids``, matching ``filter``, or all."""
+        if [body.ids is not None, bool(body.filter), body.all].count(True) != 1:
+            raise InvalidRequestError(
+                'give exactly one of "ids", a non-empty "filter", or "all": true '
+                "(to delete every document)",
+                field="filter",
+            )
+        collection = self.registry.get(name)
+        if body.ids is not None:
+            limits.check_count("ids", body.ids, self.settings.limits.max_ids_per_get)
+            deleted = await self.pool.run(collection.delete_ids, body.ids)
+        else:
+            deleted = await self.pool.run(collection.delete_where, body.filter)
+        return DocumentsDeleted(deleted=deleted)
+
+    def export_documents(self, name: str) -> AsyncIterator[bytes]:
+        """The collection as JSONL (``{"id","text","metadata"}`` a line), in chunks.
+
+        The collection is looked up now, so an unknown one is a 404 before the
+        response starts; the chunks are then read page by page (each under its own
+        read lock, like ``list_documents``), never the whole collection at once.
+        """
+        return self._export(self.registry.get(name))
+
+    async def _export(
+        self, collection: CollectionBackend[Profile]
+    ) -> AsyncIterator[bytes]:
+        after = 0
+        while docs := await self.pool.run(collection.page, after, EXPORT_CHUNK):
+            yield "".join(
+                json.dumps(
+                    {"id": d.id, "text": d.text, "metadata": d.metadata},
+                    ensure_ascii=False,
+                )
+                + "\n"
+                for d in docs
+            ).encode()
+            after = docs[-1].seq
+
+
+def _document_out(doc: StoredDocument) -> DocumentOut:
+    """A stored document as the wire shows it."""
+    return DocumentOut.model_validate(doc, from_attributes=True)

@@ -1,0 +1,112 @@
+"""The judging loop: the query log's settings, queued queries, the next query to judge."""
+
+from __future__ import annotations
+
+from app import judging, limits
+from app.api.schemas.judging import (
+    JudgingHit,
+    JudgingNext,
+    JudgingProgress,
+    QueryLogInfo,
+    QueryLogSettings,
+)
+from app.api.schemas.search import SearchRequest
+from app.exceptions import NotFoundError
+from app.services.context import Part
+from app.services.search import POOL_DEPTH, query_log_settings, search_results
+
+
+class JudgingService(Part):
+    """The query log and the judging queue of a collection."""
+
+    def query_log(self, name: str) -> QueryLogInfo:
+        """The collection's query log settings and size (off unless enabled)."""
+        collection = self.registry.get(name)
+        current = query_log_settings(collection)
+        return QueryLogInfo(**current.model_dump(), entries=collection.query_log_size())
+
+    def set_query_log(self, name: str, body: QueryLogSettings) -> QueryLogInfo:
+        """Turn the query log on or off and set its retention (applied at once).
+
+        Turning it off stops recording; the logged queries stay judging candidates.
+        """
+        retention_limit = self.settings.limits.max_query_log_retention
+        limits.check_value("retention", body.retention, retention_limit)
+        collection = self.registry.get(name)
+        collection.set_meta(query_log=body.model_dump())
+        entries = collection.trim_query_log(body.retention)
+        return QueryLogInfo(**body.model_dump(), entries=entries)
+
+    def add_judging_queries(self, name: str, queries: list[str]) -> int:
+        """Queue queries to judge ahead of logged ones; returns how many were new."""
+        lim = self.settings.limits
+        limits.check_count("queries", queries, lim.max_judging_queries)
+        limits.check_texts("queries", queries, lim)
+        return self.registry.get(name).add_judging_queries(queries)
+
+    def skip_judging(self, name: str, query: str) -> None:
+        """Never offer ``query`` for judging again (404 if it is not a candidate)."""
+        if not self.registry.get(name).skip_judging(query):
+            raise NotFoundError("judging query", query)
+
+    async def next_to_judge(self, name: str, k: int) -> JudgingNext:
+        """The next query to judge with its top ``k`` hits (see ``app.judging``)."""
+        limits.check_value("k", k, self.settings.limits.max_k)
+        collection = self.registry.get_compatible(name)
+        source, candidates, remaining = collection.judging_candidates(
+            judging.CANDIDATE_POOL
+        )
+        judged, relevant, skipped = collection.judging_counts()
+        progress = JudgingProgress(
+            judged_queries=judged,
+            relevant_queries=relevant,
+            target=judging.FIT_MIN_QUERIES,
+            remaining=remaining,
+            skipped=skipped,
+            can_fit=judged >= judging.FIT_MIN_QUERIES and relevant > 0,
+        )
+        profile = self._profile_for(collection)
+        if not candidates:
+            return JudgingNext(
+                query=None,
+                source="none",
+                confidence=None,
+                hits=[],
+                calibrator=self._calibrator_ref(profile),
+                progress=progress,
+            )
+        request = SearchRequest(queries=candidates, k=k, include_text=True)
+        batch = await self.batcher.embed(candidates, "query")
+        pools = await self.pool.run(
+            collection.search, batch.vectors, candidates, max(k, POOL_DEPTH), None
+        )
+        results = await self.pool.run(
+            search_results,
+            batch,
+            pools,
+            self._calibrator_ref(profile),
+            profile,
+            request,
+            k,
+        )
+        levels = [
+            r.confidence
+            if r.confidence is not None
+            else (r.hits[0].score if r.hits else 0.0)  # no calibrator: the top cosine
+            for r in results
+        ]
+        chosen = judging.pick(levels, turn=judged + skipped)
+        result = results[chosen]
+        return JudgingNext(
+            query=candidates[chosen],
+            source="uploaded" if source == "uploaded" else "log",
+            confidence=result.confidence,
+            hits=[
+                JudgingHit(
+                    id=h.id, text=h.text or "", score=h.score, probability=h.probability
+                )
+                for h in result.hits
+            ],
+            calibrator=result.calibrator,
+            progress=progress,
+        )

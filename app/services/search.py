@@ -1,0 +1,213 @@
+"""Search: embed the queries, retrieve a pool, score it, pick hits by mode, cut.
+
+It also records searched texts in the collection's query log (``app.services.judging``
+sets the log up and judges from it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from app import limits
+from app.api.schemas.collections import CalibratorRef
+from app.api.schemas.judging import QueryLogSettings
+from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
+from app.collections.base import CollectionBackend
+from app.collections.registry import Pool
+from app.embedding import EmbeddingBatch
+from app.exceptions import InvalidRequestError
+from app.services.calibrators import DEFAULT_FIT_K
+from app.services.context import Part
+from calibration.profile import Profile
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_K = 10  # hits per search
+# Default depth of the dense and BM25 lists a search draws candidates from: the depth
+# calibrators are fitted at, so served pools look like the fitted ones.
+POOL_DEPTH = DEFAULT_FIT_K
+
+
+class SearchService(Part):
+    """Calibrated search over a collection."""
+
+    async def search(self, name: str, request: SearchRequest) -> list[SearchResult]:
+        """Embed the queries; return each one's top-k hits with probabilities."""
+        lim = self.settings.limits
+        texts = request.texts
+        k = request.k if request.k is not None else min(DEFAULT_K, lim.max_k)
+        limits.check_value("k", k, lim.max_k)
+        n = request.candidates
+        if n is None:  # never above max_k, so a small max_k still has a default
+            n = min(max(k, POOL_DEPTH), lim.max_k)
+        limits.check_value("candidates", n, lim.max_k)
+        if n < k:
+            raise InvalidRequestError(
+                f"candidates ({n}) must be at least k ({k})", field="candidates"
+            )
+        limits.check_count("queries", texts, lim.max_queries_per_search)
+        limits.check_texts("queries" if request.queries else "query", texts, lim)
+        collection = self.registry.get_compatible(name)
+        profile = self._profile_for(collection)  # one snapshot for the whole request
+        if profile is None and (
+            request.min_probability is not None
+            or request.target_precision is not None
+            or request.mode == "hybrid"
+        ):
+            raise InvalidRequestError(
+                "min_probability, target_precision and mode 'hybrid' need a "
+                "calibrator; none is available for model "
+                f"{self.embedder.model_name!r}",
+                field="mode" if request.mode == "hybrid" else "min_probability",
+            )
+        batch = await self.batcher.embed(texts, "query")
+        pools = await self.pool.run(
+            collection.search, batch.vectors, texts, n, request.filter
+        )
+        results = await self.pool.run(
+            search_results,
+            batch,
+            pools,
+            self._calibrator_ref(profile),
+            profile,
+            request,
+            k,
+        )
+        await self._log_queries(collection, texts)
+        return results
+
+    async def _log_queries(
+        self, collection: CollectionBackend[Profile], texts: list[str]
+    ) -> None:
+        """Record searched texts when the log is on; a failure only gets logged."""
+        current = query_log_settings(collection)
+        if not current.enabled:
+            return
+        try:
+            await self.pool.run(collection.log_queries, texts, current.retention)
+        except Exception:  # the search was answered; the log is best effort
+            logger.warning(
+                "could not log queries of %s", collection.name, exc_info=True
+            )
+
+
+def query_log_settings(collection: CollectionBackend[Profile]) -> QueryLogSettings:
+    """The stored query log settings (the defaults, off, when never set)."""
+    return QueryLogSettings.model_validate(collection.meta.get("query_log", {}))
+
+
+def search_results(
+    batch: EmbeddingBatch,
+    pools: list[Pool],
+    ref: CalibratorRef,
+    profile: Profile | None,
+    request: SearchRequest,
+    k: int,
+) -> list[SearchResult]:
+    """Score each query's pool, pick its hits by mode, then apply the cuts.
+
+    ``ref`` describes ``profile`` (the same for every query of the request).
+    """
+    return [
+        _result(batch, i, pool, ref, profile, request, k)
+        for i, pool in enumerate(pools)
+    ]
+
+
+def _result(
+    batch: EmbeddingBatch,
+    i: int,
+    pool: Pool,
+    ref: CalibratorRef,
+    profile: Profile | None,
+    request: SearchRequest,
+    k: int,
+) -> SearchResult:
+    """One query's answer.
+
+    The whole pool is scored once, so a document's probability for a query is the
+    same number whichever mode returned it; the mode alone picks and orders the hits:
+    dense by cosine, lexical by BM25, hybrid by probability.
+    """
+    norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
+    hits = pool.hits
+    out = [
+        SearchHit(
+            id=h.document.id,
+            score=h.score,
+            bm25=float(pool.lexical.bm25[j]),
+            probability=None,
+            norm=h.document.norm,
+            n_tokens=h.document.n_tokens,
+            metadata=h.document.metadata,
+            text=h.document.text if request.include_text else None,
+        )
+        for j, h in enumerate(hits)
+    ]
+    scored = None
+    if profile is not None:
+        scored = profile.score(
+            norm,
+            n_tokens,
+            np.array([h.score for h in hits]),
+            np.array([h.document.norm for h in hits]),
+            np.array([h.document.n_tokens for h in hits], dtype=np.int64),
+            pool.lexical,
+        )
+        for j, (hit, p) in enumerate(zip(out, scored.probabilities, strict=True)):
+            hit.probability = float(p)
+            if scored.intervals is not None:
+                lo, hi = scored.intervals
+                hit.probability_interval = (float(lo[j]), float(hi[j]))
+    if request.mode == "lexical":
+        out = [out[j] for j in pool.lexical_top(k)]
+    elif request.mode == "hybrid":
+        out = sorted(out, key=lambda h: (-(h.probability or 0.0), -h.score))[:k]
+    else:
+        out = [out[j] for j in pool.dense_top(k)]
+    confidence = abstain = band = None
+    if profile is not None and scored is not None:
+        out = _cut(out, request.min_probability, request.target_precision)
+        # Confidence of the hits actually returned (after the cut).
+        returned = profile.verdict(
+            np.array([h.probability or 0.0 for h in out]),
+            None
+            if scored.intervals is None
+            else (
+                np.array([(h.probability_interval or (0.0, 0.0))[0] for h in out]),
+                np.array([(h.probability_interval or (0.0, 0.0))[1] for h in out]),
+            ),
+        )
+        confidence, abstain = returned.confidence, returned.abstain
+        band = returned.confidence_interval
+    return SearchResult(
+        query=QueryInfo(
+            norm=norm, n_tokens=n_tokens, truncated=bool(batch.truncated[i])
+        ),
+        mode=request.mode,
+        hits=out,
+        confidence=confidence,
+        confidence_interval=band,
+        abstain=abstain,
+        calibrator=ref,
+    )
+
+
+def _cut(
+    hits: list[SearchHit], min_probability: float | None, target_precision: float | None
+) -> list[SearchHit]:
+    """Drop hits below ``min_probability``, then cut to ``target_precision``.
+
+    The cut keeps the longest prefix whose mean probability (its expected
+    precision) is at least ``target_precision``.
+    """
+    if min_probability is not None:
+        hits = [h for h in hits if (h.probability or 0.0) >= min_probability]
+    if target_precision is not None:
+        probs = np.array([h.probability or 0.0 for h in hits])
+        mean = np.cumsum(probs) / np.arange(1, len(probs) + 1)
+        ok = np.flatnonzero(mean >= target_precision)
+        hits = hits[: int(ok[-1]) + 1] if len(ok) else []
+    return hits

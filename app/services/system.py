@@ -1,0 +1,96 @@
+"""The service itself, not a collection: readiness, version, metrics, embedding."""
+
+from __future__ import annotations
+
+from app import __version__, limits
+from app.api.schemas.embed import Embedding, EmbedResponse
+from app.api.schemas.health import (
+    ModelIdentity,
+    Readiness,
+    ShippedProfileInfo,
+    UnavailableCollection,
+    VersionInfo,
+)
+from app.embedding import InputType
+from app.exceptions import NotFoundError
+from app.profiles import shipped_profiles
+from app.services.context import Part
+
+
+class SystemService(Part):
+    """``/readyz``, ``/version``, ``/metrics`` and ``/v1/embed``."""
+
+    # -- health -----------------------------------------------------------------------
+    def readiness(self, *, detailed: bool) -> Readiness:
+        """Whether the service can take writes; ``status`` is ``"not ready"`` if not.
+
+        Only a ``detailed`` answer (for a caller holding the API key, or when there
+        is none) counts and names collections and says which path is unwritable.
+        """
+        storage = self.registry.storage_problem()
+        broken = self.registry.unavailable()
+        reasons: list[str] = []
+        if storage is not None:
+            reasons.append(
+                storage
+                if detailed
+                else "the data dir is not writable"
+                if self.registry.backend == "local"
+                else f"the {self.registry.backend} storage does not answer"
+            )
+        if broken:
+            reasons.append(f"{len(broken)} collection(s) unavailable")
+        answer = Readiness(
+            status="not ready" if storage else "degraded" if broken else "ready",
+            model=self.embedder.model_name,
+            dim=self.embedder.dim,
+            reasons=reasons,
+        )
+        if detailed:
+            answer.collections = len(self.registry.names())
+            answer.unavailable = [
+                UnavailableCollection(name=u.name, reason=u.reason) for u in broken
+            ]
+        return answer
+
+    def version(self) -> VersionInfo:
+        """The normcal version, the serving model's identity, the shipped profiles."""
+        return VersionInfo(
+            normcal=__version__,
+            model=ModelIdentity(
+                name=self.embedder.model_name,
+                id=self.embedder.model_id,
+                path=self.settings.model_path,
+            ),
+            profiles=[
+                ShippedProfileInfo(name=p.name, format=p.format, model_id=p.model_id)
+                for p in shipped_profiles()
+            ],
+        )
+
+    def render_metrics(self) -> bytes:
+        """The Prometheus exposition (404 when the app was built without metrics)."""
+        if self.metrics is None:
+            raise NotFoundError("endpoint", "/metrics")
+        return self.metrics.render()
+
+    # -- embedding --------------------------------------------------------------------
+    async def embed(self, texts: list[str], input_type: InputType) -> EmbedResponse:
+        """Embed texts after checking the batch and text limits."""
+        lim = self.settings.limits
+        limits.check_count("texts", texts, lim.max_texts_per_request)
+        limits.check_texts("texts", texts, lim)
+        batch = await self.batcher.embed(texts, input_type)
+        return EmbedResponse(
+            data=[
+                Embedding(
+                    embedding=batch.vectors[i].tolist(),
+                    norm=float(batch.norms[i]),
+                    n_tokens=int(batch.n_tokens[i]),
+                    truncated=bool(batch.truncated[i]),
+                )
+                for i in range(len(batch))
+            ],
+            model=self.embedder.model_name,
+            dim=self.embedder.dim,
+        )
