@@ -42,7 +42,9 @@ sys.path.insert(0, str(REPO))
 
 from app.ops.process import ServerProcess  # noqa: E402
 
-SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+# The same data directory as benchmarks/ingest.py (a worktree has no ../shared).
+DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
+SCIFACT = DATA / "scifact"
 MAX_CHARS = 600  # passages of ~100-150 tokens: realistic RAG chunks
 COLLECTION = "load"
 
