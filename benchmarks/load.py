@@ -17,6 +17,7 @@ Loopback only, bounded, stops by itself::
 
     python benchmarks/load.py                      # 10k docs, levels 1,4,16, 20 s each
     python benchmarks/load.py --docs 2000 --duration 5 --batching off,0,2
+    python benchmarks/load.py --batching off,onnx:off,onnx:0   # torch vs onnx
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ sys.path.insert(0, str(REPO))
 
 from app.ops.process import ServerProcess  # noqa: E402
 
-SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+# The same data directory as benchmarks/ingest.py (a worktree has no ../shared).
+DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
+SCIFACT = DATA / "scifact"
 MAX_CHARS = 600  # passages of ~100-150 tokens: realistic RAG chunks
 COLLECTION = "load"
 
@@ -212,26 +215,47 @@ class Run:
     documents: int
 
 
-def _mode_env(mode: str) -> dict[str, str]:
-    """``off``: no batching across requests; a number: batching with that window (ms)."""
-    if mode == "off":
-        return {"NORMCAL_EMBED_BATCHING": "false"}
-    return {"NORMCAL_EMBED_BATCHING": "true", "NORMCAL_EMBED_BATCH_WINDOW_MS": mode}
+def _split(mode: str) -> tuple[str, str]:
+    """``[backend:]batching``, the backend ``torch`` unless named."""
+    backend, _, batching = mode.rpartition(":")
+    return backend or "torch", batching
+
+
+def _mode_env(mode: str, onnx_path: Path | None) -> dict[str, str]:
+    """``off``: no batching across requests; a number: batching with that window (ms);
+    an ``onnx:`` prefix: the ONNX backend, on the graph exported once for the run."""
+    backend, batching = _split(mode)
+    env = {"NORMCAL_EMBEDDING_BACKEND": backend}
+    if backend == "onnx" and onnx_path is not None:
+        env["NORMCAL_ONNX_PATH"] = str(onnx_path)
+    if batching == "off":
+        return {**env, "NORMCAL_EMBED_BATCHING": "false"}
+    return {
+        **env,
+        "NORMCAL_EMBED_BATCHING": "true",
+        "NORMCAL_EMBED_BATCH_WINDOW_MS": batching,
+    }
 
 
 def _label(mode: str) -> str:
-    return "batching off" if mode == "off" else f"batching on, window {mode} ms"
+    backend, batching = _split(mode)
+    on = "batching off" if batching == "off" else f"batching on, window {batching} ms"
+    return f"{backend}, {on}"
 
 
 async def run_mode(
-    args: argparse.Namespace, mode: str, docs: list[dict[str, str]], queries: list[str]
+    args: argparse.Namespace,
+    mode: str,
+    docs: list[dict[str, str]],
+    queries: list[str],
+    onnx_path: Path | None = None,
 ) -> Run:
     """Start a server in ``mode``, ingest, warm up, then run every level."""
     levels = [int(x) for x in args.levels.split(",")]
     env = {
         "NORMCAL_WORKER_THREADS": str(args.workers),
         "NORMCAL_INDEX_TYPE": args.index,
-        **_mode_env(mode),
+        **_mode_env(mode, onnx_path),
     }
     with tempfile.TemporaryDirectory(prefix="normcal-load-") as tmp:
         server = ServerProcess(Path(tmp) / "data", env=env).start(timeout=180)
@@ -328,7 +352,14 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{len(docs)} documents; index={args.index}, workers={args.workers}, "
         f"cores={os.cpu_count()}; modes: {', '.join(_label(m) for m in modes)}"
     )
-    runs = [await run_mode(args, mode, docs, queries) for mode in modes]
+    with tempfile.TemporaryDirectory(prefix="normcal-load-onnx-") as tmp:
+        onnx_path = None
+        if any(_split(m)[0] == "onnx" for m in modes):
+            from app.embedding.onnx_export import export_onnx
+            from app.settings import default_model_path
+
+            onnx_path = export_onnx(default_model_path(), Path(tmp) / "onnx")
+        runs = [await run_mode(args, mode, docs, queries, onnx_path) for mode in modes]
     print(
         f"\nmix: {1 - args.upsert_fraction:.0%} search (k={args.k}) / "
         f"{args.upsert_fraction:.0%} upsert ({args.upsert_size} docs); "
@@ -366,7 +397,8 @@ def main() -> int:
         "--batching",
         default="off,0",
         help="server modes compared in one run, the first is the baseline: 'off', "
-        "or a batch window in ms (batching on), e.g. off,0,2",
+        "or a batch window in ms (batching on), each optionally prefixed by the "
+        "embedding backend (torch: by default), e.g. off,0,2 or off,onnx:off,onnx:0",
     )
     return asyncio.run(main_async(parser.parse_args()))
 

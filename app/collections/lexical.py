@@ -33,12 +33,15 @@ __all__ = [
     "STEMMERS",
     "LexicalHits",
     "Stemmer",
+    "TermStats",
     "bm25_of",
     "idf_mass",
     "match_expression",
     "query_terms",
     "schema",
     "search",
+    "search_with_mass",
+    "term_stats",
 ]
 
 Stemmer = Literal["porter", "none"]
@@ -98,8 +101,62 @@ def match_expression(text: str) -> str | None:
     Every term is a quoted string, so it is tokenised (and stemmed) like the documents
     and never parsed as an operator.
     """
-    terms = query_terms(text)
+    return _expression(query_terms(text))
+
+
+def _expression(terms: Sequence[str]) -> str | None:
     return " OR ".join(_phrase(t) for t in terms) if terms else None
+
+
+@dataclass(frozen=True)
+class TermStats:
+    """The query's terms, how many documents there are and how many contain each term."""
+
+    terms: list[str]
+    total: int
+    frequencies: list[int]
+
+    def idf_mass(self) -> float:
+        """Sum of the terms' IDFs (see :func:`idf_mass`)."""
+        if self.total == 0:
+            return 0.0
+        n_all = self.total
+        return float(
+            sum(
+                max(math.log((n_all - n + 0.5) / (n + 0.5)), 1e-6)
+                for n in self.frequencies
+            )
+        )
+
+    def floored(self) -> bool:
+        """Whether some term is in at least half the documents.
+
+        FTS5's BM25 floors such a term's IDF (``log((N - n + 0.5) / (n + 0.5)) <= 0``)
+        at 1e-6, so it adds under ~1e-4 to any score; yet an OR query containing it
+        visits (and scores) most of the collection.
+        """
+        return any(2 * n >= self.total for n in self.frequencies if n > 0)
+
+    def informative(self) -> list[str]:
+        """The terms that can move a score: in some document, in under half of them."""
+        return [
+            t
+            for t, n in zip(self.terms, self.frequencies, strict=True)
+            if 0 < n and 2 * n < self.total
+        ]
+
+
+def term_stats(conn: sqlite3.Connection, text: str) -> TermStats:
+    """Document frequencies of the query's terms, in one statement."""
+    terms = query_terms(text)
+    counts = ", ".join(
+        f"(SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?)" for _ in terms
+    )
+    row = conn.execute(
+        f"SELECT (SELECT count(*) FROM documents){', ' if terms else ''}{counts}",
+        [_phrase(t) for t in terms],
+    ).fetchone()
+    return TermStats(terms, int(row[0]), [int(n) for n in row[1:]])
 
 
 @dataclass(frozen=True)
@@ -110,39 +167,89 @@ class LexicalHits:
     scores: NDArray[np.float64]
 
 
+_EMPTY = LexicalHits(np.zeros(0, np.int64), np.zeros(0))
+
+
 def search(
     conn: sqlite3.Connection,
     text: str,
     n: int | None,
     allowed: NDArray[np.int64] | None = None,
+    *,
+    depth: int | None = None,
 ) -> LexicalHits:
     """Top-``n`` documents by BM25 (every match if ``n`` is None), among ``allowed``.
 
-    FTS5 scores every match to sort them anyway, so fetching all of them costs about
-    what a ``LIMIT`` does; the ``allowed`` filter is applied here, in one pass, since
-    an FTS5 match filtered by ``rowid IN (...)`` is re-run per row.
+    With ``depth`` (capped at ``n``), only the first ``depth`` hits must be those of
+    the full query, which lets a query skip terms in at least half the collection
+    (:meth:`TermStats.floored`): the query then visits only documents that contain a
+    rarer term, every score moves by under ~1e-4, and documents matching nothing but
+    such terms (scored ~1e-6) are left out. When that leaves fewer than ``depth``
+    hits, those documents would have filled the tail, so the full query is run.
     """
-    expr = match_expression(text)
-    empty = LexicalHits(np.zeros(0, np.int64), np.zeros(0))
+    if depth is None:
+        return _search(conn, query_terms(text), n, allowed)
+    stats = term_stats(conn, text)
+    return _pruned(conn, stats, n, allowed, min(depth, n) if n is not None else depth)
+
+
+def search_with_mass(
+    conn: sqlite3.Connection,
+    text: str,
+    n: int | None,
+    allowed: NDArray[np.int64] | None,
+    *,
+    depth: int,
+) -> tuple[LexicalHits, float]:
+    """:func:`search` with ``depth`` and :func:`idf_mass`, from one frequency lookup."""
+    stats = term_stats(conn, text)
+    depth = min(depth, n) if n is not None else depth
+    return _pruned(conn, stats, n, allowed, depth), stats.idf_mass()
+
+
+def _pruned(
+    conn: sqlite3.Connection,
+    stats: TermStats,
+    n: int | None,
+    allowed: NDArray[np.int64] | None,
+    depth: int,
+) -> LexicalHits:
+    hits = _search(conn, stats.informative(), n, allowed)
+    if not stats.floored() or hits.seqs.size >= depth:
+        return hits  # only terms in no document were dropped, or the top is full
+    return _search(conn, stats.terms, n, allowed)
+
+
+def _search(
+    conn: sqlite3.Connection,
+    terms: Sequence[str],
+    n: int | None,
+    allowed: NDArray[np.int64] | None,
+) -> LexicalHits:
+    """Top-``n`` by BM25 over an OR of ``terms``, among ``allowed``.
+
+    FTS5 scores every match even under ``ORDER BY rank LIMIT n``, and its sorted mode
+    then seeks back to each row it returns (about as costly again), so the matches
+    are fetched unsorted and sorted here: a stable sort of the rowid-ordered rows
+    gives FTS5's own order, ties included. The ``allowed`` filter is applied here
+    too, since an FTS5 match filtered by ``rowid IN (...)`` is re-run per row.
+    """
+    expr = _expression(terms)
     if expr is None or (n is not None and n <= 0):
-        return empty
+        return _EMPTY
     if allowed is not None and allowed.size == 0:
-        return empty
-    sql = (
-        f"SELECT rowid, -bm25({FTS_TABLE}) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?"
-        " ORDER BY rank"
-    )
-    params: tuple[object, ...] = (expr,)
-    if n is not None and allowed is None:
-        sql, params = sql + " LIMIT ?", (expr, n)
-    rows = conn.execute(sql, params).fetchall()
+        return _EMPTY
+    rows = conn.execute(
+        f"SELECT rowid, -bm25({FTS_TABLE}) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?",
+        (expr,),
+    ).fetchall()
+    seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    scores = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
     if allowed is not None:
-        keep = set(allowed.tolist())
-        rows = [r for r in rows if r[0] in keep][:n]
-    return LexicalHits(
-        np.array([r[0] for r in rows], dtype=np.int64),
-        np.array([r[1] for r in rows], dtype=np.float64),
-    )
+        keep = np.isin(seqs, allowed)
+        seqs, scores = seqs[keep], scores[keep]
+    order = np.argsort(-scores, kind="stable")[:n]
+    return LexicalHits(seqs[order], scores[order])
 
 
 def bm25_of(
@@ -161,19 +268,4 @@ def idf_mass(conn: sqlite3.Connection, text: str) -> float:
     ``n`` the number of documents containing the term. A term in no document still
     counts: it is part of what a perfect match would have had to contain.
     """
-    terms = query_terms(text)
-    if not terms:
-        return 0.0
-    counts = ", ".join(
-        f"(SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ?)" for _ in terms
-    )
-    row = conn.execute(
-        f"SELECT (SELECT count(*) FROM documents), {counts}",
-        [_phrase(t) for t in terms],
-    ).fetchone()
-    total = int(row[0])
-    if total == 0:
-        return 0.0
-    return float(
-        sum(max(math.log((total - n + 0.5) / (n + 0.5)), 1e-6) for n in row[1:])
-    )
+    return term_stats(conn, text).idf_mass()

@@ -55,7 +55,7 @@ from app.exceptions import (
     NotFoundError,
     StorageUnavailableError,
 )
-from calibration.features import LexicalEvidence
+from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 from calibration.fusion import candidate_pool, lexical_ranks
 
 logger = logging.getLogger(__name__)
@@ -295,8 +295,12 @@ class Collection(Generic[C]):
         cosine = {
             int(s): float(c) for s, c in zip(dense_seqs, dense_scores, strict=True)
         }
-        # Every match at once: a pool member's BM25 is then a lookup.
-        lex, idf_mass = store.lexical_search(text, None, allowed)
+        # Every match at once: a pool member's BM25 is then a lookup. Only the ranks
+        # to LEXICAL_DEPTH and the BM25 top-n are used, so terms in half the
+        # collection (IDF floored, ~0 to any score) need not be scanned.
+        lex, idf_mass = store.lexical_search(
+            text, None, allowed, depth=max(n, LEXICAL_DEPTH)
+        )
         lex_seqs = [int(s) for s in lex.seqs]
         seqs = candidate_pool(dense, lex_seqs, n)
         docs = store.get_by_seqs(seqs)

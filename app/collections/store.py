@@ -428,11 +428,19 @@ class CollectionStore:
             return _seqs_by_id(conn, ids)
 
     def lexical_search(
-        self, text: str, n: int | None, allowed: NDArray[np.int64] | None = None
+        self,
+        text: str,
+        n: int | None,
+        allowed: NDArray[np.int64] | None,
+        *,
+        depth: int,
     ) -> tuple[lexical.LexicalHits, float]:
-        """Top-``n`` seqs by BM25 (all matches if None) and the query's IDF mass."""
+        """Top-``n`` seqs by BM25 (all matches if None) and the query's IDF mass.
+
+        Only the first ``depth`` hits are those of the full query (``lexical.search``).
+        """
         with self._use() as conn:
-            return lexical.search(conn, text, n, allowed), lexical.idf_mass(conn, text)
+            return lexical.search_with_mass(conn, text, n, allowed, depth=depth)
 
     def vectors_of(self, seqs: Sequence[int]) -> dict[int, NDArray[np.float32]]:
         """Unit vectors of the given seqs (unknown seqs are absent)."""

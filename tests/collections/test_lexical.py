@@ -7,6 +7,7 @@ none of the query's words.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 
@@ -16,6 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.collections import lexical
+from calibration.features import LEXICAL_DEPTH
+from tests.conftest import shared_dataset
 
 TEXTS = {
     1: "The quick brown fox jumps over the lazy dog",
@@ -149,3 +152,101 @@ def test_porter_stems_and_none_does_not():
 def test_unknown_stemmer_is_refused():
     with pytest.raises(ValueError, match="stemmer"):
         lexical.schema("snowball")  # type: ignore[arg-type]
+
+
+def _reference(
+    conn: sqlite3.Connection, text: str, allowed: set[int] | None = None
+) -> list[tuple[int, float]]:
+    """Every match of an OR of all the query's terms, in FTS5's own rank order (the
+    implementation before pruning and client-side sorting)."""
+    expr = lexical.match_expression(text)
+    if expr is None:
+        return []
+    rows = conn.execute(
+        f"SELECT rowid, -bm25({lexical.FTS_TABLE}) FROM {lexical.FTS_TABLE}"
+        f" WHERE {lexical.FTS_TABLE} MATCH ? ORDER BY rank",
+        (expr,),
+    ).fetchall()
+    return [(int(r), float(s)) for r, s in rows if allowed is None or r in allowed]
+
+
+@pytest.fixture(scope="module")
+def scifact() -> Iterator[tuple[sqlite3.Connection, list[str]]]:
+    """3,000 scifact abstracts in a porter index, and the scifact queries."""
+    data = shared_dataset("scifact")
+    with (data / "corpus.jsonl").open(encoding="utf-8") as fh:
+        texts = [
+            f"{row['title']}\n{row['text']}"
+            for row in map(json.loads, fh.readlines()[:3000])
+        ]
+    with (data / "queries.jsonl").open(encoding="utf-8") as fh:
+        queries = [json.loads(line)["text"] for line in fh]
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.execute("CREATE TABLE documents (seq INTEGER PRIMARY KEY, text TEXT)")
+    for statement in lexical.schema("porter"):
+        conn.execute(statement)
+    conn.executemany("INSERT INTO documents (text) VALUES (?)", [(t,) for t in texts])
+    yield conn, queries
+    conn.close()
+
+
+def _assert_same_top(
+    hits: lexical.LexicalHits, reference: list[tuple[int, float]], depth: int
+) -> None:
+    """The same ranking to ``depth`` up to near-ties: the score at every rank and of
+    every document within 1e-3 (the IDF floor's share), so two documents can only
+    swap when their scores are that close."""
+    top, full = reference[:depth], dict(reference)
+    assert hits.seqs.size >= len(top)
+    np.testing.assert_allclose(hits.scores[:depth], [s for _, s in top], atol=1e-3)
+    np.testing.assert_allclose(
+        hits.scores[:depth], [full[s] for s in hits.seqs[:depth].tolist()], atol=1e-3
+    )
+    floor = top[-1][1] + 1e-3 if top else 0.0
+    assert {r for r, s in top if s > floor} <= set(hits.seqs[:depth].tolist())
+
+
+def test_pruned_search_gives_the_full_query_top_on_a_real_corpus(scifact):
+    """Terms in half the collection are skipped, yet the BM25 top to LEXICAL_DEPTH,
+    every score of a document still matched and the IDF mass are unchanged."""
+    conn, queries = scifact
+    pruned = 0
+    for text in queries[:150]:
+        reference = _reference(conn, text)
+        hits, mass = lexical.search_with_mass(
+            conn, text, None, None, depth=LEXICAL_DEPTH
+        )
+        _assert_same_top(hits, reference, LEXICAL_DEPTH)
+        full = dict(reference)
+        np.testing.assert_allclose(
+            hits.scores, [full[s] for s in hits.seqs.tolist()], atol=1e-3
+        )
+        assert mass == pytest.approx(lexical.idf_mass(conn, text))
+        assert lexical.search(conn, text, None).seqs.tolist() == [
+            r for r, _ in reference
+        ]  # without depth: every match, as before
+        pruned += lexical.term_stats(conn, text).floored()
+    assert pruned > 10  # the queries did exercise the pruning
+
+
+def test_pruned_search_respects_allowed_and_n(scifact):
+    conn, queries = scifact
+    allowed = np.arange(1, 3001, 3, dtype=np.int64)
+    for text in queries[:40]:
+        reference = _reference(conn, text, set(allowed.tolist()))
+        hits, _ = lexical.search_with_mass(conn, text, 10, allowed, depth=100)
+        assert hits.seqs.size == min(10, len(reference))
+        _assert_same_top(hits, reference, 10)
+
+
+def test_too_few_rare_matches_fall_back_to_the_full_query(scifact):
+    """When the informative terms match fewer than ``depth`` documents, the ones that
+    match only common terms still fill the tail, in FTS5's order."""
+    conn, _ = scifact
+    text = "the of and aspirin"
+    stats = lexical.term_stats(conn, text)
+    assert stats.floored() and 0 < sum(stats.frequencies[3:]) < LEXICAL_DEPTH
+    hits, _ = lexical.search_with_mass(conn, text, None, None, depth=LEXICAL_DEPTH)
+    reference = _reference(conn, text)
+    assert len(reference) > LEXICAL_DEPTH
+    assert hits.seqs.tolist() == [r for r, _ in reference]
