@@ -71,9 +71,13 @@ RUN normcal export-onnx --out /opt/normcal/onnx
 # ----------------------------------------------------- torch-free build stage
 FROM ${PYTHON_IMAGE} AS build-onnx
 
+# As in the build stage: no pip cache in the layers.
 ENV PIP_NO_CACHE_DIR=1
+# Same: no check for a newer pip.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# A venv of its own, without torch, that runtime-onnx copies whole.
 ENV VIRTUAL_ENV=/opt/venv
+# The venv's pip and python first.
 ENV PATH=/opt/venv/bin:$PATH
 
 RUN python -m venv "$VIRTUAL_ENV"

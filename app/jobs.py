@@ -20,7 +20,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +94,14 @@ class FitJobs:
 
     # -- records ------------------------------------------------------------------------
     def open(self) -> None:
-        """Open the file now and fail what a previous process left unfinished.
+        """Fail what a previous process left unfinished, if it left a job file.
 
-        Called at start-up; an unwritable data dir is only logged (readiness reports
-        it) and every later use answers 503.
+        Called at start-up. The file itself is made by the first job, so a service
+        that never fits leaves nothing in the data dir. An unusable file is only
+        logged (readiness reports the data dir) and every later use answers 503.
         """
+        if not self._path.exists():
+            return
         try:
             with self._lock:
                 self._db()
@@ -139,34 +142,31 @@ class FitJobs:
 
     def get(self, collection: str, job_id: str) -> FitJob:
         """One job of ``collection`` (404 for an unknown id)."""
-        with self._lock:
-            row = (
-                self._db()
-                .execute(
-                    f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs"
-                    " WHERE id = ? AND collection = ?",
-                    (job_id, collection),
-                )
-                .fetchone()
-            )
-        if row is None:
+        rows = self._read(" WHERE id = ? AND collection = ?", (job_id, collection))
+        if not rows:
             raise NotFoundError("fit job", job_id)
-        return _job(row)
+        return _job(rows[0])
 
     def list(self, collection: str) -> list[FitJob]:
         """The jobs of ``collection``, newest first (at most all that are kept)."""
         bound = self._limits.max_finished_fit_jobs + self._limits.max_queued_fit_jobs
+        rows = self._read(
+            " WHERE collection = ? ORDER BY seq DESC LIMIT ?", (collection, bound)
+        )
+        return [_job(row) for row in rows]
+
+    def _read(self, where: str, params: tuple[Any, ...]) -> Sequence[Any]:
+        """Rows of jobs; none before the first job made the file (reads make none)."""
         with self._lock:
-            rows = (
+            if self._conn is None and not self._path.exists():
+                return []
+            return (
                 self._db()
                 .execute(
-                    f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs"
-                    " WHERE collection = ? ORDER BY seq DESC LIMIT ?",
-                    (collection, bound),
+                    f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs{where}", params
                 )
                 .fetchall()
             )
-        return [_job(row) for row in rows]
 
     # -- running ------------------------------------------------------------------------
     def submit(self, collection: str, work: Work) -> FitJob:

@@ -67,16 +67,24 @@ def instr(name: str) -> list[str]:
     return [args for word, args, _ in dockerfile_instructions() if word == name]
 
 
-def runtime_env() -> dict[str, str]:
-    """ENV of the final stage, in order."""
-    stages: list[dict[str, str]] = []
+def stage_envs() -> dict[str, dict[str, str]]:
+    """ENV of every stage by name (a stage built FROM another inherits its ENV)."""
+    stages: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
     for word, args, _ in dockerfile_instructions():
         if word == "FROM":
-            stages.append({})
+            image, _, name = args.partition(" AS ")
+            current = dict(stages.get(image.strip(), {}))
+            stages[name.strip() or image.strip()] = current
         elif word == "ENV":
             key, _, value = args.partition("=")
-            stages[-1][key] = value
-    return stages[-1]
+            current[key] = value
+    return stages
+
+
+def runtime_env() -> dict[str, str]:
+    """ENV of the final stage (the default image), in order."""
+    return list(stage_envs().values())[-1]
 
 
 def test_hadolint_is_clean():
@@ -355,7 +363,7 @@ def test_readme_python_examples_run(tmp_path, embedder):
     blocks = re.findall(
         r"```python\n(.*?)```", readme_section("Use from Python / LangChain"), re.S
     )
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     compose_block = re.findall(
         r"```yaml\n(.*?)```", readme_section("Run as a sidecar"), re.S
     )
@@ -371,6 +379,7 @@ def test_readme_python_examples_run(tmp_path, embedder):
                 text=True,
                 timeout=120,
                 env=source_env(),
+                cwd=tmp_path,  # a block exports kb.jsonl into the working directory
             )
             assert proc.returncode == 0, f"README python block {n}: {proc.stderr}"
             assert proc.stdout.strip()

@@ -71,8 +71,8 @@ class EmbedBatcher:
         Seconds a pass that follows another waits for more requests, unless it is
         already full; 0 takes what is queued at once.
     max_queued : int
-        Queued chunks beyond which a request gets ``OverloadedError`` (HTTP 503), as
-        the pool bounds its own queue.
+        Chunks queued or in the running pass beyond which a request gets
+        ``OverloadedError`` (HTTP 503), as the pool counts its running job in its bound.
     enabled : bool
         False embeds each request on its own, as without a batcher (to compare).
     """
@@ -94,6 +94,7 @@ class EmbedBatcher:
         self.max_queued = max_queued
         self.enabled = enabled
         self._queue: deque[_Job] = deque()
+        self._in_pass = 0  # requests in the running pass
         self._drainer: asyncio.Task[None] | None = None
 
     @property
@@ -112,9 +113,11 @@ class EmbedBatcher:
         return concatenate(parts)
 
     async def _submit(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
-        if self.pending >= self.max_queued:
+        # The running pass counts too, as a running job counts in the pool's bound.
+        if self.pending + self._in_pass >= self.max_queued:
             raise OverloadedError(
-                f"{self.pending} embeddings are already queued; retry shortly",
+                f"{self.pending + self._in_pass} embeddings are already in flight; "
+                "retry shortly",
                 retry_after=1,
             )
         job = _Job(texts, input_type, asyncio.get_running_loop().create_future())
@@ -181,6 +184,7 @@ class EmbedBatcher:
         If it fails, each job runs again alone, so one bad request fails only itself.
         """
         texts = [t for job in jobs for t in job.texts]
+        self._in_pass = len(jobs)
         try:
             batch = await self.pool.run(self.embedder.embed, texts, jobs[0].input_type)
         except asyncio.CancelledError:
@@ -201,6 +205,8 @@ class EmbedBatcher:
                 if not job.future.done():
                     await self._run([job])
             return
+        finally:
+            self._in_pass = 0
         start = 0
         for job in jobs:
             _settle(job, _slice(batch, start, start + len(job.texts)))

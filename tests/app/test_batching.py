@@ -218,7 +218,8 @@ async def test_cancelled_callers_leave_the_others_served(model, pool):
 
 @pytest.mark.anyio
 async def test_queue_bound_accepted_at_the_limit_refused_past_it(model, pool):
-    batcher = EmbedBatcher(model, pool, max_texts=32, max_queued=2)
+    # Three in flight: the running pass's request and two queued behind it.
+    batcher = EmbedBatcher(model, pool, max_texts=32, max_queued=3)
     first = await blocked_first_pass(batcher, model)
     tasks = start(batcher, (["1"], "query"), (["2"], "query"))
     await queued(batcher, 2)

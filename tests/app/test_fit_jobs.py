@@ -90,6 +90,9 @@ def _active(client: TestClient) -> str | None:
 
 
 def _job_rows(settings: Settings) -> int:
+    """Rows in the job file; none while no job has made it."""
+    if not (settings.data_dir / JOBS_FILE).exists():
+        return 0
     with sqlite3.connect(settings.data_dir / JOBS_FILE) as conn:
         return int(conn.execute("SELECT count(*) FROM fit_jobs").fetchone()[0])
 
