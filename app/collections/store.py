@@ -318,7 +318,6 @@ class CollectionStore:
             if self._closed:
                 raise NotFoundError("collection", self.path.stem)
             if self._conn is None:
-                self._drop_postings()  # data_version is per connection
                 self._conn = self._connect()
             yield self._conn
         if self._connections is not None:
@@ -396,6 +395,8 @@ class CollectionStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                # data_version is per connection, and an idle store's postings are
+                # memory best given back.
                 self._drop_postings()
             return True
         finally:
