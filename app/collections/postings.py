@@ -118,24 +118,33 @@ class Tokenizer:
         docs = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
         return _group(terms, counts, docs, len(texts))
 
-    def term(self, term: str) -> tuple[str, ...]:
-        """The tokens FTS5 makes of one quoted query term (in order; often one)."""
-        tokens = self._terms.get(term)
-        if tokens is not None:
-            return tokens
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                self._conn.execute("INSERT INTO t(rowid, text) VALUES (1, ?)", (term,))
-                rows = self._conn.execute(
-                    "SELECT term FROM v ORDER BY offset"
-                ).fetchall()
-            finally:
-                self._conn.execute("ROLLBACK")
-            if len(self._terms) >= _CACHED_TERMS:
-                self._terms.clear()
-            tokens = self._terms[term] = tuple(r[0] for r in rows)
-        return tokens
+    def terms(self, terms: Sequence[str]) -> list[tuple[str, ...]]:
+        """The tokens FTS5 makes of each quoted query term (in order; often one).
+
+        Terms not seen lately are tokenised together, in one transaction.
+        """
+        known = {t: self._terms.get(t) for t in terms}
+        missing = [t for t, tokens in known.items() if tokens is None]
+        if missing:
+            with self._lock:
+                self._conn.execute("BEGIN")
+                try:
+                    self._conn.executemany(
+                        "INSERT INTO t(rowid, text) VALUES (?, ?)", enumerate(missing)
+                    )
+                    rows = self._conn.execute(
+                        "SELECT doc, term FROM v ORDER BY doc, offset"
+                    ).fetchall()
+                finally:
+                    self._conn.execute("ROLLBACK")
+                found: list[list[str]] = [[] for _ in missing]
+                for doc, token in rows:
+                    found[doc].append(token)
+                if len(self._terms) + len(missing) > _CACHED_TERMS:
+                    self._terms.clear()
+                for term, tokens in zip(missing, found, strict=True):
+                    known[term] = self._terms[term] = tuple(tokens)
+        return [known[t] or () for t in terms]
 
 
 _NO_SEQS = np.zeros(0, np.int64)
@@ -278,8 +287,7 @@ class Postings:
         """
         terms = lexical.query_terms(text)
         phrases: list[tuple[NDArray[np.int64], NDArray[np.int32]]] = []
-        for term in terms:
-            tokens = self._tokenizer.term(term)
+        for tokens in self._tokenizer.terms(terms):
             if len(tokens) > 1:
                 return None
             # A term with no token is a phrase matching nothing (FTS5 does the same).
