@@ -42,6 +42,7 @@ __all__ = [
     "search",
     "search_with_mass",
     "term_stats",
+    "tokenizer",
 ]
 
 Stemmer = Literal["porter", "none"]
@@ -62,15 +63,10 @@ def schema(stemmer: Stemmer) -> tuple[str, ...]:
     replaced by ``INSERT OR REPLACE`` does not fire the delete trigger unless
     ``recursive_triggers`` is on, so writers delete explicitly before they insert.
     """
-    if stemmer not in STEMMERS:
-        raise ValueError(f"unknown stemmer {stemmer!r}")
-    tokenize = "unicode61 remove_diacritics 2"
-    if stemmer == "porter":
-        tokenize = f"porter {tokenize}"
     t = FTS_TABLE
     return (
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {t} USING fts5(text, content='documents',"
-        f" content_rowid='seq', tokenize='{tokenize}')",
+        f" content_rowid='seq', tokenize='{tokenizer(stemmer)}')",
         f"CREATE TRIGGER IF NOT EXISTS {t}_ai AFTER INSERT ON documents BEGIN"
         f" INSERT INTO {t}(rowid, text) VALUES (new.seq, new.text); END",
         f"CREATE TRIGGER IF NOT EXISTS {t}_ad AFTER DELETE ON documents BEGIN"
@@ -79,6 +75,14 @@ def schema(stemmer: Stemmer) -> tuple[str, ...]:
         f" INSERT INTO {t}({t}, rowid, text) VALUES ('delete', old.seq, old.text);"
         f" INSERT INTO {t}(rowid, text) VALUES (new.seq, new.text); END",
     )
+
+
+def tokenizer(stemmer: Stemmer) -> str:
+    """The FTS5 ``tokenize`` option of an index with this stemmer."""
+    if stemmer not in STEMMERS:
+        raise ValueError(f"unknown stemmer {stemmer!r}")
+    tokenize = "unicode61 remove_diacritics 2"
+    return f"porter {tokenize}" if stemmer == "porter" else tokenize
 
 
 def query_terms(text: str) -> list[str]:

@@ -295,9 +295,9 @@ class Collection(Generic[C]):
         cosine = {
             int(s): float(c) for s, c in zip(dense_seqs, dense_scores, strict=True)
         }
-        # Every match at once: a pool member's BM25 is then a lookup. Only the ranks
-        # to LEXICAL_DEPTH and the BM25 top-n are used, so terms in half the
-        # collection (IDF floored, ~0 to any score) need not be scanned.
+        # Every match at once (from the store's in-memory postings): a pool
+        # member's BM25 is then a lookup. ``depth`` matters only to a query that
+        # FTS5 answers itself (a term it splits into a phrase).
         lex, idf_mass = store.lexical_search(
             text, None, allowed, depth=max(n, LEXICAL_DEPTH)
         )

@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
+from app.collections.postings import Postings
 from app.exceptions import InsufficientStorageError, NotFoundError
 
 logger = logging.getLogger(__name__)
@@ -283,6 +284,14 @@ class CollectionStore:
     serialises its use (SQLite transactions are per connection). The connection is
     opened lazily and may be closed by :class:`OpenConnections` while idle; it is
     reopened (never created: ``mode=rw``) on the next use.
+
+    Lexical searches are answered from an in-memory copy of the FTS5 postings
+    (:class:`Postings`), built on the first search. The store's own document writes
+    update it after they commit, under the mutex; a commit by any other connection
+    (``PRAGMA data_version`` moves) or a reopened connection makes the next search
+    rebuild it, so it never answers from a state the file has left. Searching it
+    needs the mutex only for that check, and the caller must keep writes out while
+    a search scores (``Collection`` does, with its read-write lock).
     """
 
     def __init__(
@@ -299,6 +308,8 @@ class CollectionStore:
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._upgraded = False  # the version-2 tables exist
+        self._postings: Postings | None = None
+        self._postings_version = -1  # ``PRAGMA data_version`` the postings are of
 
     @contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:
@@ -337,6 +348,45 @@ class CollectionStore:
         with self._use() as conn, _Transaction(conn):
             yield conn
 
+    @contextmanager
+    def _write_documents(self) -> Iterator[tuple[sqlite3.Connection, _Changes]]:
+        """:meth:`_write` for ``documents``; the changes reach the postings on commit.
+
+        Still under the mutex, so no search sees the file ahead of the postings.
+        """
+        changes = _Changes([], [])
+        with self._use() as conn:
+            with _Transaction(conn):
+                yield conn, changes
+            if self._postings is not None:
+                try:
+                    self._postings.apply(changes.removed, changes.added)
+                except BaseException:
+                    self._drop_postings()  # rebuilt from the file on the next search
+                    raise
+
+    def _drop_postings(self) -> None:
+        self._postings = None  # a search still scoring keeps its reference
+
+    def _fresh_postings(self, conn: sqlite3.Connection) -> Postings:
+        """The postings, rebuilt if another connection committed since (under the mutex)."""
+        version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+        if self._postings is None or version != self._postings_version:
+            row = conn.execute(
+                "SELECT value FROM meta WHERE key = 'stemmer'"
+            ).fetchone()
+            started = time.perf_counter()
+            stemmer = json.loads(row[0]) if row else DEFAULT_STEMMER
+            self._postings = Postings.build(conn, stemmer)
+            self._postings_version = version
+            logger.debug(
+                "lexical postings of %s: %d documents in %.2fs",
+                self.path,
+                self._postings.count,
+                time.perf_counter() - started,
+            )
+        return self._postings
+
     def release_connection(self) -> bool:
         """Close the connection if the store is idle (for the LRU); False if busy."""
         if not self._mutex.acquire(blocking=False):
@@ -345,6 +395,9 @@ class CollectionStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                # data_version is per connection, and an idle store's postings are
+                # memory best given back.
+                self._drop_postings()
             return True
         finally:
             self._mutex.release()
@@ -369,7 +422,7 @@ class CollectionStore:
         so that the index can drop the old vector and add the new one.
         """
         now = time.time()
-        with self._write() as conn:
+        with self._write_documents() as (conn, changes):
             ids = [d.id for d in docs]
             removed = list(_seqs_by_id(conn, ids).values())
             # Deleted explicitly (not by REPLACE) so the lexical index's trigger fires.
@@ -393,14 +446,17 @@ class CollectionStore:
                     ),
                 )
                 new.append(int(cur.fetchone()[0]))
+            changes.removed.extend(removed)
+            changes.added.extend(zip(new, (d.text for d in docs), strict=True))
         return removed, new
 
     def delete(self, doc_id: str) -> int | None:
         """Delete one document; return its seq, or None if it did not exist."""
-        with self._write() as conn:
+        with self._write_documents() as (conn, changes):
             row = conn.execute(
                 "DELETE FROM documents WHERE id = ? RETURNING seq", (doc_id,)
             ).fetchone()
+            changes.removed.extend([] if row is None else [int(row[0])])
         return None if row is None else int(row[0])
 
     def get(self, doc_id: str) -> StoredDocument | None:
@@ -437,8 +493,16 @@ class CollectionStore:
     ) -> tuple[lexical.LexicalHits, float]:
         """Top-``n`` seqs by BM25 (all matches if None) and the query's IDF mass.
 
-        Only the first ``depth`` hits are those of the full query (``lexical.search``).
+        Exactly ``lexical.search`` and ``lexical.idf_mass``, from the in-memory
+        postings. A query with a term FTS5 splits into several tokens (a phrase) goes
+        to FTS5 itself, where only the first ``depth`` hits are those of the full
+        query (``lexical.search_with_mass``).
         """
+        with self._use() as conn:
+            postings = self._fresh_postings(conn)
+        found = postings.search(text, n, allowed)
+        if found is not None:
+            return found
         with self._use() as conn:
             return lexical.search_with_mass(conn, text, n, allowed, depth=depth)
 
@@ -505,21 +569,23 @@ class CollectionStore:
         index); the lexical index follows by its delete trigger.
         """
         condition, params = _metadata_condition(where)
-        with self._write() as conn:
+        with self._write_documents() as (conn, changes):
             rows = conn.execute(
                 f"DELETE FROM documents WHERE {condition} RETURNING seq", params
             ).fetchall()
-        return [int(r[0]) for r in rows]
+            changes.removed.extend(int(r[0]) for r in rows)
+        return changes.removed
 
     def delete_ids(self, ids: Sequence[str]) -> list[int]:
         """Delete, in one transaction, the documents among ``ids``; their seqs."""
-        with self._write() as conn:
-            return [
+        with self._write_documents() as (conn, changes):
+            changes.removed.extend(
                 int(seq)
                 for (seq,) in _in_chunks(
                     conn, "DELETE FROM documents WHERE id IN", ids, " RETURNING seq"
                 )
-            ]
+            )
+        return changes.removed
 
     def iter_vectors(
         self, batch: int = 4096
@@ -761,11 +827,20 @@ class CollectionStore:
         """Close the connection (checkpointing the WAL) for good."""
         with self._mutex:
             self._closed = True
+            self._drop_postings()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
         if self._connections is not None:
             self._connections.forget(self)
+
+
+@dataclass(frozen=True)
+class _Changes:
+    """What a transaction did to ``documents``: removed seqs, added (seq, text)."""
+
+    removed: list[int]
+    added: list[tuple[int, str]]
 
 
 class _Transaction:
