@@ -47,7 +47,8 @@ class SystemService(Part):
             reasons=reasons,
         )
         if detailed:
-            answer.collections = len(self.registry.names())
+            # a storage that does not answer cannot list its collections
+            answer.collections = None if storage else len(self.registry.names())
             answer.unavailable = [
                 UnavailableCollection(name=u.name, reason=u.reason) for u in broken
             ]
