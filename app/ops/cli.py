@@ -426,16 +426,35 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_storage_only(command: str, settings: Any) -> None:
+    """Refuse a command that works on local collection files under another backend.
+
+    With ``NORMCAL_STORAGE=milvus`` the collections live in Milvus: acting on the
+    data dir would change files no server reads, and say it succeeded.
+    """
+    if settings.storage != "local":
+        raise CliError(
+            EXIT_USAGE,
+            f"{command} works on local collection files, but NORMCAL_STORAGE="
+            f"{settings.storage} keeps collections in Milvus at "
+            f"{settings.milvus_uri}; back up and restore them with milvus-backup "
+            "(https://github.com/zilliztech/milvus-backup) instead",
+        )
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
     """Install a snapshot file as a collection, offline (the server must be stopped).
 
     The running server restores through ``POST .../snapshots/{id}/restore`` instead:
-    it must reopen the collection, which a file swapped under it would not do.
+    it must reopen the collection, which a file swapped under it would not do. Local
+    storage only: Milvus collections are backed up with Milvus's own tools.
     """
     from app.collections.registry import restore_offline
     from app.exceptions import InvalidRequestError, NormcalError
 
-    data_dir = args.data_dir if args.data_dir is not None else _settings().data_dir
+    settings = _settings()
+    _local_storage_only("restore", settings)
+    data_dir = args.data_dir if args.data_dir is not None else settings.data_dir
     if not args.snapshot.is_file():
         raise CliError(EXIT_INPUT, f"{args.snapshot}: no such snapshot file")
     try:

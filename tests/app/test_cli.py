@@ -382,3 +382,26 @@ def test_serve_honours_normcal_host_and_port(tmp_path):
     finally:
         proc.terminate()  # uvicorn re-raises SIGTERM after its graceful shutdown
         proc.wait(60)
+
+
+def test_restore_is_refused_on_milvus_storage_and_touches_nothing(tmp_path):
+    """Local-only: with NORMCAL_STORAGE=milvus, one line naming what to use instead."""
+    snapshot = tmp_path / "kb.snapshot"
+    snapshot.write_bytes(b"not read")
+    data_dir = tmp_path / "data"
+    uri = tmp_path / "milvus.db"
+    code, err = _cli(
+        "restore",
+        snapshot,
+        "--collection",
+        "kb",
+        "--data-dir",
+        data_dir,
+        NORMCAL_STORAGE="milvus",
+        NORMCAL_MILVUS_URI=str(uri),
+    )
+    line = _one_line_error(err)
+    assert code == EXIT_USAGE, err
+    assert "NORMCAL_STORAGE=milvus" in line and str(uri) in line
+    assert "milvus-backup" in line
+    assert not data_dir.exists() and not uri.exists()
