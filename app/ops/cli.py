@@ -270,7 +270,11 @@ def _judgments(
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    """Fit a calibrator on the server from a BEIR split's qrels."""
+    """Fit a calibrator on the server from a BEIR split's qrels.
+
+    ``--no-wait`` starts a fit job instead and prints its id and URL: a long fit
+    then survives the CLI, a proxy's timeout or a closed laptop.
+    """
     from tqdm import tqdm
 
     from app.ops.inputs import InputError, read_judged
@@ -281,8 +285,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise _input_error(error) from None
     judgments = _judgments(queries, qrels, args.split)
     n_texts = len({j["query"] for j in judgments})
+    options: dict[str, Any] = {
+        "method": args.method,
+        "k": args.k,
+        "abstain_target": args.abstain_target,
+        "allow_reorder": not args.query_side_only,
+    }
     with _api(args.url, timeout=3600) as client:
         client.get_collection(args.collection)  # unreachable or unknown: say so now
+        if args.no_wait:
+            job = client.start_fit(args.collection, judgments, **options)
+            url = f"{args.url.rstrip('/')}/v1/collections/{args.collection}"
+            print(f"fit job {job.id} {job.status}: {url}/fit-jobs/{job.id}")
+            return 0
         with (
             ThreadPoolExecutor(1) as pool,
             tqdm(
@@ -290,13 +305,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             ) as bar,
         ):
             future = pool.submit(
-                client.fit_calibrator,
-                args.collection,
-                judgments,
-                method=args.method,
-                k=args.k,
-                abstain_target=args.abstain_target,
-                allow_reorder=not args.query_side_only,
+                client.fit_calibrator, args.collection, judgments, **options
             )
             while not wait([future], timeout=1.0).done:  # one request: show it lives
                 bar.update(1)
@@ -615,6 +624,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only query-side terms (allow_reorder: false): probabilities stay "
         "monotone in cosine within a query, at the cost of BM25 evidence",
+    )
+    fit.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="start a fit job and print its id and URL, without waiting for it "
+        "(GET the URL for its progress and calibrator)",
     )
     _add_url(fit)
     fit.set_defaults(func=cmd_fit)
