@@ -12,7 +12,7 @@
     ├── UnauthorizedError        (missing or wrong API key)
     ├── OverloadedError          (CPU pool saturated; retry later)
     ├── CollectionUnavailableError (its file could not be opened; quarantined)
-    ├── StorageUnavailableError  (the data dir cannot be written)
+    ├── StorageUnavailableError  (the data dir cannot be written; Milvus does not answer)
     └── InsufficientStorageError (the disk is full; nothing was written)
 """
 
@@ -99,7 +99,15 @@ class CollectionUnavailableError(NormcalError):
 
 
 class StorageUnavailableError(NormcalError):
-    """The data directory cannot be written (read-only mount, permissions)."""
+    """The data directory cannot be written, or the Milvus backend does not answer.
+
+    ``retry_after`` (seconds) is set when the cause is expected to pass without an
+    operator (Milvus restarting); a read-only data dir does not pass by itself.
+    """
+
+    def __init__(self, detail: str, *, retry_after: int | None = None) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class InsufficientStorageError(NormcalError):

@@ -12,11 +12,16 @@ from pathlib import Path
 
 
 @contextmanager
-def milvus_lite_server(data_dir: Path) -> Iterator[str]:
-    """Run ``milvus-lite server`` on a free loopback port; its URI once it answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def milvus_lite_server(data_dir: Path, port: int | None = None) -> Iterator[str]:
+    """Run ``milvus-lite server`` on ``port`` (default: a free loopback one).
+
+    Yields its URI once it answers; a second server on the same ``data_dir`` and
+    port is the first one restarted.
+    """
+    if port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
     process = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "milvus-lite"),

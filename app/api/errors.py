@@ -135,8 +135,9 @@ async def _domain_handler(request: Request, error: Exception) -> JSONResponse:
     if problem is None:  # pragma: no cover - registered only for mapped classes
         return await _internal_handler(request, error)
     headers = None
-    if isinstance(error, exc.OverloadedError):
-        headers = {"Retry-After": str(error.retry_after)}
+    retry_after = getattr(error, "retry_after", None)  # overload, Milvus outage
+    if retry_after is not None:
+        headers = {"Retry-After": str(retry_after)}
     if isinstance(error, exc.UnauthorizedError):
         headers = {"WWW-Authenticate": "Bearer"}
     errors = None

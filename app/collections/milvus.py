@@ -17,6 +17,12 @@ of it. Reads use the ``Strong`` consistency level, so a write is visible to the 
 read of any client once acknowledged. State updates that read then write (query log
 counts, "activate unless deleted") are serialised within one process only.
 
+Outages: every call into pymilvus goes through one :class:`Guarded` client, which
+turns a failure of Milvus (unreachable, timed out, or failing server-side) into
+:class:`~app.exceptions.StorageUnavailableError` (HTTP 503 with ``Retry-After``), and
+reloads a collection a restarted server left released. pymilvus reconnects by
+itself, so the same process serves again once Milvus is back.
+
 Filters are built from typed values by :func:`metadata_filter`, never by pasting a
 user's string: strings become escaped literals, and every row read back is checked
 against ``where`` in Python too, so a filter can only ever narrow a result.
@@ -34,7 +40,14 @@ from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 from numpy.typing import NDArray
-from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
+from pymilvus import (
+    DataType,
+    Function,
+    FunctionType,
+    MilvusClient,
+    MilvusException,
+)
+from pymilvus.exceptions import ParamError
 
 from app.collections import lexical
 from app.collections.index import IndexType
@@ -45,7 +58,9 @@ from app.exceptions import (
     BackendUnsupportedError,
     ConflictError,
     InvalidRequestError,
+    NormcalError,
     NotFoundError,
+    StorageUnavailableError,
 )
 from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 from calibration.fusion import candidate_pool, lexical_ranks
@@ -66,6 +81,9 @@ _DF_TTL = 60.0  # seconds a cached document frequency may miss other replicas' w
 _NORM_SAMPLE = 5000
 _DUMMY = [1.0, 0.0]  # the state collection's vector: Milvus requires one
 _INT64 = (-(2**63), 2**63 - 1)
+_RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
+_NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
+_NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
 
 
 def milvus_name(name: str, kind: str = _DOCS) -> str:
@@ -182,6 +200,70 @@ class _SeqClock:
 SEQS = _SeqClock()
 
 
+class Guarded:
+    """A ``MilvusClient`` whose every call reports Milvus's failures as normcal's.
+
+    The one place pymilvus errors are translated (see the module docstring):
+
+    * an error pymilvus or the server puts on the request itself (``ParamError``,
+      ``is_input_error``) is normcal's to interpret and passes unchanged: normcal
+      checks users' input before any call, so one reaching Milvus is a bug or a
+      missing engine feature (``create`` turns that into a 422);
+    * a collection not found is a 404 when the wrapped client serves one normcal
+      collection (``collection``), e.g. after another replica dropped it;
+    * a released collection is loaded and the call retried once;
+    * anything else (no connection, timeout, server failure) is a 503 naming Milvus
+      and its URI, never the token; nothing was written that a retry would not
+      converge (upserts are idempotent by id).
+    """
+
+    def __init__(self, client: Any, uri: str, collection: str | None = None) -> None:
+        self.raw = client
+        self._uri = uri
+        self._collection = collection
+
+    def for_collection(self, name: str) -> Guarded:
+        """The same client, reporting a missing Milvus collection as ``name``'s 404."""
+        return Guarded(self.raw, self._uri, name)
+
+    def __getattr__(self, method: str) -> Any:
+        call = getattr(self.raw, method)
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = self._call(call, args, kwargs)
+            except MilvusException as error:
+                ours = self._translate(error)
+                if ours is None:
+                    raise
+                raise ours from error
+            if method.endswith("_iterator"):  # its next() calls Milvus too
+                return Guarded(result, self._uri, self._collection)
+            return result
+
+        return guarded
+
+    def _call(self, call: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except MilvusException as error:
+            if error.code != _NOT_LOADED or not args:
+                raise
+            self.raw.load_collection(args[0])  # args[0]: the collection's name
+            return call(*args, **kwargs)
+
+    def _translate(self, error: MilvusException) -> NormcalError | None:
+        """The error to report for ``error``; None: the caller's to interpret."""
+        if isinstance(error, ParamError) or error.is_input_error:
+            return None
+        if error.code == _NOT_FOUND and self._collection is not None:
+            return NotFoundError("collection", self._collection)
+        return StorageUnavailableError(
+            f"Milvus at {self._uri} is unavailable: {error.message or error}",
+            retry_after=_RETRY_AFTER,
+        )
+
+
 class MilvusStorage(Generic[C]):
     """One Milvus (Lite file or server) holding normcal collections.
 
@@ -200,7 +282,7 @@ class MilvusStorage(Generic[C]):
         hnsw_m: int = 32,
         ef_search: int = 128,
     ) -> None:
-        self.client = MilvusClient(uri=uri, token=token)
+        self.client = Guarded(MilvusClient(uri=uri, token=token), uri)
         self._load_calibrator = load_calibrator
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
@@ -317,7 +399,7 @@ class MilvusStorage(Generic[C]):
 
 
 def _all(
-    client: MilvusClient, milvus: str, filter_: str, fields: list[str]
+    client: Guarded, milvus: str, filter_: str, fields: list[str]
 ) -> list[dict[str, Any]]:
     """Every row matching ``filter_`` (a query iterator: no result-size cap)."""
     iterator = client.query_iterator(
@@ -368,7 +450,7 @@ class MilvusCollection(Generic[C]):
         meta: dict[str, Any],
     ) -> None:
         self.name = name
-        self._client = storage.client
+        self._client = storage.client.for_collection(name)
         self._docs = milvus_name(name, _DOCS)
         self._state = milvus_name(name, _STATE)
         self._ef_search = storage.ef_search
@@ -953,12 +1035,7 @@ class MilvusCollection(Generic[C]):
         """
         key = [_pk("meta", "active_calibrator")]
         with self._reading():
-            try:
-                rows = self._client.get(self._state, ids=key, output_fields=["data"])
-            except MilvusException as error:
-                if not self._client.has_collection(self._state):
-                    raise NotFoundError("collection", self.name) from error
-                raise
+            rows = self._client.get(self._state, ids=key, output_fields=["data"])
         active = rows[0]["data"]["value"] if rows else None
         if active == self.meta.get("active_calibrator"):
             return

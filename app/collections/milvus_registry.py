@@ -9,7 +9,9 @@ Milvus is the truth, not this process: several replicas may serve one Milvus. A
 lookup of a collection this process has not opened opens it (another replica
 created it), and every lookup re-reads the active calibrator with one point query
 (:meth:`MilvusCollection.refresh`), so an activation or a drop by another replica
-is seen on the next request. The name check and the create that follows it are not
+is seen on the next request. When Milvus stops answering, requests get a 503 and
+``/readyz`` says why; pymilvus reconnects by itself, so they are served again once it
+is back (see :class:`~app.collections.milvus.Guarded`). The name check and the create that follows it are not
 atomic across replicas: two replicas creating ``Kb`` and ``kb`` at the same moment
 may both succeed.
 
@@ -176,7 +178,9 @@ class MilvusRegistry(Generic[C]):
             return self._problem
         try:
             storage.client.list_collections()
-        except Exception as error:  # any failure of the round trip
+        except StorageUnavailableError as error:  # the guarded client's outage
+            return error.detail
+        except Exception as error:  # any other failure of the round trip
             return f"Milvus at {self.uri} does not answer: {error}"
         return None
 

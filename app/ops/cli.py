@@ -270,7 +270,11 @@ def _judgments(
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    """Fit a calibrator on the server from a BEIR split's qrels."""
+    """Fit a calibrator on the server from a BEIR split's qrels.
+
+    ``--no-wait`` starts a fit job instead and prints its id and URL: a long fit
+    then survives the CLI, a proxy's timeout or a closed laptop.
+    """
     from tqdm import tqdm
 
     from app.ops.inputs import InputError, read_judged
@@ -281,8 +285,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise _input_error(error) from None
     judgments = _judgments(queries, qrels, args.split)
     n_texts = len({j["query"] for j in judgments})
+    options: dict[str, Any] = {
+        "method": args.method,
+        "k": args.k,
+        "abstain_target": args.abstain_target,
+        "allow_reorder": not args.query_side_only,
+    }
     with _api(args.url, timeout=3600) as client:
         client.get_collection(args.collection)  # unreachable or unknown: say so now
+        if args.no_wait:
+            job = client.start_fit(args.collection, judgments, **options)
+            url = f"{args.url.rstrip('/')}/v1/collections/{args.collection}"
+            print(f"fit job {job.id} {job.status}: {url}/fit-jobs/{job.id}")
+            return 0
         with (
             ThreadPoolExecutor(1) as pool,
             tqdm(
@@ -290,13 +305,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             ) as bar,
         ):
             future = pool.submit(
-                client.fit_calibrator,
-                args.collection,
-                judgments,
-                method=args.method,
-                k=args.k,
-                abstain_target=args.abstain_target,
-                allow_reorder=not args.query_side_only,
+                client.fit_calibrator, args.collection, judgments, **options
             )
             while not wait([future], timeout=1.0).done:  # one request: show it lives
                 bar.update(1)
@@ -426,16 +435,35 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_storage_only(command: str, settings: Any) -> None:
+    """Refuse a command that works on local collection files under another backend.
+
+    With ``NORMCAL_STORAGE=milvus`` the collections live in Milvus: acting on the
+    data dir would change files no server reads, and say it succeeded.
+    """
+    if settings.storage != "local":
+        raise CliError(
+            EXIT_USAGE,
+            f"{command} works on local collection files, but NORMCAL_STORAGE="
+            f"{settings.storage} keeps collections in Milvus at "
+            f"{settings.milvus_uri}; back up and restore them with milvus-backup "
+            "(https://github.com/zilliztech/milvus-backup) instead",
+        )
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
     """Install a snapshot file as a collection, offline (the server must be stopped).
 
     The running server restores through ``POST .../snapshots/{id}/restore`` instead:
-    it must reopen the collection, which a file swapped under it would not do.
+    it must reopen the collection, which a file swapped under it would not do. Local
+    storage only: Milvus collections are backed up with Milvus's own tools.
     """
     from app.collections.registry import restore_offline
     from app.exceptions import InvalidRequestError, NormcalError
 
-    data_dir = args.data_dir if args.data_dir is not None else _settings().data_dir
+    settings = _settings()
+    _local_storage_only("restore", settings)
+    data_dir = args.data_dir if args.data_dir is not None else settings.data_dir
     if not args.snapshot.is_file():
         raise CliError(EXIT_INPUT, f"{args.snapshot}: no such snapshot file")
     try:
@@ -596,6 +624,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only query-side terms (allow_reorder: false): probabilities stay "
         "monotone in cosine within a query, at the cost of BM25 evidence",
+    )
+    fit.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="start a fit job and print its id and URL, without waiting for it "
+        "(GET the URL for its progress and calibrator)",
     )
     _add_url(fit)
     fit.set_defaults(func=cmd_fit)

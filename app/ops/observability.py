@@ -29,6 +29,8 @@ from prometheus_client.registry import Collector
 from starlette.routing import Route, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.exceptions import StorageUnavailableError
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -87,7 +89,12 @@ class _CollectionCollector(Collector):
             "Collections quarantined at start-up (file could not be opened).",
         )
         registry = self.registry
-        names = registry.names() if registry is not None else []
+        try:
+            names = registry.names() if registry is not None else []
+        except (
+            StorageUnavailableError
+        ):  # Milvus does not answer: no per-collection rows
+            names = []
         unavailable.add_metric([], len(registry.unavailable()) if registry else 0)
         for name in names:
             assert registry is not None

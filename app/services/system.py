@@ -12,7 +12,7 @@ from app.api.schemas.health import (
     VersionInfo,
 )
 from app.embedding import InputType
-from app.exceptions import NotFoundError
+from app.exceptions import NotFoundError, StorageUnavailableError
 from app.profiles import shipped_profiles
 from app.services.context import Part
 
@@ -47,7 +47,10 @@ class SystemService(Part):
             reasons=reasons,
         )
         if detailed:
-            answer.collections = len(self.registry.names())
+            try:
+                answer.collections = len(self.registry.names())
+            except StorageUnavailableError:  # Milvus does not answer: no count
+                pass
             answer.unavailable = [
                 UnavailableCollection(name=u.name, reason=u.reason) for u in broken
             ]

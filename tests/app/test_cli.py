@@ -382,3 +382,51 @@ def test_serve_honours_normcal_host_and_port(tmp_path):
     finally:
         proc.terminate()  # uvicorn re-raises SIGTERM after its graceful shutdown
         proc.wait(60)
+
+
+def test_restore_is_refused_on_milvus_storage_and_touches_nothing(tmp_path):
+    """Local-only: with NORMCAL_STORAGE=milvus, one line naming what to use instead."""
+    snapshot = tmp_path / "kb.snapshot"
+    snapshot.write_bytes(b"not read")
+    data_dir = tmp_path / "data"
+    uri = tmp_path / "milvus.db"
+    code, err = _cli(
+        "restore",
+        snapshot,
+        "--collection",
+        "kb",
+        "--data-dir",
+        data_dir,
+        NORMCAL_STORAGE="milvus",
+        NORMCAL_MILVUS_URI=str(uri),
+    )
+    line = _one_line_error(err)
+    assert code == EXIT_USAGE, err
+    assert "NORMCAL_STORAGE=milvus" in line and str(uri) in line
+    assert "milvus-backup" in line
+    assert not data_dir.exists() and not uri.exists()
+
+
+def test_fit_no_wait_prints_the_job_and_its_url(tmp_path, embedder, beir_dir, capsys):
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        url = server.url
+        assert main(["ingest", str(beir_dir), "--collection", "toy", "--url", url]) == 0
+        capsys.readouterr()
+        argv = ["fit", str(beir_dir), "--collection", "toy", "--url", url]
+        code = main([*argv, "--k", "6", "--method", "platt", "--no-wait"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        found = re.fullmatch(r"fit job (\S+) (queued|running|succeeded): (\S+)\n", out)
+        assert found is not None, out
+        job_id, job_url = found[1], found[3]
+        assert job_url == f"{url}/v1/collections/toy/fit-jobs/{job_id}"
+        with NormcalClient(url) as client:
+            job = client.wait_fit_job("toy", job_id, timeout=300, poll_interval=0.2)
+        assert job.status == "succeeded", job.error
+        assert httpx.get(job_url).json()["status"] == "succeeded"
+        calibrator = httpx.get(f"{url}/v1/collections/toy").json()["calibrator"]
+        assert calibrator["method"] == "platt" and calibrator["default"] is False
+        # a bad request is still refused at once, with the problem in one line
+        assert main([*argv[:3], "nope", *argv[4:], "--no-wait"]) == EXIT_API
+        assert "404" in capsys.readouterr().err
