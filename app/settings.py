@@ -124,6 +124,13 @@ class Settings(BaseSettings):
     embed_batch_size: int = Field(
         32, ge=1, le=1024, description="texts per forward pass (and per shared pass)"
     )
+    embed_max_batch_tokens: int = Field(
+        512,
+        ge=16,
+        le=65536,
+        description="padded tokens per forward pass (rows x longest text): long texts "
+        "go a few at a time, short ones up to NORMCAL_EMBED_BATCH_SIZE",
+    )
     embed_batching: bool = Field(
         True,
         description="concurrent requests share forward passes (app.embedding.batching)",

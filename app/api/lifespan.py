@@ -44,6 +44,7 @@ def load_embedder(settings: Settings) -> Embedder:
             model_name=settings.model_name,
             prompts=prompts,
             batch_size=settings.embed_batch_size,
+            max_batch_tokens=settings.embed_max_batch_tokens,
             threads=settings.onnx_threads,
         )
     return SentenceTransformerEmbedder(
@@ -51,6 +52,7 @@ def load_embedder(settings: Settings) -> Embedder:
         model_name=settings.model_name,
         prompts=prompts,
         batch_size=settings.embed_batch_size,
+        max_batch_tokens=settings.embed_max_batch_tokens,
         device=settings.device,
     )
 

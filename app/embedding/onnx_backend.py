@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from app.embedding.base import EmbeddingBatch, InputType
+from app.embedding.base import EmbeddingBatch, InputType, forward_passes
 from app.embedding.identity import model_identity
 
 if TYPE_CHECKING:
@@ -142,7 +142,9 @@ class OnnxEmbedder:
     prompts : dict
         Prefix per input type, as for the torch backend.
     batch_size : int
-        Texts per forward pass; texts are sorted by length so batches pad little.
+        Most texts per forward pass (see :func:`~app.embedding.base.forward_passes`).
+    max_batch_tokens : int
+        Most padded tokens per forward pass.
     threads : int
         ONNX Runtime intra-op threads; 0 lets it choose (one per core).
     """
@@ -156,6 +158,7 @@ class OnnxEmbedder:
         prompts: dict[InputType, str] | None = None,
         batch_size: int = 32,
         threads: int = 0,
+        max_batch_tokens: int = 512,
     ) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -185,6 +188,7 @@ class OnnxEmbedder:
         self.model_id = model_identity(model_dir)
         self.prompts: dict[InputType, str] = dict(prompts or {})
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_seq_length = config.max_seq_length
         self.dim = config.dim
 
@@ -199,9 +203,7 @@ class OnnxEmbedder:
         # Truncation keeps the first max_seq_length tokens; the rest overflow.
         truncated = np.array([bool(e.overflowing) for e in encodings], dtype=bool)
         pooled = np.empty((len(inputs), self.dim), dtype=np.float64)
-        order = np.argsort(-lengths, kind="stable")
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        for rows in forward_passes(lengths, self.batch_size, self.max_batch_tokens):
             pooled[rows] = self._forward([encodings[i] for i in rows])
         return EmbeddingBatch.from_pooled(pooled, lengths, truncated)
 

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 from numpy.typing import NDArray
 
-from app.embedding.base import EmbeddingBatch, InputType, require
+from app.embedding.base import EmbeddingBatch, InputType, forward_passes, require
 from app.embedding.identity import model_identity
 
 
@@ -30,7 +30,9 @@ class SentenceTransformerEmbedder:
     prompts : dict
         Prefix per input type, e.g. ``{"query": "query: ", "document": "passage: "}``.
     batch_size : int
-        Texts per forward pass; the library sorts texts by length within a call.
+        Most texts per forward pass (see :func:`~app.embedding.base.forward_passes`).
+    max_batch_tokens : int
+        Most padded tokens per forward pass.
     device : str
         Torch device.
     """
@@ -42,6 +44,7 @@ class SentenceTransformerEmbedder:
         model_name: str,
         prompts: dict[InputType, str] | None = None,
         batch_size: int = 32,
+        max_batch_tokens: int = 512,
         device: str = "cpu",
     ) -> None:
         require(
@@ -75,6 +78,7 @@ class SentenceTransformerEmbedder:
         self.model_id = model_identity(model_path)
         self.prompts: dict[InputType, str] = dict(prompts or {})
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_seq_length = int(model.max_seq_length or 512)
         get_dim = getattr(model, "get_embedding_dimension", None) or (
             model.get_sentence_embedding_dimension
@@ -98,14 +102,15 @@ class SentenceTransformerEmbedder:
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         if not inputs:
             return EmbeddingBatch.empty(self.dim)
-        raw = self._model.encode(
-            inputs,
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=False,
-            show_progress_bar=False,
-        )
         full = self.token_counts(inputs)
-        return EmbeddingBatch.from_pooled(
-            raw, np.minimum(full, self.max_seq_length), full > self.max_seq_length
-        )
+        seen = np.minimum(full, self.max_seq_length)
+        raw = np.empty((len(inputs), self.dim), dtype=np.float32)
+        for rows in forward_passes(seen, self.batch_size, self.max_batch_tokens):
+            raw[rows] = self._model.encode(
+                [inputs[i] for i in rows],
+                batch_size=len(rows),
+                convert_to_numpy=True,
+                normalize_embeddings=False,
+                show_progress_bar=False,
+            )
+        return EmbeddingBatch.from_pooled(raw, seen, full > self.max_seq_length)

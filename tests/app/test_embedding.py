@@ -76,3 +76,37 @@ def test_prompts_change_only_their_side(embedder):
     assert prompted.embed(["cats"], "document").norms[0] == pytest.approx(
         embedder.embed(["cats"], "document").norms[0]
     )
+
+
+@pytest.mark.parametrize(
+    ("lengths", "max_rows", "max_tokens"),
+    [
+        ([256] * 40 + [12] * 100, 32, 512),
+        ([300, 5, 300, 40, 1, 0, 77], 4, 100),
+        ([10] * 7, 3, 10_000),
+        ([], 32, 512),
+    ],
+)
+def test_forward_passes_respect_both_bounds(lengths, max_rows, max_tokens):
+    from app.embedding.base import forward_passes
+
+    lengths = np.array(lengths, dtype=np.int64)
+    passes = forward_passes(lengths, max_rows, max_tokens)
+    seen = np.concatenate(passes) if passes else np.zeros(0, np.int64)
+    assert sorted(seen.tolist()) == list(range(lengths.size))  # each text once
+    assert list(lengths[seen]) == sorted(lengths, reverse=True)  # longest first
+    for rows in passes:
+        assert 1 <= rows.size <= max_rows
+        # Within the budget, unless one text alone is over it.
+        assert rows.size == 1 or rows.size * lengths[rows].max() <= max_tokens
+
+
+def test_passes_of_a_few_long_texts_give_the_same_embeddings(embedder, monkeypatch):
+    texts = [("calibrated retrieval " * n).strip() for n in (3, 120, 40, 1, 90, 7)]
+    monkeypatch.setattr(embedder, "max_batch_tokens", 16)  # each text alone
+    apart = embedder.embed(texts, "document")
+    monkeypatch.setattr(embedder, "max_batch_tokens", 1 << 20)  # one pass of six
+    together = embedder.embed(texts, "document")
+    np.testing.assert_allclose(apart.norms, together.norms, rtol=1e-5)
+    np.testing.assert_allclose(apart.vectors, together.vectors, atol=1e-5)
+    np.testing.assert_array_equal(apart.n_tokens, together.n_tokens)
