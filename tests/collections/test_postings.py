@@ -290,6 +290,7 @@ def test_a_reopened_connection_rebuilds(registry) -> None:
     collection = registry.create("kb")
     path = registry.file_of("kb")
     collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    _check(collection, path)  # no build holds the store's mutex from here on
     for _ in range(2):  # the second connection's count starts where the first's did
         assert collection._store.release_connection()
         _check(collection, path)
