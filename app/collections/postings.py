@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 
 from app.collections import lexical
 
-__all__ = ["Postings", "Ranking", "Tokenizer"]
+__all__ = ["Postings", "Ranking", "Tokenizer", "top_order"]
 
 K1 = 1.2
 B = 0.75
