@@ -16,6 +16,10 @@ the index, every query term its own phrase (two terms with one stem count twice,
 in FTS5). A term that FTS5 tokenises into several tokens is a phrase query, which
 this index does not answer (:meth:`Postings.search` returns None).
 
+A search wants only the BM25 top of a query (the pool's depth) and the BM25 of a
+few other documents (the dense hits): :meth:`Postings.rank` selects the top with a
+partition and sorts only it, and answers the rest by lookup (:class:`Ranking`).
+
 The owner keeps it fresh (``CollectionStore``): its own writes are applied here
 after they commit (:meth:`Postings.apply`), anything else makes it rebuild.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +37,7 @@ from numpy.typing import NDArray
 
 from app.collections import lexical
 
-__all__ = ["Postings", "Tokenizer"]
+__all__ = ["Postings", "Ranking", "Tokenizer", "top_order"]
 
 K1 = 1.2
 B = 0.75
@@ -149,6 +153,51 @@ class Tokenizer:
 
 _NO_SEQS = np.zeros(0, np.int64)
 _NO_TF = np.zeros(0, np.int32)
+_NO_HITS = lexical.LexicalHits(_NO_SEQS, np.zeros(0))
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """One query's BM25 top (FTS5's order), its IDF mass, and any document's BM25.
+
+    ``bm25_of`` gives the score of each seq among the matches in ``allowed``, 0 for
+    any other, as the full list of matches would.
+    """
+
+    top: lexical.LexicalHits
+    idf_mass: float
+    bm25_of: Callable[[Sequence[int]], NDArray[np.float64]]
+
+    @classmethod
+    def of_hits(
+        cls, hits: lexical.LexicalHits, idf_mass: float, depth: int | None
+    ) -> Ranking:
+        """The ranking of FTS5's full list of matches (best first)."""
+        score = dict(zip(hits.seqs.tolist(), hits.scores.tolist(), strict=True))
+
+        def bm25_of(seqs: Sequence[int]) -> NDArray[np.float64]:
+            return np.array([score.get(int(s), 0.0) for s in seqs], dtype=np.float64)
+
+        top = lexical.LexicalHits(hits.seqs[:depth], hits.scores[:depth])
+        return cls(top, idf_mass, bm25_of)
+
+
+def top_order(scores: NDArray[np.float64], n: int | None) -> NDArray[np.intp]:
+    """Indices of the ``n`` best ``scores``, best first, ties in index order.
+
+    Exactly ``np.argsort(-scores, kind="stable")[:n]``, but only the selected are
+    sorted: the ``n``-th best score is found by a partition, every score above it is
+    taken and then the lowest indices among those equal to it.
+    """
+    if n is None or n >= scores.size:
+        return np.argsort(-scores, kind="stable")
+    if n <= 0:
+        return np.zeros(0, dtype=np.intp)
+    cut = np.partition(-scores, n - 1)[n - 1]
+    above = np.flatnonzero(-scores < cut)
+    tied = np.flatnonzero(-scores == cut)[: n - above.size]
+    chosen = np.sort(np.concatenate((above, tied)))
+    return chosen[np.argsort(-scores[chosen], kind="stable")]
 
 
 class Postings:
@@ -179,25 +228,39 @@ class Postings:
     @classmethod
     def build(cls, conn: sqlite3.Connection, stemmer: lexical.Stemmer) -> Postings:
         """Read the collection's FTS5 index, in one read transaction."""
+        cls.prepare(conn)
+        conn.execute("BEGIN")
+        try:
+            return cls.read(conn, stemmer)
+        finally:
+            conn.execute("COMMIT")
+
+    @staticmethod
+    def prepare(conn: sqlite3.Connection) -> None:
+        """Create the (temporary) ``fts5vocab`` tables :meth:`read` reads."""
         table = lexical.FTS_TABLE
         for kind in ("row", "instance"):
             conn.execute(
                 f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{table}_{kind}"
                 f" USING fts5vocab(main, {table}, '{kind}')"
             )
-        conn.execute("BEGIN")
-        try:
-            seqs = np.fromiter(
-                (r[0] for r in conn.execute(f"SELECT id FROM {table}_docsize")),
-                dtype=np.int64,
-            )
-            rows = conn.execute(f"SELECT term, cnt FROM temp.{table}_row").fetchall()
-            docs = np.fromiter(
-                (r[0] for r in conn.execute(f"SELECT doc FROM temp.{table}_instance")),
-                dtype=np.int64,
-            )
-        finally:
-            conn.execute("COMMIT")
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection, stemmer: lexical.Stemmer) -> Postings:
+        """Read the index after :meth:`prepare`, inside the caller's read transaction.
+
+        Three statements: outside one transaction, they could see three states.
+        """
+        table = lexical.FTS_TABLE
+        seqs = np.fromiter(
+            (r[0] for r in conn.execute(f"SELECT id FROM {table}_docsize")),
+            dtype=np.int64,
+        )
+        rows = conn.execute(f"SELECT term, cnt FROM temp.{table}_row").fetchall()
+        docs = np.fromiter(
+            (r[0] for r in conn.execute(f"SELECT doc FROM temp.{table}_instance")),
+            dtype=np.int64,
+        )
         size = int(seqs.max()) + 1 if seqs.size else 0
         tokens = _group([r[0] for r in rows], [r[1] for r in rows], docs, size)
         return cls(Tokenizer(stemmer), tokens, seqs)
@@ -277,12 +340,13 @@ class Postings:
             seqs, tf = seqs[keep], tf[keep]
         return seqs, tf
 
-    def search(
-        self, text: str, n: int | None, allowed: NDArray[np.int64] | None
-    ) -> tuple[lexical.LexicalHits, float] | None:
-        """``lexical.search(conn, text, n, allowed)`` and ``lexical.idf_mass``.
+    def rank(
+        self, text: str, allowed: NDArray[np.int64] | None, depth: int | None
+    ) -> Ranking | None:
+        """The query's ranking among ``allowed``, its top ``depth`` long.
 
-        None when a query term is several tokens to FTS5 (a phrase query), which only
+        The top is ``lexical.search(conn, text, depth, allowed)`` (every match if
+        ``depth`` is None), the mass ``lexical.idf_mass``. None when a query term is several tokens to FTS5 (a phrase query), which only
         FTS5 answers.
         """
         terms = lexical.query_terms(text)
@@ -294,24 +358,33 @@ class Postings:
             phrases.append(self._posting(tokens[0]) if tokens else (_NO_SEQS, _NO_TF))
         stats = lexical.TermStats(terms, self._count, [s.size for s, _ in phrases])
         mass = stats.idf_mass()
-        if not terms or (n is not None and n <= 0) or self._count == 0:
-            return lexical.LexicalHits(_NO_SEQS, np.zeros(0)), mass
-        if allowed is not None and allowed.size == 0:
-            return lexical.LexicalHits(_NO_SEQS, np.zeros(0)), mass
-        return self._score(phrases, n, allowed), mass
+        if not terms or self._count == 0:
+            return Ranking.of_hits(_NO_HITS, mass, depth)
+        scores = self._score(phrases, allowed)
+        matched = np.flatnonzero(scores)  # seq order: FTS5's row order
+        order = top_order(scores[matched], depth)
+        top = lexical.LexicalHits(
+            matched[order].astype(np.int64), scores[matched][order]
+        )
+
+        def bm25_of(seqs: Sequence[int]) -> NDArray[np.float64]:
+            at = np.asarray(seqs, dtype=np.int64)
+            inside = (at >= 0) & (at < scores.size)
+            found = np.zeros(at.size)
+            found[inside] = scores[at[inside]]
+            return found
+
+        return Ranking(top, mass, bm25_of)
 
     def _score(
         self,
         phrases: list[tuple[NDArray[np.int64], NDArray[np.int32]]],
-        n: int | None,
         allowed: NDArray[np.int64] | None,
-    ) -> lexical.LexicalHits:
-        """FTS5's ``bm25()`` of every match, in its order of operations.
+    ) -> NDArray[np.float64]:
+        """FTS5's ``bm25()`` of every match in ``allowed`` by seq (0: no match).
 
         Each document's score starts at 0 and adds each phrase's term in query order,
-        as ``fts5Bm25Function`` does (a phrase it lacks adds exactly 0). The matches
-        are then in seq order, FTS5's row order, so a stable sort by score breaks
-        ties as ``lexical.search`` does.
+        as ``fts5Bm25Function`` does (a phrase it lacks adds exactly 0).
         """
         total = self._count
         avgdl = float(self._tokens) / float(total)
@@ -327,9 +400,8 @@ class Postings:
             scores[seqs] += idf * (
                 (freq * (K1 + 1.0)) / (freq + K1 * (1 - B + B * dl / avgdl))
             )
-        matched = np.flatnonzero(scores)
         if allowed is not None:
-            matched = matched[np.isin(matched, allowed)]
-        found = scores[matched]
-        order = np.argsort(-found, kind="stable")[:n]
-        return lexical.LexicalHits(matched[order].astype(np.int64), found[order])
+            keep = np.zeros(scores.size, dtype=bool)
+            keep[allowed[(allowed >= 0) & (allowed < scores.size)]] = True
+            scores[~keep] = 0.0
+        return scores

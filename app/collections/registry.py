@@ -37,6 +37,7 @@ from app.api.schemas.common import COLLECTION_NAME_PATTERN
 from app.collections.index import IndexType, VectorIndex
 from app.collections.store import (
     CollectionStore,
+    LexicalBuilds,
     MetadataValue,
     NewDocument,
     OpenConnections,
@@ -164,6 +165,7 @@ class Collection(Generic[C]):
         self.lock = RWLock()
         self.closed = False
         self.meta: dict[str, Any] = store.get_meta()
+        store.start_lexical()  # in the background; FTS5 answers searches meanwhile
         active = self.meta.get("active_calibrator")
         # Replaced by one assignment on activation: a search reads it once, so it
         # sees either the old calibrator or the new one, never a mix.
@@ -295,31 +297,28 @@ class Collection(Generic[C]):
         cosine = {
             int(s): float(c) for s, c in zip(dense_seqs, dense_scores, strict=True)
         }
-        # Every match at once (from the store's in-memory postings): a pool
-        # member's BM25 is then a lookup. ``depth`` matters only to a query that
-        # FTS5 answers itself (a term it splits into a phrase).
-        lex, idf_mass = store.lexical_search(
-            text, None, allowed, depth=max(n, LEXICAL_DEPTH)
-        )
-        lex_seqs = [int(s) for s in lex.seqs]
+        # The BM25 top the pool and the ranks use, and the BM25 of the dense hits
+        # by lookup (from the store's in-memory postings once they are built).
+        ranking = store.lexical_search(text, allowed, depth=max(n, LEXICAL_DEPTH))
+        lex_seqs = [int(s) for s in ranking.top.seqs]
         seqs = candidate_pool(dense, lex_seqs, n)
         docs = store.get_by_seqs(seqs)
         extra = [s for s in seqs if s not in cosine]
         for seq, vec in store.vectors_of(extra).items():
             cosine[seq] = float(np.dot(vec, vector))
         seqs = [s for s in seqs if s in docs]  # a doc deleted since the search is gone
-        bm25 = dict(zip(lex_seqs, lex.scores.tolist(), strict=True))
         in_dense = set(dense)
         at = {s: i for i, s in enumerate(seqs)}
+        top = ranking.top.scores
         return Pool(
             hits=[Hit(docs[s], cosine[s]) for s in seqs],
             n_dense=sum(1 for s in seqs if s in in_dense),
             lexical_order=[at[s] for s in lex_seqs[:n] if s in at],
             lexical=LexicalEvidence(
-                bm25=np.array([bm25.get(s, 0.0) for s in seqs], dtype=np.float64),
+                bm25=ranking.bm25_of(seqs),
                 rank=lexical_ranks(seqs, lex_seqs),
-                idf_mass=idf_mass,
-                top=float(lex.scores[0]) if lex.scores.size else 0.0,
+                idf_mass=ranking.idf_mass,
+                top=float(top[0]) if top.size else 0.0,
             ),
         )
 
@@ -475,8 +474,10 @@ class CollectionRegistry(Generic[C]):
 
     Names are unique case-insensitively (``Kb`` and ``kb`` would be one file on a
     case-insensitive volume). At most ``max_open`` SQLite connections stay open;
-    the others reopen on their next use. ``load_calibrator`` decodes a stored
-    calibrator's JSON (see the module docstring). ``model_id`` is the serving
+    the others reopen on their next use. At most ``lexical_builds`` in-memory BM25
+    indexes are built at once, in the background (``CollectionStore``).
+    ``load_calibrator`` decodes a stored calibrator's JSON (see the module
+    docstring). ``model_id`` is the serving
     model's identity (``app.embedding.identity``): new collections record it and
     one recorded by another model is refused; None records and checks nothing.
     """
@@ -496,6 +497,7 @@ class CollectionRegistry(Generic[C]):
         ef_search: int = 128,
         synchronous: str = "FULL",
         max_open: int = 128,
+        lexical_builds: int = 1,
     ) -> None:
         self.data_dir = data_dir
         self.model_name = model_name
@@ -505,6 +507,7 @@ class CollectionRegistry(Generic[C]):
         self._index_args = {"hnsw_m": hnsw_m, "ef_search": ef_search}
         self._synchronous = synchronous
         self._connections = OpenConnections(max_open)
+        self._builds = LexicalBuilds(lexical_builds)
         self._load_calibrator = load_calibrator
         self._collections: dict[str, Collection[C]] = {}
         self._unavailable: dict[str, Unavailable] = {}
@@ -725,6 +728,7 @@ class CollectionRegistry(Generic[C]):
                 collection.close()
             self._collections.clear()
             self._unavailable.clear()
+        self._builds.join()
 
     def _open(self, name: str, path: Path) -> Collection[C]:
         """Validate read-only, then open for writing (``UnusableStoreError``)."""
@@ -752,7 +756,10 @@ class CollectionRegistry(Generic[C]):
 
     def _new_store(self, path: Path) -> CollectionStore:
         return CollectionStore(
-            path, synchronous=self._synchronous, connections=self._connections
+            path,
+            synchronous=self._synchronous,
+            connections=self._connections,
+            builds=self._builds,
         )
 
     def _check_free(self, name: str) -> None:

@@ -17,8 +17,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
-from app.collections.postings import Postings
+from app.collections.postings import Postings, Ranking
 from app.exceptions import InsufficientStorageError, NotFoundError
 
 logger = logging.getLogger(__name__)
@@ -277,6 +277,95 @@ class OpenConnections:
         return len(self._lru)
 
 
+class _Build:
+    """One background build of a store's postings (see ``CollectionStore``).
+
+    ``deltas`` collects the store's document writes that commit after the build's
+    snapshot was taken (None before), in commit order. ``conn`` is the build's own
+    read-only connection while it is open (``_lock`` guards it against a cancel).
+    """
+
+    def __init__(self, run: Callable[[_Build], None]) -> None:
+        self.run = run
+        self.done = threading.Event()
+        self.deltas: list[tuple[list[int], list[tuple[int, str]]]] | None = None
+        self.conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def open(self, uri: str) -> sqlite3.Connection:
+        with self._lock:
+            self.conn = sqlite3.connect(
+                uri, uri=True, check_same_thread=False, isolation_level=None
+            )
+            return self.conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+    def interrupt(self) -> None:
+        """Abort the statement the build is running, if any (from another thread)."""
+        with self._lock:
+            if self.conn is not None:
+                self.conn.interrupt()
+
+
+class LexicalBuilds:
+    """Runs postings builds off the request path, at most ``limit`` at once.
+
+    One instance serves every collection of a registry, first come first served. A
+    worker thread is started when a build is queued and fewer than ``limit`` run;
+    it exits once the queue is empty, so an idle service holds no build thread.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: deque[_Build] = deque()
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, build: _Build) -> None:
+        """Queue a build, starting a worker if fewer than ``limit`` run."""
+        with self._lock:
+            self._queue.append(build)
+            if len(self._workers) < self.limit:
+                worker = threading.Thread(
+                    target=self._work, name="lexical-build", daemon=True
+                )
+                self._workers.append(worker)
+                worker.start()
+
+    def cancel(self, build: _Build) -> bool:
+        """Take a queued build off the queue; False if it already started."""
+        with self._lock:
+            if build not in self._queue:
+                return False
+            self._queue.remove(build)
+        build.done.set()
+        return True
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._workers.remove(threading.current_thread())
+                    return
+                build = self._queue.popleft()
+            try:
+                build.run(build)
+            finally:
+                build.done.set()
+
+    def join(self) -> None:
+        """Wait for the workers to exit (the caller has cancelled what it owns)."""
+        with self._lock:
+            workers = list(self._workers)
+        for worker in workers:
+            worker.join()
+
+
 class CollectionStore:
     """The SQLite file of one collection.
 
@@ -286,12 +375,20 @@ class CollectionStore:
     reopened (never created: ``mode=rw``) on the next use.
 
     Lexical searches are answered from an in-memory copy of the FTS5 postings
-    (:class:`Postings`), built on the first search. The store's own document writes
-    update it after they commit, under the mutex; a commit by any other connection
-    (``PRAGMA data_version`` moves) or a reopened connection makes the next search
-    rebuild it, so it never answers from a state the file has left. Searching it
-    needs the mutex only for that check, and the caller must keep writes out while
-    a search scores (``Collection`` does, with its read-write lock).
+    (:class:`Postings`) once it is built, and by FTS5 itself until then. The build
+    runs in the background (:class:`LexicalBuilds`), on its own read-only connection
+    and in one read transaction begun under the mutex, so its snapshot holds exactly
+    the store's writes committed before; those committing later are queued and
+    applied, in order, when the built postings are swapped in under the mutex. A
+    commit by any other connection (``PRAGMA data_version`` moves) drops the
+    postings or discards the build that it overtook, and the next search starts a
+    new one: under a constant stream of foreign writes searches stay on FTS5. The
+    store's own document writes update the postings after they commit, under the
+    mutex, so they never answer from a state the file has left. A released
+    connection drops them (memory); closing cancels a build and waits for it.
+    Searching them needs the mutex only for the freshness check, and the caller must
+    keep writes out while a search scores (``Collection`` does, with its read-write
+    lock).
     """
 
     def __init__(
@@ -300,16 +397,21 @@ class CollectionStore:
         *,
         synchronous: str = "FULL",
         connections: OpenConnections | None = None,
+        builds: LexicalBuilds | None = None,
     ) -> None:
         self.path = path
         self._synchronous = synchronous
         self._connections = connections
+        self._own_builds = builds is None
+        self._builds = LexicalBuilds(1) if builds is None else builds
         self._mutex = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._upgraded = False  # the version-2 tables exist
         self._postings: Postings | None = None
         self._postings_version = -1  # ``PRAGMA data_version`` the postings are of
+        self._build: _Build | None = None  # the build under way (one at a time)
+        self._failed_version: int | None = None  # a build failed at this version
 
     @contextmanager
     def _use(self) -> Iterator[sqlite3.Connection]:
@@ -358,34 +460,123 @@ class CollectionStore:
         with self._use() as conn:
             with _Transaction(conn):
                 yield conn, changes
+            if self._build is not None and self._build.deltas is not None:
+                self._build.deltas.append((changes.removed, changes.added))
             if self._postings is not None:
                 try:
                     self._postings.apply(changes.removed, changes.added)
                 except BaseException:
-                    self._drop_postings()  # rebuilt from the file on the next search
+                    self._drop_postings()  # rebuilt from the file by the next search
                     raise
 
     def _drop_postings(self) -> None:
         self._postings = None  # a search still scoring keeps its reference
 
-    def _fresh_postings(self, conn: sqlite3.Connection) -> Postings:
-        """The postings, rebuilt if another connection committed since (under the mutex)."""
-        version = int(conn.execute("PRAGMA data_version").fetchone()[0])
-        if self._postings is None or version != self._postings_version:
-            row = conn.execute(
-                "SELECT value FROM meta WHERE key = 'stemmer'"
-            ).fetchone()
-            started = time.perf_counter()
-            stemmer = json.loads(row[0]) if row else DEFAULT_STEMMER
-            self._postings = Postings.build(conn, stemmer)
-            self._postings_version = version
-            logger.debug(
-                "lexical postings of %s: %d documents in %.2fs",
-                self.path,
-                self._postings.count,
-                time.perf_counter() - started,
-            )
-        return self._postings
+    def _cancel_build(self) -> _Build | None:
+        """Discard the build under way (under the mutex); the caller may wait on it."""
+        build, self._build = self._build, None
+        if build is not None and not self._builds.cancel(build):
+            build.interrupt()
+        return build
+
+    def _fresh_postings(self, conn: sqlite3.Connection) -> Postings | None:
+        """The postings if they are of the file's state (under the mutex).
+
+        Otherwise None, and a build is started unless one is under way or the last
+        one failed at this very state of the file (it would fail again).
+        """
+        version = _data_version(conn)
+        if self._postings is not None and version == self._postings_version:
+            return self._postings
+        self._drop_postings()
+        if self._build is None and self._failed_version != version:
+            self._build = _Build(self._run_build)
+            self._builds.submit(self._build)
+        return None
+
+    def _run_build(self, build: _Build) -> None:
+        """Build the postings on a connection of its own, then swap them in."""
+        started = time.perf_counter()
+        version = -1  # no state of the file read yet
+        try:
+            with self._mutex:
+                if build is not self._build or self._conn is None:
+                    return  # cancelled, or the connection was released meanwhile
+                version = _data_version(self._conn)
+                row = self._conn.execute(
+                    "SELECT value FROM meta WHERE key = 'stemmer'"
+                ).fetchone()
+                stemmer = json.loads(row[0]) if row else DEFAULT_STEMMER
+                conn = build.open(f"{_uri(self.path)}?mode=ro")
+                Postings.prepare(conn)
+                conn.execute("BEGIN")
+                conn.execute("SELECT 1 FROM documents LIMIT 1").fetchall()  # snapshot
+                build.deltas = []
+            postings = Postings.read(conn, stemmer)
+            conn.execute("COMMIT")
+        except Exception as error:  # sqlite3 or memory: searches stay on FTS5
+            with self._mutex:
+                if build is self._build:
+                    self._build = None
+                    self._failed_version = version
+                    logger.error(
+                        "lexical postings of %s not built, searches stay on FTS5: %s",
+                        self.path,
+                        error,
+                    )
+            return
+        finally:
+            build.close()
+        self._swap(build, postings, version, time.perf_counter() - started)
+
+    def _swap(
+        self, build: _Build, postings: Postings, version: int, seconds: float
+    ) -> None:
+        """Serve the built postings, with the writes that committed during the build."""
+        with self._mutex:
+            if build is not self._build:
+                return  # cancelled: closed, released or dropped meanwhile
+            self._build = None
+            if self._conn is None or _data_version(self._conn) != version:
+                logger.info(
+                    "lexical postings of %s overtaken by another connection's write;"
+                    " the next search builds them again",
+                    self.path,
+                )
+                return
+            try:
+                for removed, added in build.deltas or []:
+                    postings.apply(removed, added)
+            except Exception as error:
+                logger.error("lexical postings of %s not updated: %s", self.path, error)
+                return
+            self._postings, self._postings_version = postings, version
+        logger.debug(
+            "lexical postings of %s: %d documents in %.2fs",
+            self.path,
+            postings.count,
+            seconds,
+        )
+
+    def start_lexical(self) -> None:
+        """Start building the in-memory postings in the background, if they need it."""
+        with self._use() as conn:
+            self._fresh_postings(conn)
+
+    def wait_lexical(self, timeout: float) -> bool:
+        """Whether the in-memory postings serve searches, after up to ``timeout`` s.
+
+        Starts builds as needed and waits for them (for tests and benchmarks).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._use() as conn:
+                if self._fresh_postings(conn) is not None:
+                    return True
+                build = self._build
+            remaining = deadline - time.monotonic()
+            if build is None or remaining <= 0 or not build.done.wait(remaining):
+                return False
 
     def release_connection(self) -> bool:
         """Close the connection if the store is idle (for the LRU); False if busy."""
@@ -398,6 +589,8 @@ class CollectionStore:
                 # data_version is per connection, and an idle store's postings are
                 # memory best given back.
                 self._drop_postings()
+                self._cancel_build()
+                self._failed_version = None
             return True
         finally:
             self._mutex.release()
@@ -484,27 +677,34 @@ class CollectionStore:
             return _seqs_by_id(conn, ids)
 
     def lexical_search(
-        self,
-        text: str,
-        n: int | None,
-        allowed: NDArray[np.int64] | None,
-        *,
-        depth: int,
-    ) -> tuple[lexical.LexicalHits, float]:
-        """Top-``n`` seqs by BM25 (all matches if None) and the query's IDF mass.
+        self, text: str, allowed: NDArray[np.int64] | None, *, depth: int
+    ) -> Ranking:
+        """The BM25 top ``depth`` among ``allowed``, the IDF mass, any seq's BM25.
 
         Exactly ``lexical.search`` and ``lexical.idf_mass``, from the in-memory
-        postings. A query with a term FTS5 splits into several tokens (a phrase) goes
-        to FTS5 itself, where only the first ``depth`` hits are those of the full
-        query (``lexical.search_with_mass``).
+        postings. Until they are built, and for a query with a term FTS5 splits into
+        several tokens (a phrase), FTS5 answers itself, where only the first
+        ``depth`` hits are those of the full query (``lexical.search_with_mass``).
         """
         with self._use() as conn:
             postings = self._fresh_postings(conn)
-        found = postings.search(text, n, allowed)
+            if postings is None:
+                return self._fts5_ranking(conn, text, allowed, depth)
+        found = postings.rank(text, allowed, depth)
         if found is not None:
             return found
         with self._use() as conn:
-            return lexical.search_with_mass(conn, text, n, allowed, depth=depth)
+            return self._fts5_ranking(conn, text, allowed, depth)
+
+    @staticmethod
+    def _fts5_ranking(
+        conn: sqlite3.Connection,
+        text: str,
+        allowed: NDArray[np.int64] | None,
+        depth: int,
+    ) -> Ranking:
+        hits, mass = lexical.search_with_mass(conn, text, None, allowed, depth=depth)
+        return Ranking.of_hits(hits, mass, depth)
 
     def vectors_of(self, seqs: Sequence[int]) -> dict[int, NDArray[np.float32]]:
         """Unit vectors of the given seqs (unknown seqs are absent)."""
@@ -824,13 +1024,21 @@ class CollectionStore:
         return int(judged), int(relevant), int(skipped)
 
     def close(self) -> None:
-        """Close the connection (checkpointing the WAL) for good."""
+        """Close the connection (checkpointing the WAL) for good.
+
+        A build under way is cancelled and waited for (its connection is closed too).
+        """
         with self._mutex:
             self._closed = True
             self._drop_postings()
+            build = self._cancel_build()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        if build is not None:
+            build.done.wait()
+        if self._own_builds:
+            self._builds.join()
         if self._connections is not None:
             self._connections.forget(self)
 
@@ -971,6 +1179,11 @@ def _seqs_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:
             conn, "SELECT id, seq FROM documents WHERE id IN", ids
         )
     }
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    """Moves whenever another connection commits to the file (per connection)."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def _uri(path: Path) -> str:

@@ -18,9 +18,11 @@ import pytest
 from numpy.typing import NDArray
 
 from app.collections import lexical
-from app.collections.postings import Postings, Tokenizer
+from app.collections.postings import Postings, Tokenizer, top_order
 from app.collections.registry import Collection, CollectionRegistry
 from app.collections.store import CollectionStore, NewDocument
+from calibration.features import LEXICAL_DEPTH
+from calibration.fusion import candidate_pool, lexical_ranks
 from tests.collections.conftest import DIM, unit_vectors
 from tests.conftest import shared_dataset
 
@@ -80,6 +82,17 @@ def assert_same(
         assert hits.seqs.tolist() == want.seqs.tolist()
 
 
+def _ranked(
+    postings: Postings,
+    text: str,
+    n: int | None = None,
+    allowed: NDArray[np.int64] | None = None,
+) -> tuple[lexical.LexicalHits, float]:
+    ranking = postings.rank(text, allowed, n)
+    assert ranking is not None, text
+    return ranking.top, ranking.idf_mass
+
+
 def _reference(
     conn: sqlite3.Connection,
     text: str,
@@ -101,25 +114,20 @@ def test_synthetic_text_scores_as_fts5(stemmer: lexical.Stemmer) -> None:
     allowed = np.array([1, 3, 7, 9, 99], dtype=np.int64)
     for text in QUERIES:
         for n, keep in ((None, None), (2, None), (None, allowed), (1, allowed)):
-            got = postings.search(text, n, keep)
-            assert got is not None, text
-            assert_same(got, _reference(conn, text, n, keep))
-        zero = postings.search(text, 0, None)
-        assert zero is not None and zero[0].seqs.size == 0
+            assert_same(
+                _ranked(postings, text, n, keep), _reference(conn, text, n, keep)
+            )
+        zero = _ranked(postings, text, 0)
+        assert zero[0].seqs.size == 0
         assert zero[1] == pytest.approx(lexical.idf_mass(conn, text), rel=1e-12)
-        empty = postings.search(text, None, np.zeros(0, np.int64))
-        assert empty is not None and empty[0].seqs.size == 0
+        assert _ranked(postings, text, None, np.zeros(0, np.int64))[0].seqs.size == 0
 
 
 def test_repeated_stems_are_separate_phrases() -> None:
     """ "runs running" scores "run" twice in FTS5; so do the postings."""
     conn = _fts(TEXTS, "porter")
     postings = Postings.build(conn, "porter")
-    once, twice = (
-        postings.search("runs", None, None),
-        postings.search("runs running", None, None),
-    )
-    assert once is not None and twice is not None
+    once, twice = _ranked(postings, "runs"), _ranked(postings, "runs running")
     np.testing.assert_allclose(twice[0].scores, 2 * once[0].scores, rtol=1e-12)
     assert_same(twice, _reference(conn, "runs running"))
 
@@ -142,8 +150,10 @@ def test_a_term_of_several_tokens_goes_to_fts5(store: CollectionStore) -> None:
     query = f"quick {term}"
     reader = _reader(store.path)
     try:
-        assert Postings.build(reader, "porter").search(query, None, None) is None
-        got = store.lexical_search(query, None, None, depth=10**6)
+        assert Postings.build(reader, "porter").rank(query, None, None) is None
+        assert store.wait_lexical(timeout=60)
+        ranking = store.lexical_search(query, None, depth=10**6)
+        got = ranking.top, ranking.idf_mass
         assert_same(got, _reference(reader, query))
     finally:
         reader.close()
@@ -166,9 +176,7 @@ def test_scifact_scores_as_fts5() -> None:
         conn = _fts(texts, stemmer)
         postings = Postings.build(conn, stemmer)
         for text in queries:
-            got = postings.search(text, None, None)
-            assert got is not None, text
-            assert_same(got, _reference(conn, text))
+            assert_same(_ranked(postings, text), _reference(conn, text))
 
 
 # -- freshness ----------------------------------------------------------------------
@@ -205,14 +213,22 @@ def registry(tmp_path: Path) -> Iterator[CollectionRegistry[dict[str, object]]]:
     opened.close()
 
 
-def _check(collection: Collection[dict[str, object]], path: Path) -> None:
+def _check(
+    collection: Collection[dict[str, object]], path: Path, *, built: bool = True
+) -> None:
+    """The collection's lexical searches are FTS5's: from its postings if ``built``,
+    from FTS5 itself otherwise (the caller holds the build)."""
+    store = collection._store
+    if built:
+        assert store.wait_lexical(timeout=120)
     reader = _reader(path)
     try:
         for text in (*QUERIES, "brewing beer fox", "new words arrive"):
-            got = collection._store.lexical_search(text, None, None, depth=10**6)
-            assert_same(got, _reference(reader, text))
+            ranking = store.lexical_search(text, None, depth=10**6)
+            assert_same((ranking.top, ranking.idf_mass), _reference(reader, text))
     finally:
         reader.close()
+    assert (store._postings is not None) == built
 
 
 def test_collection_writes_reach_the_postings(registry) -> None:
@@ -274,6 +290,7 @@ def test_a_reopened_connection_rebuilds(registry) -> None:
     collection = registry.create("kb")
     path = registry.file_of("kb")
     collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    _check(collection, path)  # no build holds the store's mutex from here on
     for _ in range(2):  # the second connection's count starts where the first's did
         assert collection._store.release_connection()
         _check(collection, path)
@@ -331,3 +348,241 @@ def test_searches_during_writes_see_one_state(registry) -> None:
         assert mass == pytest.approx(want, rel=1e-12)
         assert all(s > 0 for s in scores)
     _check(collection, registry.file_of("kb"))
+
+
+# -- the pool's top and lookups ------------------------------------------------------
+
+
+def test_top_order_is_the_stable_full_sort() -> None:
+    """Few distinct scores: many ties at every cut-off, broken by index as a stable
+    sort of all of them would."""
+    rng = np.random.default_rng(3)
+    for size in (0, 1, 7, 300):
+        scores = rng.integers(0, 5, size).astype(np.float64)
+        full = np.argsort(-scores, kind="stable")
+        for n in (None, 0, 1, 2, 50, 99, 100, 299, 300, 301):
+            assert top_order(scores, n).tolist() == full[:n].tolist()
+
+
+def _todays_evidence(
+    collection: Collection[dict[str, object]],
+    vector: NDArray[np.float32],
+    text: str,
+    n: int,
+    allowed: NDArray[np.int64] | None,
+) -> tuple[
+    list[int], list[int], NDArray[np.float64], NDArray[np.float64], float, float
+]:
+    """The pool and its lexical evidence as ``Collection._pool`` computed them before
+    the top was cut: every match ranked (a stable sort of all), BM25 from that list."""
+    postings = collection._store._postings
+    assert postings is not None
+    full = postings.rank(text, allowed, None)
+    assert full is not None
+    _, dense_seqs = collection.index.search(vector[None, :], n, allowed)
+    dense = [int(s) for s in dense_seqs[0] if s >= 0]
+    lex_seqs = [int(s) for s in full.top.seqs]
+    seqs = candidate_pool(dense, lex_seqs, n)
+    bm25 = dict(zip(lex_seqs, full.top.scores.tolist(), strict=True))
+    at = {s: i for i, s in enumerate(seqs)}
+    return (
+        seqs,
+        [at[s] for s in lex_seqs[:n] if s in at],
+        np.array([bm25.get(s, 0.0) for s in seqs], dtype=np.float64),
+        lexical_ranks(seqs, lex_seqs),
+        full.idf_mass,
+        float(full.top.scores[0]) if full.top.scores.size else 0.0,
+    )
+
+
+def _assert_todays_pools(
+    collection: Collection[dict[str, object]], queries: list[str]
+) -> None:
+    assert collection._store.wait_lexical(timeout=120)
+    vectors = unit_vectors(len(queries), 77)
+    allowed = collection._store.filter_seqs({"part": "0"})
+    for where, keep in ((None, None), ({"part": "0"}, allowed)):
+        for n in (10, LEXICAL_DEPTH, 150):
+            pools = collection.search(vectors, queries, n, where)
+            for i, (text, pool) in enumerate(zip(queries, pools, strict=True)):
+                seqs, order, bm25, rank, mass, top = _todays_evidence(
+                    collection, vectors[i], text, n, keep
+                )
+                assert [h.document.seq for h in pool.hits] == seqs, text
+                assert pool.lexical_order == order
+                assert np.array_equal(pool.lexical.bm25, bm25), text
+                assert np.array_equal(pool.lexical.rank, rank), text
+                assert pool.lexical.idf_mass == mass
+                assert pool.lexical.top == top
+
+
+def test_pool_evidence_with_ties_at_the_cut_off(registry) -> None:
+    """250 identical "fox" documents straddle every cut-off (10, 100, 150)."""
+    collection = registry.create("kb")
+    texts = [
+        *(["the fox"] * 250),
+        *(["fox fox dog"] * 30),
+        *(f"dog number {i}" for i in range(200)),
+        *(["the fox"] * 50),  # ties again, at higher seqs
+    ]
+    collection.upsert(
+        [_doc(f"d{i}", t, i, part=str(i % 3 % 2)) for i, t in enumerate(texts)]
+    )
+    _assert_todays_pools(collection, ["fox", "fox dog", "the fox dog number 7", "cat"])
+
+
+def test_pool_evidence_on_scifact(registry) -> None:
+    path = shared_dataset("scifact")
+    with (path / "corpus.jsonl").open(encoding="utf-8") as f:
+        texts = [
+            f"{d.get('title', '')} {d['text']}"
+            for d in (json.loads(line) for line, _ in zip(f, range(3000), strict=False))
+        ]
+    with (path / "queries.jsonl").open(encoding="utf-8") as f:
+        queries = [
+            json.loads(line)["text"] for line, _ in zip(f, range(60), strict=False)
+        ]
+    collection = registry.create("kb")
+    for start in range(0, len(texts), 1000):
+        collection.upsert(
+            [
+                _doc(f"d{i}", texts[i], i, part=str(i % 2))
+                for i in range(start, min(start + 1000, len(texts)))
+            ]
+        )
+    _assert_todays_pools(collection, queries)
+
+
+# -- the background build ------------------------------------------------------------
+
+
+class _Gate:
+    """Holds every postings read (a build past its snapshot) until opened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        read = Postings.read
+
+        def held(cls: type[Postings], conn: sqlite3.Connection, stemmer):  # type: ignore[no-untyped-def]
+            self.entered.set()
+            assert self.opened.wait(timeout=120)
+            return read(conn, stemmer)
+
+        monkeypatch.setattr(Postings, "read", classmethod(held))
+
+
+def _builds_alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "lexical-build"]
+
+
+def test_searches_during_a_build_use_fts5_and_its_writes_are_kept(
+    registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = _Gate(monkeypatch)
+    collection = registry.create("kb")  # its build starts, and is held
+    assert gate.entered.wait(timeout=60)
+    path = registry.file_of("kb")
+    collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    _check(collection, path, built=False)  # FTS5 answers, the build is held
+    (pool,) = collection.search(unit_vectors(1, 5), ["fox"], 5)
+    assert pool.lexical.bm25.max() > 0
+    collection.delete("d7")
+    gate.opened.set()
+    _check(collection, path)  # the writes made during the build were applied
+    postings = collection._store._postings
+    assert postings is not None and postings.count == len(TEXTS) - 1
+
+
+def test_a_build_overtaken_by_another_connection_is_discarded(
+    registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A foreign write during the build: FTS5 keeps answering, the next build serves."""
+    collection = registry.create("kb")
+    path = registry.file_of("kb")
+    collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    _check(collection, path)
+    gate = _Gate(monkeypatch)
+    vector = unit_vectors(1, 9)[0].tobytes()
+    _write_elsewhere(path, _INSERT, ("x", "new words arrive from elsewhere", vector))
+    store = collection._store
+    _check(collection, path, built=False)  # starts a build, held
+    assert gate.entered.wait(timeout=60)
+    build = store._build
+    assert build is not None
+    _write_elsewhere(path, "DELETE FROM documents WHERE id = ?", ("d6",))
+    gate.opened.set()
+    assert build.done.wait(timeout=120)
+    assert store._postings is None and store._build is None  # discarded
+    _check(collection, path)  # the next search builds again
+
+
+def test_a_failed_build_leaves_searches_on_fts5(
+    registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The file vanished from its name: the build cannot open it, searches go on."""
+    collection = registry.create("kb")
+    path = registry.file_of("kb")
+    collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    assert collection._store.wait_lexical(timeout=60)
+    vector = unit_vectors(1, 9)[0].tobytes()
+    _write_elsewhere(path, _INSERT, ("x", "new words arrive from elsewhere", vector))
+    reader = _reader(path)
+    try:
+        want = {text: _reference(reader, text) for text in QUERIES}
+    finally:
+        reader.close()
+    store = collection._store
+    moved = path.with_name("moved")
+    path.rename(moved)
+    try:
+        assert not store.wait_lexical(timeout=60)  # the build failed
+        assert store._build is None
+        for text in QUERIES:  # FTS5 on the open connection; no new build
+            ranking = store.lexical_search(text, None, depth=10**6)
+            assert_same((ranking.top, ranking.idf_mass), want[text])
+            assert store._build is None
+        assert "not built, searches stay on FTS5" in caplog.text
+    finally:
+        moved.rename(path)
+
+
+@pytest.mark.parametrize("how", ["drop", "close", "release"])
+def test_a_build_is_cancelled_cleanly(
+    registry,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    collection = registry.create("kb")
+    collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    assert collection._store.wait_lexical(timeout=60)
+    gate = _Gate(monkeypatch)
+    store = collection._store
+    assert store.release_connection()
+    _check(collection, registry.file_of("kb"), built=False)  # starts a build, held
+    assert gate.entered.wait(timeout=60)
+    build = store._build
+    assert build is not None
+    if how == "release":
+        assert store.release_connection()
+        gate.opened.set()
+        assert build.done.wait(timeout=120)
+        assert store._postings is None
+        _check(collection, registry.file_of("kb"))  # a new build serves
+        return
+    stop = registry.drop if how == "drop" else registry.close
+    stopping = threading.Thread(target=stop, args=("kb",) if how == "drop" else ())
+    stopping.start()
+    for _ in range(6000):  # the store is closed, then waits for its build
+        if store._closed:
+            break
+        stopping.join(timeout=0.01)
+    assert store._closed and store._build is None
+    gate.opened.set()
+    stopping.join(timeout=120)
+    assert not stopping.is_alive() and build.done.is_set()
+    assert store._postings is None
+    registry._builds.join()
+    assert not _builds_alive()
+    assert "not built" not in caplog.text
