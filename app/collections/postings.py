@@ -14,14 +14,15 @@ The scores are FTS5's to the last bit or so: the same IDF (``log((N - n + 0.5) /
 query's phrases in query order, ``N`` and the average length from the documents in
 the index, every query term its own phrase (two terms with one stem count twice, as
 in FTS5). A term that FTS5 tokenises into several tokens is a phrase query, which
-this index does not answer (:meth:`Postings.search` returns None).
+this index does not answer (:meth:`Postings.rank` returns None).
 
 A search wants only the BM25 top of a query (the pool's depth) and the BM25 of a
 few other documents (the dense hits): :meth:`Postings.rank` selects the top with a
 partition and sorts only it, and answers the rest by lookup (:class:`Ranking`).
 
 The owner keeps it fresh (``CollectionStore``): its own writes are applied here
-after they commit (:meth:`Postings.apply`), anything else makes it rebuild.
+after they commit (:meth:`Postings.apply`), anything else makes it rebuild, off the
+request path (:class:`LexicalBuilds` runs :class:`PostingsBuild` jobs).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +39,14 @@ from numpy.typing import NDArray
 
 from app.collections import lexical
 
-__all__ = ["Postings", "Ranking", "Tokenizer", "top_order"]
+__all__ = [
+    "LexicalBuilds",
+    "Postings",
+    "PostingsBuild",
+    "Ranking",
+    "Tokenizer",
+    "top_order",
+]
 
 K1 = 1.2
 B = 0.75
@@ -405,3 +414,94 @@ class Postings:
             keep[allowed[(allowed >= 0) & (allowed < scores.size)]] = True
             scores[~keep] = 0.0
         return scores
+
+
+class PostingsBuild:
+    """One background build of a store's postings (see ``CollectionStore``).
+
+    ``deltas`` collects the store's document writes that commit after the build's
+    snapshot was taken (None before), in commit order. ``conn`` is the build's own
+    read-only connection while it is open (``_lock`` guards it against a cancel).
+    """
+
+    def __init__(self, run: Callable[[PostingsBuild], None]) -> None:
+        self.run = run
+        self.done = threading.Event()
+        self.deltas: list[tuple[list[int], list[tuple[int, str]]]] | None = None
+        self.conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def open(self, uri: str) -> sqlite3.Connection:
+        """The build's own connection to ``uri`` (closed by :meth:`close`)."""
+        with self._lock:
+            self.conn = sqlite3.connect(
+                uri, uri=True, check_same_thread=False, isolation_level=None
+            )
+            return self.conn
+
+    def close(self) -> None:
+        """Close the build's connection, if open."""
+        with self._lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+    def interrupt(self) -> None:
+        """Abort the statement the build is running, if any (from another thread)."""
+        with self._lock:
+            if self.conn is not None:
+                self.conn.interrupt()
+
+
+class LexicalBuilds:
+    """Runs postings builds off the request path, at most ``limit`` at once.
+
+    One instance serves every collection of a registry, first come first served. A
+    worker thread is started when a build is queued and fewer than ``limit`` run;
+    it exits once the queue is empty, so an idle service holds no build thread.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: deque[PostingsBuild] = deque()
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, build: PostingsBuild) -> None:
+        """Queue a build, starting a worker if fewer than ``limit`` run."""
+        with self._lock:
+            self._queue.append(build)
+            if len(self._workers) < self.limit:
+                worker = threading.Thread(
+                    target=self._work, name="lexical-build", daemon=True
+                )
+                self._workers.append(worker)
+                worker.start()
+
+    def cancel(self, build: PostingsBuild) -> bool:
+        """Take a queued build off the queue; False if it already started."""
+        with self._lock:
+            if build not in self._queue:
+                return False
+            self._queue.remove(build)
+        build.done.set()
+        return True
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._workers.remove(threading.current_thread())
+                    return
+                build = self._queue.popleft()
+            try:
+                build.run(build)
+            finally:
+                build.done.set()
+
+    def join(self) -> None:
+        """Wait for the workers to exit (the caller has cancelled what it owns)."""
+        with self._lock:
+            workers = list(self._workers)
+        for worker in workers:
+            worker.join()

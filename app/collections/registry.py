@@ -35,9 +35,9 @@ from numpy.typing import NDArray
 
 from app.api.schemas.common import COLLECTION_NAME_PATTERN
 from app.collections.index import IndexType, VectorIndex
+from app.collections.postings import LexicalBuilds
 from app.collections.store import (
     CollectionStore,
-    LexicalBuilds,
     MetadataValue,
     NewDocument,
     OpenConnections,

@@ -17,8 +17,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
-from app.collections.postings import Postings, Ranking
+from app.collections.postings import LexicalBuilds, Postings, PostingsBuild, Ranking
 from app.exceptions import InsufficientStorageError, NotFoundError
 
 logger = logging.getLogger(__name__)
@@ -277,95 +277,6 @@ class OpenConnections:
         return len(self._lru)
 
 
-class _Build:
-    """One background build of a store's postings (see ``CollectionStore``).
-
-    ``deltas`` collects the store's document writes that commit after the build's
-    snapshot was taken (None before), in commit order. ``conn`` is the build's own
-    read-only connection while it is open (``_lock`` guards it against a cancel).
-    """
-
-    def __init__(self, run: Callable[[_Build], None]) -> None:
-        self.run = run
-        self.done = threading.Event()
-        self.deltas: list[tuple[list[int], list[tuple[int, str]]]] | None = None
-        self.conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-
-    def open(self, uri: str) -> sqlite3.Connection:
-        with self._lock:
-            self.conn = sqlite3.connect(
-                uri, uri=True, check_same_thread=False, isolation_level=None
-            )
-            return self.conn
-
-    def close(self) -> None:
-        with self._lock:
-            if self.conn is not None:
-                self.conn.close()
-                self.conn = None
-
-    def interrupt(self) -> None:
-        """Abort the statement the build is running, if any (from another thread)."""
-        with self._lock:
-            if self.conn is not None:
-                self.conn.interrupt()
-
-
-class LexicalBuilds:
-    """Runs postings builds off the request path, at most ``limit`` at once.
-
-    One instance serves every collection of a registry, first come first served. A
-    worker thread is started when a build is queued and fewer than ``limit`` run;
-    it exits once the queue is empty, so an idle service holds no build thread.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._queue: deque[_Build] = deque()
-        self._workers: list[threading.Thread] = []
-        self._lock = threading.Lock()
-
-    def submit(self, build: _Build) -> None:
-        """Queue a build, starting a worker if fewer than ``limit`` run."""
-        with self._lock:
-            self._queue.append(build)
-            if len(self._workers) < self.limit:
-                worker = threading.Thread(
-                    target=self._work, name="lexical-build", daemon=True
-                )
-                self._workers.append(worker)
-                worker.start()
-
-    def cancel(self, build: _Build) -> bool:
-        """Take a queued build off the queue; False if it already started."""
-        with self._lock:
-            if build not in self._queue:
-                return False
-            self._queue.remove(build)
-        build.done.set()
-        return True
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._workers.remove(threading.current_thread())
-                    return
-                build = self._queue.popleft()
-            try:
-                build.run(build)
-            finally:
-                build.done.set()
-
-    def join(self) -> None:
-        """Wait for the workers to exit (the caller has cancelled what it owns)."""
-        with self._lock:
-            workers = list(self._workers)
-        for worker in workers:
-            worker.join()
-
-
 class CollectionStore:
     """The SQLite file of one collection.
 
@@ -410,7 +321,7 @@ class CollectionStore:
         self._upgraded = False  # the version-2 tables exist
         self._postings: Postings | None = None
         self._postings_version = -1  # ``PRAGMA data_version`` the postings are of
-        self._build: _Build | None = None  # the build under way (one at a time)
+        self._build: PostingsBuild | None = None  # the build under way (one at a time)
         self._failed_version: int | None = None  # a build failed at this version
 
     @contextmanager
@@ -472,7 +383,7 @@ class CollectionStore:
     def _drop_postings(self) -> None:
         self._postings = None  # a search still scoring keeps its reference
 
-    def _cancel_build(self) -> _Build | None:
+    def _cancel_build(self) -> PostingsBuild | None:
         """Discard the build under way (under the mutex); the caller may wait on it."""
         build, self._build = self._build, None
         if build is not None and not self._builds.cancel(build):
@@ -490,11 +401,11 @@ class CollectionStore:
             return self._postings
         self._drop_postings()
         if self._build is None and self._failed_version != version:
-            self._build = _Build(self._run_build)
+            self._build = PostingsBuild(self._run_build)
             self._builds.submit(self._build)
         return None
 
-    def _run_build(self, build: _Build) -> None:
+    def _run_build(self, build: PostingsBuild) -> None:
         """Build the postings on a connection of its own, then swap them in."""
         started = time.perf_counter()
         version = -1  # no state of the file read yet
@@ -530,7 +441,7 @@ class CollectionStore:
         self._swap(build, postings, version, time.perf_counter() - started)
 
     def _swap(
-        self, build: _Build, postings: Postings, version: int, seconds: float
+        self, build: PostingsBuild, postings: Postings, version: int, seconds: float
     ) -> None:
         """Serve the built postings, with the writes that committed during the build."""
         with self._mutex:
