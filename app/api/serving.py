@@ -5,7 +5,8 @@ finishes its request head, nor one that stops half-way through a body: each hold
 file descriptor (and up to ``max_body_bytes`` of buffered body) for ever. This
 module adds those read deadlines, caps open connections (503 beyond the cap), keeps
 the asyncio log from flooding when descriptors run out, and raises the process's
-open-file limit to what the system allows.
+open-file limit to what the system allows. It also turns Nagle's algorithm off on
+every connection (see :func:`no_delay`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import os
 import resource
+import socket
 import threading
 import time
 from pathlib import Path
@@ -29,6 +31,20 @@ from app.settings import Settings
 logger = logging.getLogger(__name__)
 
 Phase = Literal["head", "body"]
+
+
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """Send small writes at once (``TCP_NODELAY``) on a TCP connection.
+
+    asyncio sets it only on sockets whose ``proto`` is ``IPPROTO_TCP``; the socket
+    :func:`serve` binds (``uvicorn.Config.bind_socket``) has proto 0, and so do the
+    connections it accepts. With Nagle on, a response's body waited for the client to
+    acknowledge its head, which a keep-alive client delays by ~40 ms: every request
+    after a connection's first took 44 ms longer than it did work.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class ReadDeadlineProtocol(H11Protocol):
@@ -55,7 +71,8 @@ class ReadDeadlineProtocol(H11Protocol):
         return cast("type[ReadDeadlineProtocol]", type(cls.__name__, (cls,), attrs))
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Start the head deadline as the connection opens."""
+        """Start the head deadline as the connection opens; no Nagle delays."""
+        no_delay(transport)
         super().connection_made(transport)
         self._watch()
 

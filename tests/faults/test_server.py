@@ -253,3 +253,54 @@ def test_serve_refuses_an_empty_or_padded_api_key(tmp_path, key):
     if key:
         assert key.strip() not in lines[0], "the key is never echoed"
     assert not (tmp_path / "data").exists(), "refused before touching anything"
+
+
+def test_served_connections_send_without_nagle_delays(monkeypatch):
+    """The socket ``serve`` binds has proto 0, so asyncio left Nagle's algorithm on
+    for its connections: each keep-alive request after the first waited ~40 ms for
+    the client's delayed ACK of the response head. Every connection gets NODELAY."""
+    import asyncio
+
+    import uvicorn
+
+    from app.api import serving
+
+    states: list[int] = []
+    set_no_delay = serving.no_delay
+
+    def recording(transport: asyncio.BaseTransport) -> None:
+        set_no_delay(transport)
+        sock = transport.get_extra_info("socket")
+        states.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    monkeypatch.setattr(serving, "no_delay", recording)
+
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        http=serving.ReadDeadlineProtocol.with_deadlines(header=30, body=30),
+        lifespan="off",
+        log_config=None,
+    )
+    sock = config.bind_socket()  # as serve() does
+    assert sock.proto == 0  # what asyncio skips when it sets NODELAY itself
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling a condition, with a deadline
+        assert server.started
+        port = sock.getsockname()[1]
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert [client.get("/").text for _ in range(3)] == ["ok"] * 3
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+    assert states == [1]  # one keep-alive connection, Nagle off
