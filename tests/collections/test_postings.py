@@ -160,17 +160,22 @@ def test_a_term_of_several_tokens_goes_to_fts5(store: CollectionStore) -> None:
     assert got[0].seqs.size > 0
 
 
-def test_scifact_scores_as_fts5() -> None:
+def _scifact(n_docs: int, n_queries: int) -> tuple[list[str], list[str]]:
+    """The first scifact abstracts (title and text) and queries."""
     path = shared_dataset("scifact")
     with (path / "corpus.jsonl").open(encoding="utf-8") as f:
-        texts = [
-            f"{d.get('title', '')} {d['text']}"
-            for d in (json.loads(line) for line, _ in zip(f, range(3000), strict=False))
-        ]
+        lines = (json.loads(line) for line, _ in zip(f, range(n_docs), strict=False))
+        texts = [f"{d.get('title', '')} {d['text']}" for d in lines]
     with (path / "queries.jsonl").open(encoding="utf-8") as f:
         queries = [
-            json.loads(line)["text"] for line, _ in zip(f, range(200), strict=False)
+            json.loads(line)["text"]
+            for line, _ in zip(f, range(n_queries), strict=False)
         ]
+    return texts, queries
+
+
+def test_scifact_scores_as_fts5() -> None:
+    texts, queries = _scifact(3000, 200)
     assert len(texts) == 3000 and len(queries) >= 150
     for stemmer in lexical.STEMMERS:
         conn = _fts(texts, stemmer)
@@ -432,16 +437,7 @@ def test_pool_evidence_with_ties_at_the_cut_off(registry) -> None:
 
 
 def test_pool_evidence_on_scifact(registry) -> None:
-    path = shared_dataset("scifact")
-    with (path / "corpus.jsonl").open(encoding="utf-8") as f:
-        texts = [
-            f"{d.get('title', '')} {d['text']}"
-            for d in (json.loads(line) for line, _ in zip(f, range(3000), strict=False))
-        ]
-    with (path / "queries.jsonl").open(encoding="utf-8") as f:
-        queries = [
-            json.loads(line)["text"] for line, _ in zip(f, range(60), strict=False)
-        ]
+    texts, queries = _scifact(3000, 60)
     collection = registry.create("kb")
     for start in range(0, len(texts), 1000):
         collection.upsert(
