@@ -91,10 +91,8 @@ class _CollectionCollector(Collector):
         registry = self.registry
         try:
             names = registry.names() if registry is not None else []
-        except (
-            StorageUnavailableError
-        ):  # Milvus does not answer: no per-collection rows
-            names = []
+        except StorageUnavailableError:
+            names = []  # Milvus does not answer: no per-collection rows
         unavailable.add_metric([], len(registry.unavailable()) if registry else 0)
         for name in names:
             assert registry is not None
