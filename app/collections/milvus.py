@@ -713,7 +713,15 @@ class MilvusCollection(Generic[C]):
         return out
 
     def _idf_masses(self, texts: Sequence[str]) -> list[float]:
-        """Each query's IDF mass, by the SQLite backend's formula (``lexical.idf_mass``).
+        """Each query's IDF mass, by the IDF of Milvus's own BM25.
+
+        That is ``log(1 + (N - n + 0.5) / (n + 0.5))`` (always positive), where FTS5
+        uses ``log((N - n + 0.5) / (n + 0.5))`` floored at 1e-6. The ``lex`` feature
+        is a BM25 score over this mass, so both must use the engine's IDF: with
+        FTS5's, a term in half the collection or more added ~0 to the mass but a
+        positive IDF to Milvus's score, and ``lex`` exploded (a probability of 1.0
+        for any match in a two-document collection). With it, ``lex`` is at most
+        ``k1 + 1`` = 2.2, as on the local backend.
 
         Document frequencies are ``text_match`` counts (the terms are
         ``lexical.query_terms``: word characters only, no quoting issue), kept in a
@@ -742,7 +750,7 @@ class MilvusCollection(Generic[C]):
         if total == 0:
             return [0.0] * len(texts)
         return [
-            sum(max(math.log((total - df[t] + 0.5) / (df[t] + 0.5)), 1e-6) for t in ts)
+            sum(math.log1p((total - df[t] + 0.5) / (df[t] + 0.5)) for t in ts)
             for ts in terms
         ]
 

@@ -198,11 +198,36 @@ def test_a_batch_of_queries_is_one_pool_each_and_writes_refresh_idf(
     assert zebra.hits[zebra.lexical_top(1)[0]].document.id == "d2"
     assert blank.lexical.idf_mass == 0 and blank.lexical_order == []
     assert blank.hits[0].document.id == "d5"
-    # Every document now holds the term: its IDF falls to FTS5's floor.
+    # Every document now holds the term: its IDF falls to Milvus's (not FTS5's
+    # floor), the IDF of the BM25 scores it normalises.
     kb.upsert([NewDocument(**{**d.__dict__, "text": "zebra crossing"}) for d in docs])
     (again,) = kb.search(vectors[:1], ["zebra"], 3)
-    assert again.lexical.idf_mass == pytest.approx(1e-6)
+    assert again.lexical.idf_mass == pytest.approx(np.log1p(0.5 / 10.5))
     assert zebra.lexical.idf_mass > 1
+
+
+@pytest.mark.parametrize("n_docs", [2, 3, 12])
+def test_lex_is_a_share_of_a_perfect_match_however_common_the_terms(
+    kb: MilvusCollection[Cal], n_docs: int
+) -> None:
+    """BM25 over the IDF mass stays within k1 + 1 = 2.2, as on the local backend.
+
+    The mass once used FTS5's IDF (floored at 1e-6 for a term in half the documents)
+    under Milvus's BM25 (whose IDF stays positive): in a two-document collection a
+    match scored lex ~1e6, and the default profile answered a probability of 1.0.
+    """
+    texts = ["aspirin lowers the risk of heart attack", "radio waves in the sky"]
+    docs = new_docs([f"d{i}" for i in range(n_docs)], seed=n_docs)
+    kb.upsert(
+        [
+            NewDocument(**{**d.__dict__, "text": texts[i % 2]})
+            for i, d in enumerate(docs)
+        ]
+    )
+    for query in ["heart attack", "the risk of radio waves", "sky"]:
+        (pool,) = kb.search(docs[0].vector[None, :], [query], n_docs)
+        assert pool.lexical.top > 0
+        assert np.all(pool.lexical.bm25 <= 2.2 * pool.lexical.idf_mass + 1e-9)
 
 
 INJECTIONS = [
