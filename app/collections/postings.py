@@ -33,6 +33,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -109,17 +110,21 @@ class Tokenizer:
         self._lock = threading.Lock()
         self._terms: dict[str, tuple[str, ...]] = {}
 
-    def texts(self, texts: Sequence[str]) -> _Tokens:
-        """The postings of ``texts`` (documents numbered by position)."""
+    def _vocab(self, texts: Sequence[str], query: str) -> list[tuple[Any, ...]]:
+        """Rows of ``query`` on the vocabulary of ``texts`` (numbered by position)."""
         with self._lock:
             self._conn.execute("BEGIN")
             try:
                 self._conn.executemany(
                     "INSERT INTO t(rowid, text) VALUES (?, ?)", enumerate(texts)
                 )
-                rows = self._conn.execute("SELECT term, doc FROM v").fetchall()
+                return self._conn.execute(query).fetchall()
             finally:
                 self._conn.execute("ROLLBACK")
+
+    def texts(self, texts: Sequence[str]) -> _Tokens:
+        """The postings of ``texts`` (documents numbered by position)."""
+        rows = self._vocab(texts, "SELECT term, doc FROM v")
         terms: list[str] = []
         counts: list[int] = []
         for term, _ in rows:
@@ -139,20 +144,11 @@ class Tokenizer:
         known = {t: self._terms.get(t) for t in terms}
         missing = [t for t, tokens in known.items() if tokens is None]
         if missing:
+            rows = self._vocab(missing, "SELECT doc, term FROM v ORDER BY doc, offset")
+            found: list[list[str]] = [[] for _ in missing]
+            for doc, token in rows:
+                found[doc].append(token)
             with self._lock:
-                self._conn.execute("BEGIN")
-                try:
-                    self._conn.executemany(
-                        "INSERT INTO t(rowid, text) VALUES (?, ?)", enumerate(missing)
-                    )
-                    rows = self._conn.execute(
-                        "SELECT doc, term FROM v ORDER BY doc, offset"
-                    ).fetchall()
-                finally:
-                    self._conn.execute("ROLLBACK")
-                found: list[list[str]] = [[] for _ in missing]
-                for doc, token in rows:
-                    found[doc].append(token)
                 if len(self._terms) + len(missing) > _CACHED_TERMS:
                     self._terms.clear()
                 for term, tokens in zip(missing, found, strict=True):
@@ -355,8 +351,8 @@ class Postings:
         """The query's ranking among ``allowed``, its top ``depth`` long.
 
         The top is ``lexical.search(conn, text, depth, allowed)`` (every match if
-        ``depth`` is None), the mass ``lexical.idf_mass``. None when a query term is several tokens to FTS5 (a phrase query), which only
-        FTS5 answers.
+        ``depth`` is None), the mass ``lexical.idf_mass``. None when a query term is
+        several tokens to FTS5 (a phrase query), which only FTS5 answers.
         """
         terms = lexical.query_terms(text)
         phrases: list[tuple[NDArray[np.int64], NDArray[np.int32]]] = []

@@ -477,9 +477,9 @@ class CollectionRegistry(Generic[C]):
     the others reopen on their next use. At most ``lexical_builds`` in-memory BM25
     indexes are built at once, in the background (``CollectionStore``).
     ``load_calibrator`` decodes a stored calibrator's JSON (see the module
-    docstring). ``model_id`` is the serving
-    model's identity (``app.embedding.identity``): new collections record it and
-    one recorded by another model is refused; None records and checks nothing.
+    docstring). ``model_id`` is the serving model's identity
+    (``app.embedding.identity``): new collections record it and one recorded by
+    another model is refused; None records and checks nothing.
     """
 
     backend = "local"
