@@ -69,7 +69,7 @@ def main() -> int:
             Settings(
                 embedding_backend="onnx",
                 onnx_path=graph,
-                onnx_threads=args.threads,
+                embed_threads=args.threads,
                 data_dir=Path(tmp),
             )
         )
