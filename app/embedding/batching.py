@@ -20,6 +20,7 @@ import asyncio
 import os
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class EmbedBatcher:
         self.enabled = enabled
         self._queue: deque[_Job] = deque()
         self._in_pass = 0  # requests in running passes
-        self._drainers: set[asyncio.Task[None]] = set()
+        self._drainers: set[asyncio.Task[Any] | None] = set()
 
     @property
     def pending(self) -> int:
@@ -140,9 +141,7 @@ class EmbedBatcher:
         job = _Job(texts, input_type, asyncio.get_running_loop().create_future())
         self._queue.append(job)
         if len(self._drainers) < self.lanes:
-            drainer = asyncio.create_task(self._drain())
-            self._drainers.add(drainer)
-            drainer.add_done_callback(self._drainers.discard)
+            self._drainers.add(asyncio.create_task(self._drain()))
         # A cancelled caller cancels its future; the drainer skips it or drops its
         # result, and the other requests carry on.
         return await job.future
@@ -166,6 +165,9 @@ class EmbedBatcher:
             # Only reached with jobs left if this task was cancelled (shutdown).
             while self._queue:
                 self._queue.popleft().future.cancel()
+            # Here, not in a done-callback: a request queued before that ran would
+            # find every lane taken by drainers that have stopped.
+            self._drainers.discard(asyncio.current_task())
 
     def _full(self) -> bool:
         head = self._queue[0].input_type

@@ -231,6 +231,38 @@ async def test_queue_bound_accepted_at_the_limit_refused_past_it(model, pool):
 
 
 @pytest.mark.anyio
+async def test_lanes_run_passes_side_by_side_and_queue_the_rest(model, pool):
+    # Two lanes: the second request gets a pass of its own while the first one's
+    # runs; the requests after them wait and share the next free lane's pass.
+    batcher = EmbedBatcher(model, pool, max_texts=32, lanes=2)
+    first = await blocked_first_pass(batcher, model)
+    second = asyncio.create_task(batcher.embed(["1"], "query"))
+    await until(lambda: len(model.calls) == 2)
+    rest = start(batcher, (["2"], "query"), (["3"], "query"))
+    await queued(batcher, 2)
+    model.gate.set()
+    assert [norms(await t) for t in (first, second, *rest)] == [
+        [0.0],
+        [1.0],
+        [2.0],
+        [3.0],
+    ]
+    assert model.calls[:2] == [(["0"], "query"), (["1"], "query")]
+    assert (["2", "3"], "query") in model.calls[2:]
+
+
+def test_lanes_follow_threads_per_pass_and_the_pool(monkeypatch):
+    from app.embedding import batching
+
+    monkeypatch.setattr(batching.os, "cpu_count", lambda: 4)
+    assert batching.lanes_for(threads=1, workers=8) == 4
+    assert batching.lanes_for(threads=2, workers=8) == 2
+    assert batching.lanes_for(threads=1, workers=2) == 2  # the pool runs them
+    assert batching.lanes_for(threads=0, workers=8) == 1  # a pass uses every core
+    assert batching.lanes_for(threads=8, workers=8) == 1
+
+
+@pytest.mark.anyio
 async def test_disabled_embeds_each_request_alone(model, pool):
     model.gate.set()
     batcher = EmbedBatcher(model, pool, max_texts=32, enabled=False)
