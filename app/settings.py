@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -272,15 +272,15 @@ class Settings(BaseSettings):
                 )
         return origins
 
-    @model_validator(mode="after")
-    def _bf16_needs_torch(self) -> Settings:
+    @field_validator("embed_precision")
+    @classmethod
+    def _bf16_needs_torch(cls, value: str, info: ValidationInfo) -> str:
         """Forced bf16 on a backend that runs fp32 only would silently be fp32."""
-        if self.embed_precision == "bf16" and self.embedding_backend != "torch":
+        if value == "bf16" and info.data.get("embedding_backend") != "torch":
             raise ValueError(
-                "NORMCAL_EMBED_PRECISION=bf16 needs NORMCAL_EMBEDDING_BACKEND=torch "
-                "(the onnx backend runs fp32)"
+                "bf16 needs NORMCAL_EMBEDDING_BACKEND=torch (the onnx backend runs fp32)"
             )
-        return self
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -212,7 +212,7 @@ def test_auto_on_a_native_bf16_cpu_runs_bf16_within_the_gate(fp32):
 
 
 def test_bf16_is_refused_for_the_onnx_backend():
-    with pytest.raises(ValueError, match="NORMCAL_EMBED_PRECISION=bf16 needs"):
+    with pytest.raises(ValueError, match="bf16 needs NORMCAL_EMBEDDING_BACKEND=torch"):
         Settings(embedding_backend="onnx", embed_precision="bf16")
 
 
