@@ -196,7 +196,8 @@ class OnnxEmbedder:
         self.max_seq_length = config.max_seq_length
         self.dim = config.dim
         self.precision_choice = PrecisionChoice(
-            "fp32", "the onnx backend runs fp32 (ONNX Runtime has no bf16 CPU kernels)"
+            "fp32",
+            "the onnx backend runs fp32 (ONNX Runtime's CPU provider has no bf16 MatMul)",
         )
 
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
