@@ -335,16 +335,18 @@ def test_concurrent_searches_return_what_sequential_ones_do(real_embedder, tmp_p
         model.gate.clear()
         model.entered.clear()
         model.query_passes.clear()
+        lanes = batcher.lanes  # passes side by side (one per core, by default)
         with ThreadPoolExecutor(len(QUERIES)) as threads:
-            first = threads.submit(search, client, QUERIES[0])
-            assert model.entered.wait(DEADLINE_S)
-            rest = [threads.submit(search, client, q) for q in QUERIES[1:]]
-            _wait_for(lambda: batcher.pending == len(QUERIES) - 1)
+            held = []  # one search per lane, each held in its own pass
+            for q in QUERIES[:lanes]:
+                held.append(threads.submit(search, client, q))
+                _wait_for(lambda: len(model.query_passes) == len(held))
+            rest = [threads.submit(search, client, q) for q in QUERIES[lanes:]]
+            _wait_for(lambda: batcher.pending == len(QUERIES) - lanes)
             model.gate.set()
-            concurrent = [first.result(DEADLINE_S)] + [
-                f.result(DEADLINE_S) for f in rest
-            ]
-    assert model.query_passes == [1, len(QUERIES) - 1]  # one shared pass
+            concurrent = [f.result(DEADLINE_S) for f in held + rest]
+    # The queued searches shared one pass.
+    assert model.query_passes == [1] * lanes + [len(QUERIES) - lanes]
     for seq, conc in zip(sequential, concurrent, strict=True):
         assert [d for d, _ in conc] == [d for d, _ in seq]
         assert np.allclose([s for _, s in conc], [s for _, s in seq], atol=1e-5)
