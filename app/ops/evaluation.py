@@ -214,7 +214,7 @@ def method_table(result: Mapping[str, Any]) -> str:
 
 
 def summary_table(results: Sequence[Mapping[str, Any]]) -> str:
-    """The README table: one row per dataset."""
+    """The table of docs/evaluation.md: one row per dataset."""
     lines = [
         "| dataset | queries | nDCG@10 dense / lexical / rrf / blend / calibrated "
         "| R@100 dense / calibrated | Platt Brier / NLL / ECE / AUROC "

@@ -13,18 +13,16 @@ from app.ops.process import ServerProcess, wait_for_port_file
 __all__ = ["ServerProcess", "refused_port", "source_env", "wait_for_port_file"]
 
 REPO = Path(__file__).resolve().parents[2]
-CLIENT_SRC = REPO / "clients" / "python" / "src"
 
 
 def source_env(**extra: str) -> dict[str, str]:
     """``os.environ`` for a Python subprocess that imports this checkout.
 
-    pytest's ``pythonpath`` setting (which puts ``clients/python/src`` on the path)
-    reaches only the test process; a child sees ``normcal_client`` only when the
-    venv was installed from this tree. This puts the checkout and the client's
-    sources first, so a child imports what the test imports.
+    The checkout comes first on the path (``tests.*`` imports, and ``app`` from here
+    even if the venv was installed from another tree); ``normcal_client`` comes from
+    the venv, where ``make install`` put it from ``clients/python``.
     """
-    paths = [str(REPO), str(CLIENT_SRC), os.environ.get("PYTHONPATH", "")]
+    paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **extra}
 
 

@@ -1,4 +1,5 @@
-"""NormcalRetriever against the real service, and its answers checked on the wire.
+"""NormcalRetriever against the real service (its wire-level answers are checked over a
+mock transport in clients/python/tests).
 
 LangChain's standard suites are in ``test_langchain_standard.py``; these are the
 behaviours that are normcal's own: probabilities in the metadata, abstaining,
@@ -7,13 +8,12 @@ service-side filters, and clients given by the caller.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import httpx
 import pytest
-from normcal_client import AsyncNormcalClient, NormcalClient, SearchResult
+from normcal_client import AsyncNormcalClient, NormcalClient
 
 from tests.app.corpus import CORPUS, QUERIES
 from tests.app.server import source_env
@@ -155,89 +155,3 @@ async def test_async_retriever_with_its_own_client(kb):
     )
     docs = await retriever.ainvoke(QUERIES["photosynthesis"])
     assert [d.id for d in docs] == ["photosynthesis"]
-
-
-# ---------------------------------------------- calibrated answers (wire-level)
-
-
-def _result(abstain, probabilities, confidence=0.4):
-    hits = [
-        {
-            "id": f"d{i}",
-            "score": 0.9 - i / 10,
-            "bm25": 0.0,
-            "probability": p,
-            "norm": 4.0,
-            "n_tokens": 7,
-            "metadata": {"probability": "doc's own", "lang": "en"},
-            "text": f"text {i}",
-        }
-        for i, p in enumerate(probabilities)
-    ]
-    return {
-        "query": {"norm": 3.5, "n_tokens": 6, "truncated": False},
-        "mode": "dense",
-        "hits": hits,
-        "confidence": confidence,
-        "abstain": abstain,
-        "calibrator": {
-            "status": "fitted",
-            "id": "cal-7",
-            "method": "nt-list",
-            "default": False,
-        },
-    }
-
-
-def _mock_retriever(answer, **kwargs):
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=answer)
-
-    client = NormcalClient("http://mock", transport=httpx.MockTransport(handler))
-    return NormcalRetriever(collection="kb", client=client, **kwargs), seen
-
-
-def test_abstain_returns_nothing():
-    retriever, seen = _mock_retriever(_result(True, [0.2, 0.1]), min_probability=0.05)
-    assert retriever.invoke("anything") == []
-    assert json.loads(seen[0].content) == {
-        "query": "anything",
-        "k": 4,
-        "mode": "dense",
-        "include_text": True,
-        "min_probability": 0.05,
-    }
-
-
-def test_abstain_can_be_ignored():
-    retriever, _ = _mock_retriever(_result(True, [0.2]), honour_abstain=False)
-    assert [d.id for d in retriever.invoke("q")] == ["d0"]
-
-
-def test_calibrated_hits_carry_probability_and_win_name_clashes():
-    retriever, seen = _mock_retriever(
-        _result(False, [0.91, 0.55]), target_precision=0.7, k=2
-    )
-    docs = retriever.invoke("q")
-    assert [d.metadata["probability"] for d in docs] == [0.91, 0.55]
-    assert docs[0].metadata["lang"] == "en"  # the document's own metadata stays
-    assert docs[0].metadata["confidence"] == 0.4
-    assert docs[0].metadata["calibrator"] == "cal-7"
-    assert json.loads(seen[0].content)["target_precision"] == 0.7
-
-
-def test_documents_from_result_empty_hits():
-    result = SearchResult.model_validate(_result(False, []))
-    assert documents_from_result(result) == []
-
-
-def test_probability_bounds_are_validated():
-    from pydantic import ValidationError
-
-    for field in ("min_probability", "target_precision"):
-        for bad in (-0.1, 1.5):
-            with pytest.raises(ValidationError):
-                NormcalRetriever(collection="kb", **{field: bad})

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from types import FunctionType as _FunctionType
 
-from normcal_client._client import DEFAULT_URL, AsyncNormcalClient, NormcalClient
+from normcal_client._async_client import AsyncNormcalClient
+from normcal_client._base import DEFAULT_URL
 from normcal_client._errors import (
     CollectionUnavailable,
     Conflict,
@@ -98,6 +99,7 @@ from normcal_client._models import (
     VersionInfo,
 )
 from normcal_client._options import NO_RETRY, RequestOptions, RetryPolicy
+from normcal_client._sync_client import NormcalClient
 from normcal_client._version import __version__
 
 __all__ = [

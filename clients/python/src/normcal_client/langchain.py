@@ -27,7 +27,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, Field
 
-from normcal_client._client import DEFAULT_URL, AsyncNormcalClient, NormcalClient
+from normcal_client._async_client import AsyncNormcalClient
+from normcal_client._base import DEFAULT_URL
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
@@ -35,6 +36,7 @@ from normcal_client._models import (
     SearchMode,
     SearchResult,
 )
+from normcal_client._sync_client import NormcalClient
 
 __all__ = ["NormcalRetriever", "NormcalVectorStore", "documents_from_result"]
 
