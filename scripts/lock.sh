@@ -95,6 +95,7 @@ write_lock requirements/dev.txt "Runtime and development dependencies of normcal
 bench=("${pip[@]}" --python "$tmp/bench/bin/python")
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of pip arguments
 "${bench[@]}" install $TORCH_PIP_ARGS "torch==$TORCH_VERSION"
+"${bench[@]}" install ./clients/python
 "${bench[@]}" install -c requirements/runtime.txt ".[bench]"
 {
   echo "# The bench extra of normcal (benchmarks/peers.py), pinned: what it adds to runtime.txt."
