@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -113,8 +113,20 @@ class Settings(BaseSettings):
         description="torch: sentence-transformers; onnx: ONNX Runtime (same norms, "
         "exported from the model on first start unless NORMCAL_ONNX_PATH is set)",
     )
-    onnx_threads: int = Field(
-        0, ge=0, le=64, description="ONNX Runtime intra-op threads; 0: one per core"
+    embed_threads: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="intra-op threads of one forward pass (torch and ONNX Runtime); "
+        "0: one per core. Passes run in parallel on the CPU pool "
+        "(NORMCAL_WORKER_THREADS), so 1 keeps every core busy without threads "
+        "waiting on each other beside a busy neighbour (benchmarks/threads.py)",
+    )
+    embed_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="torch backend: auto uses bf16 where the CPU has it natively "
+        "(avx512_bf16, amx_bf16) or a GPU does, and a start-up self-check against "
+        "fp32 passes; fp32 or bf16 forces one",
     )
     onnx_path: Path | None = Field(
         None,
@@ -259,6 +271,16 @@ class Settings(BaseSettings):
                     "(scheme and host, optional port, no path or trailing slash)"
                 )
         return origins
+
+    @field_validator("embed_precision")
+    @classmethod
+    def _bf16_needs_torch(cls, value: str, info: ValidationInfo) -> str:
+        """Forced bf16 on a backend that runs fp32 only would silently be fp32."""
+        if value == "bf16" and info.data.get("embedding_backend") != "torch":
+            raise ValueError(
+                "bf16 needs NORMCAL_EMBEDDING_BACKEND=torch (the onnx backend runs fp32)"
+            )
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -7,13 +7,19 @@
    10k documents (npl abstracts), against in-process embed + FAISS search of the same
    queries on the same vectors.
 
-``--backend torch|onnx|both`` picks the server's embedding backend
-(``NORMCAL_EMBEDDING_BACKEND``); each is measured against the same raw encode of
-this run. The ONNX graph is exported once before timing (``NORMCAL_ONNX_PATH``).
+``--modes`` names the server configurations (``benchmarks/servers.py``: backend,
+precision, threads per pass), each measured against the same raw encode of this run
+(measured before and after the servers; the mean is the baseline). Ingest is also
+given in CPU seconds per document (the server process's, and this process's for the
+raw encode), which a busy machine blurs less than wall time. For a mode that is not
+fp32, the server's norms and vectors of the first 256 abstracts (``/v1/embed``) are
+compared with the fp32 pipeline's in this process (gate: norms within 0.5%, cosine
+>= 0.9999). The ONNX graph is exported once before timing (``NORMCAL_ONNX_PATH``).
 ``--search-docs 0`` skips the search part.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ingest.py [--docs 2000] [--backend both]``.
-Needs ``../shared/data`` (scifact, npl) beside the repository.
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ingest.py [--docs 2000]
+[--modes torch/fp32/t0,torch,onnx]``. Needs ``../shared/data`` (scifact, npl) beside
+the repository.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -39,6 +46,7 @@ from app.ops.beir import read_corpus  # noqa: E402
 from app.ops.cli import ingest_documents  # noqa: E402
 from app.ops.process import ServerProcess  # noqa: E402
 from app.settings import default_model_path  # noqa: E402
+from benchmarks.servers import mode_env, process_cpu_seconds, uses_onnx  # noqa: E402
 
 DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -47,27 +55,59 @@ def percentile_ms(samples: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples) * 1000.0, q))
 
 
-def bench_raw(model, docs: list[dict]) -> float:
-    """Seconds of raw ``SentenceTransformer.encode`` of the docs' texts."""
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_raw(model, docs: list[dict]) -> tuple[float, float]:
+    """Wall and CPU seconds of raw ``SentenceTransformer.encode`` of the docs."""
     texts = [d["text"] for d in docs]
     model.encode(texts[:64], batch_size=32)  # warm-up
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu()
     model.encode(texts, batch_size=32)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, _cpu() - cpu
 
 
 def bench_ingest(
-    server: ServerProcess, raw: float, docs: list[dict]
+    server: ServerProcess, raw: tuple[float, float], docs: list[dict]
 ) -> dict[str, float]:
-    with NormcalClient(server.url, timeout=600) as client:
+    assert server.proc is not None
+    with NormcalClient(server.url, timeout=1800) as client:
         ingest_documents(client, "warmup", docs[:64], progress=False)
+        cpu = process_cpu_seconds(server.proc.pid)
         http = ingest_documents(client, "ingest", docs, progress=False).seconds
+        cpu = process_cpu_seconds(server.proc.pid) - cpu
     return {
         "docs": len(docs),
-        "raw_docs_per_s": len(docs) / raw,
+        "raw_docs_per_s": len(docs) / raw[0],
+        "raw_cpu_ms_per_doc": raw[1] / len(docs) * 1000,
         "http_docs_per_s": len(docs) / http,
-        "ratio": raw / http,
+        "http_cpu_ms_per_doc": cpu / len(docs) * 1000,
+        "ratio": raw[0] / http,
+        "cpu_ratio": raw[1] / cpu,
     }
+
+
+def bench_agreement(server: ServerProcess, reference, docs: list[dict]) -> str:
+    """The server's embeddings of the docs against ``reference`` (fp32, in-process)."""
+    from app.embedding.base import EmbeddingBatch
+    from app.embedding.precision import Agreement
+
+    texts = [d["text"] for d in docs]
+    with httpx.Client(base_url=server.url, timeout=1800) as client:
+        r = client.post("/v1/embed", json={"texts": texts, "input_type": "document"})
+        r.raise_for_status()
+        data = r.json()["data"]
+    got = EmbeddingBatch(
+        vectors=np.array([d["embedding"] for d in data], dtype=np.float32),
+        norms=np.array([d["norm"] for d in data]),
+        n_tokens=np.array([d["n_tokens"] for d in data], dtype=np.int64),
+        truncated=np.array([d["truncated"] for d in data]),
+    )
+    agreement = Agreement.between(reference.embed(texts, "document"), got)
+    verdict = agreement.failure() or "within the gate"
+    return f"{len(texts)} abstracts vs fp32: {agreement}, {verdict}"
 
 
 def bench_search(
@@ -75,7 +115,7 @@ def bench_search(
 ) -> dict:
     import faiss
 
-    with NormcalClient(server.url, timeout=600) as nc:
+    with NormcalClient(server.url, timeout=1800) as nc:
         ingest_documents(nc, "search10k", docs, progress=False)
     with httpx.Client(base_url=server.url, timeout=600) as client:
         http: list[float] = []
@@ -105,17 +145,11 @@ def bench_search(
     return out
 
 
-def server_env(backend: str, onnx_dir: Path | None) -> dict[str, str]:
-    env = {"NORMCAL_EMBEDDING_BACKEND": backend}
-    if onnx_dir is not None:
-        env["NORMCAL_ONNX_PATH"] = str(onnx_dir)
-    return env
-
-
-def print_ingest(backend: str, ingest: dict[str, float]) -> None:
+def print_ingest(mode: str, ingest: dict[str, float]) -> None:
     print(
-        f"| normcal HTTP PUT /documents, {backend} backend (embed + SQLite + FAISS) "
-        f"| {ingest['http_docs_per_s']:.1f} | **{ingest['ratio']:.2f}** |"
+        f"| normcal HTTP PUT /documents, {mode} (embed + SQLite + FAISS) "
+        f"| {ingest['http_docs_per_s']:.1f} | **{ingest['ratio']:.2f}** "
+        f"| {ingest['http_cpu_ms_per_doc']:.1f} | **{ingest['cpu_ratio']:.2f}** |"
     )
 
 
@@ -139,7 +173,19 @@ def main() -> int:
     parser.add_argument("--docs", type=int, default=2000, help="scifact docs to ingest")
     parser.add_argument("--search-docs", type=int, default=10_000, help="0: no search")
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--backend", choices=("torch", "onnx", "both"), default="torch")
+    parser.add_argument(
+        "--modes",
+        default="torch/fp32/t0,torch",
+        help="server configurations (benchmarks/servers.py), e.g. torch/fp32/t0 "
+        "(the previous default), torch (the default: auto precision, 1 thread), onnx",
+    )
+    parser.add_argument(
+        "--raw-threads",
+        type=int,
+        default=0,
+        help="torch threads of the in-process baselines; 0: one per core (torch's "
+        "default)",
+    )
     parser.add_argument(
         "--json", type=Path, default=None, help="also write results here"
     )
@@ -150,8 +196,19 @@ def main() -> int:
 
     from sentence_transformers import SentenceTransformer
 
-    backends = ["torch", "onnx"] if args.backend == "both" else [args.backend]
+    backends = args.modes.split(",")
+    print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
     model = SentenceTransformer(default_model_path(), device="cpu")
+    reference = None
+    if any(mode_env(m).get("NORMCAL_EMBED_PRECISION") != "fp32" for m in backends):
+        from app.api.lifespan import load_embedder
+        from app.settings import Settings
+
+        reference = load_embedder(Settings(embed_precision="fp32"))
+    import torch
+
+    # The raw baselines' threads (loading the reference set them to 1).
+    torch.set_num_threads(args.raw_threads or os.cpu_count() or 1)
     scifact = list(read_corpus(DATA / "scifact", args.docs))
     npl = list(read_corpus(DATA / "npl", args.search_docs)) if args.search_docs else []
     with (DATA / "npl" / "queries.jsonl").open() as fh:
@@ -161,32 +218,60 @@ def main() -> int:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         onnx_dir = None
-        if "onnx" in backends:
+        if uses_onnx(backends):
             from app.embedding.onnx_export import export_onnx
 
             onnx_dir = export_onnx(default_model_path(), Path(tmp) / "onnx")
-        raw = bench_raw(model, scifact)
-        for backend in backends:
-            env = server_env(backend, onnx_dir if backend == "onnx" else None)
-            server = ServerProcess(Path(tmp) / backend, env=env).start()
+        before = bench_raw(model, scifact)
+        for i, backend in enumerate(backends):
+            env = mode_env(backend, onnx_dir)
+            server = ServerProcess(Path(tmp) / f"mode{i}", env=env).start(timeout=600)
             try:
-                out: dict = {"ingest": bench_ingest(server, raw, scifact)}
+                out: dict = {"ingest": bench_ingest(server, before, scifact)}
+                if (
+                    reference is not None
+                    and env.get("NORMCAL_EMBED_PRECISION") != "fp32"
+                ):
+                    out["agreement"] = bench_agreement(server, reference, scifact[:256])
                 if npl:
                     out["search"] = bench_search(server, model, npl, queries)
             finally:
                 server.stop()
             results[backend] = out
+        after = bench_raw(model, scifact)
+        raw = ((before[0] + after[0]) / 2, (before[1] + after[1]) / 2)
+        for out in results.values():  # against the mean of the two raw runs
+            out["ingest"]["raw_seconds_before_after"] = [before[0], after[0]]
+            http_s = out["ingest"]["docs"] / out["ingest"]["http_docs_per_s"]
+            http_cpu = out["ingest"]["http_cpu_ms_per_doc"] * out["ingest"]["docs"]
+            out["ingest"].update(
+                raw_docs_per_s=len(scifact) / raw[0],
+                raw_cpu_ms_per_doc=raw[1] / len(scifact) * 1000,
+                ratio=raw[0] / http_s,
+                cpu_ratio=raw[1] * 1000 / http_cpu,
+            )
 
     print(
-        f"cpu threads: torch={__import__('torch').get_num_threads()}, cores={os.cpu_count()}, "
+        f"in-process baselines: torch threads={__import__('torch').get_num_threads()}, "
+        f"cores={os.cpu_count()}, "
         f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     first = results[backends[0]]["ingest"]
-    print(f"\n| ingest ({first['docs']} scifact abstracts) | docs/s | ratio to raw |")
-    print("|---|---|---|")
-    print(f"| raw SentenceTransformer.encode | {first['raw_docs_per_s']:.1f} | 1.00 |")
+    print(
+        f"\n| ingest ({first['docs']} scifact abstracts) | docs/s | ratio to raw "
+        "| CPU ms/doc | CPU ratio to raw |"
+    )
+    print("|---|---|---|---|---|")
+    print(
+        f"| raw SentenceTransformer.encode (fp32, batch 32; mean of the runs before "
+        f"and after) | {first['raw_docs_per_s']:.1f} | 1.00 "
+        f"| {first['raw_cpu_ms_per_doc']:.1f} | 1.00 |"
+    )
     for backend in backends:
         print_ingest(backend, results[backend]["ingest"])
+    for backend in backends:
+        if "agreement" in results[backend]:
+            print(f"\n{backend}: {results[backend]['agreement']}")
     for backend in backends:
         if "search" in results[backend]:
             print_search(backend, results[backend]["search"])

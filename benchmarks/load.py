@@ -6,9 +6,11 @@ and remainder passages; generated text when it is absent), then runs a 90/10
 search/upsert mix at each concurrency level for a bounded time and number of
 requests, and prints per level: throughput, p50/p99 latency of searches and upserts,
 and the error count; finally the p99/p50 ratio of searches at the highest level.
-It does all that once per ``--batching`` mode (a fresh server each: batching across
-requests off, or on with a given window) and prints each mode's throughput and
-search p50/p99 as ratios to the first mode's, measured in the same run.
+It does all that once per ``--batching`` mode (a fresh server each; a mode names
+batching across requests, off or a window in ms, and optionally the backend,
+precision and threads per pass, see ``benchmarks/servers.py``) and prints each
+mode's throughput and search p50/p99 as ratios to the first mode's, measured in the
+same run.
 A pinger calls ``/healthz`` all along: its p99 under load, against its p50 on the
 idle server measured first in the same run, shows whether the event loop stays free
 while the CPU pool embeds (this replaces a latency assert the tests used to make).
@@ -17,7 +19,8 @@ Loopback only, bounded, stops by itself::
 
     python benchmarks/load.py                      # 10k docs, levels 1,4,16, 20 s each
     python benchmarks/load.py --docs 2000 --duration 5 --batching off,0,2
-    python benchmarks/load.py --batching off,onnx:off,onnx:0   # torch vs onnx
+    python benchmarks/load.py --batching off,onnx/off,onnx/0   # torch vs onnx
+    python benchmarks/load.py --batching torch/fp32/t0/0,0      # the previous default
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.ops.process import ServerProcess  # noqa: E402
+from benchmarks.servers import mode_env, uses_onnx  # noqa: E402
 
 # The same data directory as benchmarks/ingest.py (a worktree has no ../shared).
 DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -215,32 +219,12 @@ class Run:
     documents: int
 
 
-def _split(mode: str) -> tuple[str, str]:
-    """``[backend:]batching``, the backend ``torch`` unless named."""
-    backend, _, batching = mode.rpartition(":")
-    return backend or "torch", batching
-
-
-def _mode_env(mode: str, onnx_path: Path | None) -> dict[str, str]:
-    """``off``: no batching across requests; a number: batching with that window (ms);
-    an ``onnx:`` prefix: the ONNX backend, on the graph exported once for the run."""
-    backend, batching = _split(mode)
-    env = {"NORMCAL_EMBEDDING_BACKEND": backend}
-    if backend == "onnx" and onnx_path is not None:
-        env["NORMCAL_ONNX_PATH"] = str(onnx_path)
-    if batching == "off":
-        return {**env, "NORMCAL_EMBED_BATCHING": "false"}
-    return {
-        **env,
-        "NORMCAL_EMBED_BATCHING": "true",
-        "NORMCAL_EMBED_BATCH_WINDOW_MS": batching,
-    }
-
-
 def _label(mode: str) -> str:
-    backend, batching = _split(mode)
-    on = "batching off" if batching == "off" else f"batching on, window {batching} ms"
-    return f"{backend}, {on}"
+    env = mode_env(mode)
+    batching = env.get("NORMCAL_EMBED_BATCHING") != "false"
+    window = env.get("NORMCAL_EMBED_BATCH_WINDOW_MS", "0")
+    on = f"batching on, window {window} ms" if batching else "batching off"
+    return f"{mode}: {on}"
 
 
 async def run_mode(
@@ -255,7 +239,7 @@ async def run_mode(
     env = {
         "NORMCAL_WORKER_THREADS": str(args.workers),
         "NORMCAL_INDEX_TYPE": args.index,
-        **_mode_env(mode, onnx_path),
+        **mode_env(mode, onnx_path),
     }
     with tempfile.TemporaryDirectory(prefix="normcal-load-") as tmp:
         server = ServerProcess(Path(tmp) / "data", env=env).start(timeout=180)
@@ -354,7 +338,7 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="normcal-load-onnx-") as tmp:
         onnx_path = None
-        if any(_split(m)[0] == "onnx" for m in modes):
+        if uses_onnx(modes):
             from app.embedding.onnx_export import export_onnx
             from app.settings import default_model_path
 
@@ -397,8 +381,8 @@ def main() -> int:
         "--batching",
         default="off,0",
         help="server modes compared in one run, the first is the baseline: 'off', "
-        "or a batch window in ms (batching on), each optionally prefixed by the "
-        "embedding backend (torch: by default), e.g. off,0,2 or off,onnx:off,onnx:0",
+        "or a batch window in ms (batching on), with optional parts joined by / "
+        "(benchmarks/servers.py), e.g. off,0,2 or torch/fp32/t0/0,0,onnx/0",
     )
     return asyncio.run(main_async(parser.parse_args()))
 

@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite compares embeddings with sentence-transformers' own to 1e-5 and must give
+# the same figures on every CPU: the model runs fp32 unless a test (tests/app/
+# test_precision.py) asks for auto or bf16. Server subprocesses inherit it.
+os.environ.setdefault("NORMCAL_EMBED_PRECISION", "fp32")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(

@@ -45,7 +45,7 @@ def load_embedder(settings: Settings) -> Embedder:
             prompts=prompts,
             batch_size=settings.embed_batch_size,
             max_batch_tokens=settings.embed_max_batch_tokens,
-            threads=settings.onnx_threads,
+            threads=settings.embed_threads,
         )
     return SentenceTransformerEmbedder(
         settings.model_path,
@@ -54,6 +54,8 @@ def load_embedder(settings: Settings) -> Embedder:
         batch_size=settings.embed_batch_size,
         max_batch_tokens=settings.embed_max_batch_tokens,
         device=settings.device,
+        threads=settings.embed_threads,
+        precision=settings.embed_precision,
     )
 
 

@@ -2,9 +2,10 @@
 
 A forward pass of 16 queries costs little more than one on a CPU, so embedding each
 single-query search alone wastes most of the machine under load. The
-:class:`EmbedBatcher` runs one pass at a time on the CPU pool (a pass already uses
-every core through the model's own threads): a request that finds it idle starts a
-pass at once, so an idle service adds no latency; requests arriving while a pass runs
+:class:`EmbedBatcher` runs up to ``lanes`` passes at a time on the CPU pool (one lane
+per core when a pass runs on one thread, ``NORMCAL_EMBED_THREADS=1``; one lane when a
+pass already uses every core): a request that finds a lane free starts a pass at
+once, so an idle service adds no latency; requests arriving while every lane is busy
 queue up, and the next pass takes every queued request of the same input type, up to
 ``max_texts`` texts. ``window`` optionally holds a *following* pass back a moment so
 stragglers join it; it never delays a request that finds the batcher idle.
@@ -16,8 +17,10 @@ large upsert cannot hold a waiting search back for more than one pass.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +36,17 @@ class _Job:
     texts: list[str]
     input_type: InputType
     future: asyncio.Future[EmbeddingBatch] = field(repr=False)
+
+
+def lanes_for(threads: int, workers: int) -> int:
+    """Passes to run at once: as many as the cores hold at ``threads`` per pass.
+
+    ``threads`` 0 (one per core) gives one lane; never more than the pool's
+    ``workers``, which run them.
+    """
+    if threads <= 0:
+        return 1
+    return max(1, min(workers, (os.cpu_count() or 1) // threads))
 
 
 def concatenate(batches: list[EmbeddingBatch]) -> EmbeddingBatch:
@@ -71,8 +85,10 @@ class EmbedBatcher:
         Seconds a pass that follows another waits for more requests, unless it is
         already full; 0 takes what is queued at once.
     max_queued : int
-        Chunks queued or in the running pass beyond which a request gets
-        ``OverloadedError`` (HTTP 503), as the pool counts its running job in its bound.
+        Chunks queued or in running passes beyond which a request gets
+        ``OverloadedError`` (HTTP 503), as the pool counts its running jobs in its bound.
+    lanes : int
+        Passes that may run at once (each on its own pool thread).
     enabled : bool
         False embeds each request on its own, as without a batcher (to compare).
     """
@@ -85,6 +101,7 @@ class EmbedBatcher:
         max_texts: int,
         window: float = 0.0,
         max_queued: int = 64,
+        lanes: int = 1,
         enabled: bool = True,
     ) -> None:
         self.embedder = embedder
@@ -92,14 +109,15 @@ class EmbedBatcher:
         self.max_texts = max_texts
         self.window = window
         self.max_queued = max_queued
+        self.lanes = max(1, lanes)
         self.enabled = enabled
         self._queue: deque[_Job] = deque()
-        self._in_pass = 0  # requests in the running pass
-        self._drainer: asyncio.Task[None] | None = None
+        self._in_pass = 0  # requests in running passes
+        self._drainers: set[asyncio.Task[Any] | None] = set()
 
     @property
     def pending(self) -> int:
-        """Requests (chunks) queued for a pass, not counting the running one."""
+        """Requests (chunks) queued for a pass, not counting running ones."""
         return sum(not job.future.done() for job in self._queue)
 
     async def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
@@ -113,7 +131,7 @@ class EmbedBatcher:
         return concatenate(parts)
 
     async def _submit(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
-        # The running pass counts too, as a running job counts in the pool's bound.
+        # Running passes count too, as running jobs count in the pool's bound.
         if self.pending + self._in_pass >= self.max_queued:
             raise OverloadedError(
                 f"{self.pending + self._in_pass} embeddings are already in flight; "
@@ -122,16 +140,17 @@ class EmbedBatcher:
             )
         job = _Job(texts, input_type, asyncio.get_running_loop().create_future())
         self._queue.append(job)
-        if self._drainer is None:
-            self._drainer = asyncio.create_task(self._drain())
+        if len(self._drainers) < self.lanes:
+            self._drainers.add(asyncio.create_task(self._drain()))
         # A cancelled caller cancels its future; the drainer skips it or drops its
         # result, and the other requests carry on.
         return await job.future
 
     async def _drain(self) -> None:
-        """Run passes until the queue is empty, then stop.
+        """Run passes one after the other until the queue is empty, then stop.
 
-        The next request restarts it, so an idle batcher holds no task.
+        Each lane is one drainer; the next request starts one again, so an idle
+        batcher holds no task.
         """
         try:
             following = False
@@ -146,7 +165,9 @@ class EmbedBatcher:
             # Only reached with jobs left if this task was cancelled (shutdown).
             while self._queue:
                 self._queue.popleft().future.cancel()
-            self._drainer = None
+            # Here, not in a done-callback: a request queued before that ran would
+            # find every lane taken by drainers that have stopped.
+            self._drainers.discard(asyncio.current_task())
 
     def _full(self) -> bool:
         head = self._queue[0].input_type
@@ -184,7 +205,7 @@ class EmbedBatcher:
         If it fails, each job runs again alone, so one bad request fails only itself.
         """
         texts = [t for job in jobs for t in job.texts]
-        self._in_pass = len(jobs)
+        self._in_pass += len(jobs)
         try:
             batch = await self.pool.run(self.embedder.embed, texts, jobs[0].input_type)
         except asyncio.CancelledError:
@@ -206,7 +227,7 @@ class EmbedBatcher:
                     await self._run([job])
             return
         finally:
-            self._in_pass = 0
+            self._in_pass -= len(jobs)
         start = 0
         for job in jobs:
             _settle(job, _slice(batch, start, start + len(job.texts)))

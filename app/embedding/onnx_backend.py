@@ -19,6 +19,8 @@ from numpy.typing import NDArray
 
 from app.embedding.base import EmbeddingBatch, InputType, forward_passes
 from app.embedding.identity import model_identity
+from app.embedding.precision import PrecisionChoice
+from app.embedding.tokens import Tokenised, truncating
 
 if TYPE_CHECKING:
     from tokenizers import Encoding
@@ -146,7 +148,9 @@ class OnnxEmbedder:
     max_batch_tokens : int
         Most padded tokens per forward pass.
     threads : int
-        ONNX Runtime intra-op threads; 0 lets it choose (one per core).
+        ONNX Runtime intra-op threads; 0 lets it choose (one per core). The threads
+        do not spin while idle: a spinning pool burns the CPU a neighbour (or the
+        next request's tokenisation) needs.
     """
 
     def __init__(
@@ -170,15 +174,15 @@ class OnnxEmbedder:
         # all-MiniLM-L6-v2); sentence-transformers truncates at max_seq_length and
         # pads to the longest text of a batch, which :meth:`embed` does itself.
         padding = tokenizer.padding or {}
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=config.max_seq_length)
-        self._tokenizer = tokenizer
+        self._tokenizer = truncating(tokenizer, config.max_seq_length)
         self._pad_id = int(padding.get("pad_id", 0))
         self._pad_type_id = int(padding.get("pad_type_id", 0))
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self._session = ort.InferenceSession(
             str(graph), options, providers=["CPUExecutionProvider"]
         )
@@ -191,6 +195,10 @@ class OnnxEmbedder:
         self.max_batch_tokens = max_batch_tokens
         self.max_seq_length = config.max_seq_length
         self.dim = config.dim
+        self.precision_choice = PrecisionChoice(
+            "fp32",
+            "the onnx backend runs fp32 (ONNX Runtime's CPU provider has no bf16 MatMul)",
+        )
 
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
         """Embed texts; see :class:`EmbeddingBatch`."""
@@ -198,14 +206,13 @@ class OnnxEmbedder:
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         if not inputs:
             return EmbeddingBatch.empty(self.dim)
-        encodings = self._tokenizer.encode_batch(inputs, add_special_tokens=True)
-        lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
-        # Truncation keeps the first max_seq_length tokens; the rest overflow.
-        truncated = np.array([bool(e.overflowing) for e in encodings], dtype=bool)
+        tokens = Tokenised(self._tokenizer, inputs)
         pooled = np.empty((len(inputs), self.dim), dtype=np.float64)
-        for rows in forward_passes(lengths, self.batch_size, self.max_batch_tokens):
-            pooled[rows] = self._forward([encodings[i] for i in rows])
-        return EmbeddingBatch.from_pooled(pooled, lengths, truncated)
+        for rows in forward_passes(
+            tokens.lengths, self.batch_size, self.max_batch_tokens
+        ):
+            pooled[rows] = self._forward([tokens.encodings[i] for i in rows])
+        return EmbeddingBatch.from_pooled(pooled, tokens.lengths, tokens.truncated)
 
     def _forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad a batch to its longest text, run the graph, pool."""

@@ -2,20 +2,28 @@
 
 For all-MiniLM-L6-v2 the raw norm is the length of the mean-pooled token embedding.
 torch and sentence-transformers are imported when a model is loaded, not when this
-module is, so importing :mod:`app.embedding` stays cheap.
+module is, so importing :mod:`app.embedding` stays cheap. The model runs in fp32 or,
+under ``torch.autocast``, in bf16 (:mod:`app.embedding.precision` chooses).
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import os
-import threading
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.embedding.base import EmbeddingBatch, InputType, forward_passes, require
 from app.embedding.identity import model_identity
+from app.embedding.precision import (
+    Precision,
+    PrecisionSetting,
+    cpu_bf16_flag,
+    select_precision,
+)
+from app.embedding.tokens import Tokenised, truncating
 
 
 class SentenceTransformerEmbedder:
@@ -35,6 +43,11 @@ class SentenceTransformerEmbedder:
         Most padded tokens per forward pass.
     device : str
         Torch device.
+    threads : int
+        torch intra-op threads (process-wide); 0 leaves torch's default (one per core).
+    precision : {"auto", "fp32", "bf16"}
+        See :func:`~app.embedding.precision.select_precision`; ``precision_choice``
+        holds what was chosen and why.
     """
 
     def __init__(
@@ -46,6 +59,8 @@ class SentenceTransformerEmbedder:
         batch_size: int = 32,
         max_batch_tokens: int = 512,
         device: str = "cpu",
+        threads: int = 0,
+        precision: PrecisionSetting = "fp32",
     ) -> None:
         require(
             "NORMCAL_EMBEDDING_BACKEND=torch",
@@ -54,6 +69,7 @@ class SentenceTransformerEmbedder:
             "sentence_transformers",
         )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.models import Normalize
         from transformers.utils import logging as transformers_logging
@@ -67,19 +83,21 @@ class SentenceTransformerEmbedder:
         if modules and isinstance(modules[-1], Normalize):
             # Keep the pooled vector's length: rebuild the pipeline without Normalize.
             model = SentenceTransformer(modules=modules[:-1], device=device)
+        if threads:
+            torch.set_num_threads(threads)
         self._model = model
-        # Token counting needs truncation and padding off; a fast tokenizer keeps
-        # those as mutable state that ``encode`` sets on every call from any pool
-        # thread. Counting on the shared one made concurrent encodes fail (ragged
-        # batches), so it gets its own copy, and a lock because it is stateful too.
-        self._counter = copy.deepcopy(model.tokenizer)
-        self._counter_lock = threading.Lock()
+        self._device = torch.device(device)
         self.model_name = model_name
         self.model_id = model_identity(model_path)
         self.prompts: dict[InputType, str] = dict(prompts or {})
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_seq_length = int(model.max_seq_length or 512)
+        # ``encode`` sets truncation and padding on the model's tokenizer on every
+        # call from any pool thread; counting needs its own, configured once.
+        self._tokenizer = truncating(
+            model.tokenizer.backend_tokenizer, self.max_seq_length
+        )
         get_dim = getattr(model, "get_embedding_dimension", None) or (
             model.get_sentence_embedding_dimension
         )
@@ -87,14 +105,41 @@ class SentenceTransformerEmbedder:
         if dim is None:  # pragma: no cover - every pooled model reports it
             raise ValueError(f"model at {model_path} does not report its dimension")
         self.dim = int(dim)
+        self.precision: Precision = "fp32"
+        self.precision_choice = select_precision(
+            precision, self, native=self._native_bf16()
+        )
+        if self.precision_choice.precision == "bf16":
+            # Autocast casts every Linear weight to bf16 on each call (its cache
+            # lives as long as one autocast block); cast them once instead. The
+            # result is bit for bit the same, and a query costs ~7% less CPU. Norms,
+            # softmax and pooling stay fp32, as autocast keeps them.
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.to(torch.bfloat16)
 
     def token_counts(self, texts: list[str]) -> NDArray[np.int64]:
-        """Untruncated token counts, special tokens included (thread-safe)."""
-        with self._counter_lock:
-            encoded = self._counter(
-                texts, add_special_tokens=True, truncation=False, verbose=False
-            )
-        return np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+        """Tokens the model sees, special tokens included (thread-safe)."""
+        return Tokenised(self._tokenizer, texts).lengths
+
+    def _native_bf16(self) -> str | None:
+        """Where bf16 is native for this device, or None."""
+        import torch
+
+        if self._device.type == "cuda":
+            ok = torch.cuda.is_bf16_supported()
+            return f"GPU {torch.cuda.get_device_name(self._device)}" if ok else None
+        if self._device.type == "cpu":
+            flag = cpu_bf16_flag()
+            return f"CPU flag {flag}" if flag else None
+        return None
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(self._device.type, dtype=torch.bfloat16)
 
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
         """Embed texts; see :class:`EmbeddingBatch`."""
@@ -102,15 +147,16 @@ class SentenceTransformerEmbedder:
         inputs = [prefix + t for t in texts] if prefix else list(texts)
         if not inputs:
             return EmbeddingBatch.empty(self.dim)
-        full = self.token_counts(inputs)
-        seen = np.minimum(full, self.max_seq_length)
+        tokens = Tokenised(self._tokenizer, inputs)
         raw = np.empty((len(inputs), self.dim), dtype=np.float32)
-        for rows in forward_passes(seen, self.batch_size, self.max_batch_tokens):
-            raw[rows] = self._model.encode(
-                [inputs[i] for i in rows],
-                batch_size=len(rows),
-                convert_to_numpy=True,
-                normalize_embeddings=False,
-                show_progress_bar=False,
-            )
-        return EmbeddingBatch.from_pooled(raw, seen, full > self.max_seq_length)
+        passes = forward_passes(tokens.lengths, self.batch_size, self.max_batch_tokens)
+        with self._autocast():
+            for rows in passes:
+                raw[rows] = self._model.encode(
+                    [inputs[i] for i in rows],
+                    batch_size=len(rows),
+                    convert_to_numpy=True,
+                    normalize_embeddings=False,
+                    show_progress_bar=False,
+                )
+        return EmbeddingBatch.from_pooled(raw, tokens.lengths, tokens.truncated)

@@ -22,6 +22,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -29,6 +30,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import Route, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.embedding.precision import precision_of
 from app.exceptions import StorageUnavailableError
 
 if TYPE_CHECKING:
@@ -170,6 +172,11 @@ class Metrics:
             buckets=FIT_BUCKETS,
             registry=self.registry,
         )
+        self.precision = Info(
+            "normcal_embedding_precision",
+            "The precision the embedding model runs in, and why.",
+            registry=self.registry,
+        )
         self._collections = _CollectionCollector()
         self.registry.register(self._collections)
 
@@ -194,7 +201,9 @@ class Metrics:
         self.fit_seconds.labels(method).observe(seconds)
 
     def instrument(self, embedder: Embedder) -> Embedder:
-        """Wrap ``embedder`` so every call is counted."""
+        """Wrap ``embedder`` so every call is counted; report its precision."""
+        choice = precision_of(embedder)
+        self.precision.info({"precision": choice.precision, "reason": choice.reason})
         return InstrumentedEmbedder(embedder, self)
 
     def render(self) -> bytes:

@@ -15,7 +15,7 @@ from app.collections.registry import CollectionRegistry
 from app.collections.snapshots import Snapshots
 from app.concurrency import CpuPool
 from app.embedding import Embedder
-from app.embedding.batching import EmbedBatcher
+from app.embedding.batching import EmbedBatcher, lanes_for
 from app.jobs import JOBS_FILE, FitJobs
 from app.ops.observability import Metrics
 from app.settings import Settings
@@ -59,6 +59,7 @@ class Context:
             max_texts=self.settings.embed_batch_size,
             window=self.settings.embed_batch_window_ms / 1000,
             max_queued=self.settings.max_pending_jobs,
+            lanes=lanes_for(self.settings.embed_threads, self.settings.worker_threads),
             enabled=self.settings.embed_batching,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from app import __version__, limits
 from app.api.schemas.embed import Embedding, EmbedResponse
 from app.api.schemas.health import (
+    EmbeddingInfo,
     ModelIdentity,
     Readiness,
     ShippedProfileInfo,
@@ -12,6 +13,7 @@ from app.api.schemas.health import (
     VersionInfo,
 )
 from app.embedding import InputType
+from app.embedding.precision import precision_of
 from app.exceptions import NotFoundError, StorageUnavailableError
 from app.profiles import shipped_profiles
 from app.services.context import Part
@@ -54,7 +56,18 @@ class SystemService(Part):
             answer.unavailable = [
                 UnavailableCollection(name=u.name, reason=u.reason) for u in broken
             ]
+            answer.embedding = self.embedding_info()
         return answer
+
+    def embedding_info(self) -> EmbeddingInfo:
+        """The backend, the precision in use and why, the threads per pass."""
+        choice = precision_of(self.embedder)
+        return EmbeddingInfo(
+            backend=self.settings.embedding_backend,
+            precision=choice.precision,
+            reason=choice.reason,
+            threads=self.settings.embed_threads,
+        )
 
     def version(self) -> VersionInfo:
         """The normcal version, the serving model's identity, the shipped profiles."""
@@ -65,6 +78,7 @@ class SystemService(Part):
                 id=self.embedder.model_id,
                 path=self.settings.model_path,
             ),
+            embedding=self.embedding_info(),
             profiles=[
                 ShippedProfileInfo(name=p.name, format=p.format, model_id=p.model_id)
                 for p in shipped_profiles()

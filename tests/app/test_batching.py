@@ -231,6 +231,38 @@ async def test_queue_bound_accepted_at_the_limit_refused_past_it(model, pool):
 
 
 @pytest.mark.anyio
+async def test_lanes_run_passes_side_by_side_and_queue_the_rest(model, pool):
+    # Two lanes: the second request gets a pass of its own while the first one's
+    # runs; the requests after them wait and share the next free lane's pass.
+    batcher = EmbedBatcher(model, pool, max_texts=32, lanes=2)
+    first = await blocked_first_pass(batcher, model)
+    second = asyncio.create_task(batcher.embed(["1"], "query"))
+    await until(lambda: len(model.calls) == 2)
+    rest = start(batcher, (["2"], "query"), (["3"], "query"))
+    await queued(batcher, 2)
+    model.gate.set()
+    assert [norms(await t) for t in (first, second, *rest)] == [
+        [0.0],
+        [1.0],
+        [2.0],
+        [3.0],
+    ]
+    assert model.calls[:2] == [(["0"], "query"), (["1"], "query")]
+    assert (["2", "3"], "query") in model.calls[2:]
+
+
+def test_lanes_follow_threads_per_pass_and_the_pool(monkeypatch):
+    from app.embedding import batching
+
+    monkeypatch.setattr(batching.os, "cpu_count", lambda: 4)
+    assert batching.lanes_for(threads=1, workers=8) == 4
+    assert batching.lanes_for(threads=2, workers=8) == 2
+    assert batching.lanes_for(threads=1, workers=2) == 2  # the pool runs them
+    assert batching.lanes_for(threads=0, workers=8) == 1  # a pass uses every core
+    assert batching.lanes_for(threads=8, workers=8) == 1
+
+
+@pytest.mark.anyio
 async def test_disabled_embeds_each_request_alone(model, pool):
     model.gate.set()
     batcher = EmbedBatcher(model, pool, max_texts=32, enabled=False)
@@ -303,16 +335,18 @@ def test_concurrent_searches_return_what_sequential_ones_do(real_embedder, tmp_p
         model.gate.clear()
         model.entered.clear()
         model.query_passes.clear()
+        lanes = batcher.lanes  # passes side by side (one per core, by default)
         with ThreadPoolExecutor(len(QUERIES)) as threads:
-            first = threads.submit(search, client, QUERIES[0])
-            assert model.entered.wait(DEADLINE_S)
-            rest = [threads.submit(search, client, q) for q in QUERIES[1:]]
-            _wait_for(lambda: batcher.pending == len(QUERIES) - 1)
+            held = []  # one search per lane, each held in its own pass
+            for q in QUERIES[:lanes]:
+                held.append(threads.submit(search, client, q))
+                _wait_for(lambda: len(model.query_passes) == len(held))
+            rest = [threads.submit(search, client, q) for q in QUERIES[lanes:]]
+            _wait_for(lambda: batcher.pending == len(QUERIES) - lanes)
             model.gate.set()
-            concurrent = [first.result(DEADLINE_S)] + [
-                f.result(DEADLINE_S) for f in rest
-            ]
-    assert model.query_passes == [1, len(QUERIES) - 1]  # one shared pass
+            concurrent = [f.result(DEADLINE_S) for f in held + rest]
+    # The queued searches shared one pass.
+    assert model.query_passes == [1] * lanes + [len(QUERIES) - lanes]
     for seq, conc in zip(sequential, concurrent, strict=True):
         assert [d for d, _ in conc] == [d for d, _ in seq]
         assert np.allclose([s for _, s in conc], [s for _, s in seq], atol=1e-5)

@@ -71,6 +71,14 @@ def onnx_embedder(exported):
     return model
 
 
+def test_sessions_do_not_spin_and_take_the_one_thread_setting(onnx_embedder):
+    options = onnx_embedder._session.get_session_options()
+    for pool in ("intra_op", "inter_op"):
+        assert options.get_session_config_entry(f"session.{pool}.allow_spinning") == "0"
+    assert options.intra_op_num_threads == Settings().embed_threads == 1
+    assert onnx_embedder.precision_choice.precision == "fp32"
+
+
 def test_equivalent_to_torch_on_mixed_lengths(real_embedder, onnx_embedder):
     texts = mixed_texts(100)
     for input_type in ("document", "query"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -16,6 +18,22 @@ class UnavailableCollection(BaseModel):
 
     name: str
     reason: str
+
+
+class EmbeddingInfo(BaseModel):
+    """How the model runs: backend, precision (and why), threads per forward pass."""
+
+    backend: str = Field(description="NORMCAL_EMBEDDING_BACKEND: torch or onnx")
+    precision: Literal["fp32", "bf16"] = Field(
+        description="the precision in use (NORMCAL_EMBED_PRECISION chose it)"
+    )
+    reason: str = Field(
+        description="why: the setting, the CPU flag and the self-check's figures, or "
+        "why bf16 was refused"
+    )
+    threads: int = Field(
+        description="NORMCAL_EMBED_THREADS: intra-op threads per pass; 0 one per core"
+    )
 
 
 class Readiness(BaseModel):
@@ -33,6 +51,9 @@ class Readiness(BaseModel):
         "when an API key is set)",
     )
     unavailable: list[UnavailableCollection] | None = None
+    embedding: EmbeddingInfo | None = Field(
+        None, description="how the model runs (omitted for anonymous callers)"
+    )
 
 
 class ModelIdentity(BaseModel):
@@ -62,4 +83,5 @@ class VersionInfo(BaseModel):
 
     normcal: str
     model: ModelIdentity
+    embedding: EmbeddingInfo
     profiles: list[ShippedProfileInfo]

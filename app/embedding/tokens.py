@@ -1,0 +1,45 @@
+"""Tokens as the model sees them: counts after truncation and whether it cut.
+
+Both backends count with a private copy of the model's fast tokenizer (the
+``tokenizers`` package), configured once to truncate at ``max_seq_length`` and not to
+pad, and never changed afterwards: calls from several pool threads share nothing
+mutable, so they need no lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding, Tokenizer
+
+__all__ = ["Tokenised", "truncating"]
+
+
+def truncating(tokenizer: Tokenizer, max_seq_length: int) -> Tokenizer:
+    """A copy of ``tokenizer`` that truncates at ``max_seq_length`` and never pads."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.enable_truncation(max_length=max_seq_length)
+    return copy
+
+
+class Tokenised:
+    """``texts`` through a :func:`truncating` tokenizer, special tokens included."""
+
+    def __init__(self, tokenizer: Tokenizer, texts: list[str]) -> None:
+        self.encodings: list[Encoding] = tokenizer.encode_batch(
+            texts, add_special_tokens=True
+        )
+        self.lengths: NDArray[np.int64] = np.array(
+            [len(e.ids) for e in self.encodings], dtype=np.int64
+        )
+        # Truncation keeps the first max_seq_length tokens; the rest overflow.
+        self.truncated: NDArray[np.bool_] = np.array(
+            [bool(e.overflowing) for e in self.encodings], dtype=bool
+        )

@@ -1,0 +1,247 @@
+"""NORMCAL_EMBED_PRECISION: bf16 only where native and within the gate, fp32 exact."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.api.app import create_app
+from app.embedding.base import EmbeddingBatch, forward_passes
+from app.embedding.precision import (
+    PROBES,
+    Agreement,
+    PrecisionChoice,
+    cpu_bf16_flag,
+    select_precision,
+)
+from app.settings import Settings, default_model_path
+
+
+def _batch(vectors, norms, n_tokens=None, truncated=None) -> EmbeddingBatch:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    n = len(vectors)
+    return EmbeddingBatch(
+        vectors=vectors,
+        norms=np.asarray(norms, dtype=np.float64),
+        n_tokens=np.asarray(n_tokens if n_tokens is not None else [3] * n, np.int64),
+        truncated=np.asarray(truncated if truncated is not None else [False] * n),
+    )
+
+
+# -- pure logic -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("fpu avx2 avx512f avx512_bf16 avx512_vnni", "avx512_bf16"),
+        ("fpu avx512_bf16 amx_bf16 amx_tile", "amx_bf16"),
+        ("fpu avx2 avx512f avx512_vnni", None),
+    ],
+)
+def test_the_native_bf16_flag_is_read_from_cpuinfo(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert cpu_bf16_flag(cpuinfo) == expected
+
+
+def test_no_cpuinfo_means_no_native_bf16(tmp_path):
+    assert cpu_bf16_flag(tmp_path / "absent") is None
+
+
+def test_the_gate_passes_at_its_bounds_and_fails_one_step_past():
+    ref = _batch([[1, 0], [0, 1]], [256.0, 4.0])
+    at = _batch([[1, 0], [0, 1]], [257.28, 4.0])  # 0.5% exactly (to the last bit)
+    assert Agreement.between(ref, at).failure() is None
+    past = _batch([[1, 0], [0, 1]], [257.29, 4.0])
+    assert "norm moved by 0.504%" in Agreement.between(ref, past).failure()
+    angle = np.arccos(0.99989)  # a cosine just below 0.9999
+    turned = _batch([[np.cos(angle), np.sin(angle)], [0, 1]], [256.0, 4.0])
+    assert "cosine fell" in Agreement.between(ref, turned).failure()
+    tokens = _batch([[1, 0], [0, 1]], [256.0, 4.0], n_tokens=[3, 4])
+    assert "token counts" in Agreement.between(ref, tokens).failure()
+    cut = _batch([[1, 0], [0, 1]], [256.0, 4.0], truncated=[False, True])
+    assert "truncation" in Agreement.between(ref, cut).failure()
+
+
+def test_zero_vectors_agree_with_themselves():
+    ref = _batch([[0, 0], [1, 0]], [0.0, 2.0])
+    assert Agreement.between(ref, ref).failure() is None
+
+
+class _Recorder:
+    """A switchable embedder that records the precision of every call."""
+
+    def __init__(self) -> None:
+        self.precision = "bf16"
+        self.calls: list[str] = []
+
+    def embed(self, texts, input_type):
+        self.calls.append(self.precision)
+        return _batch(np.eye(2)[[0] * len(texts)], [1.0] * len(texts))
+
+
+def test_fp32_forced_and_auto_without_native_bf16_run_no_self_check():
+    for setting, native in (("fp32", "CPU flag avx512_bf16"), ("auto", None)):
+        embedder = _Recorder()
+        choice = select_precision(setting, embedder, native=native)
+        assert choice.precision == "fp32" and embedder.precision == "fp32"
+        assert embedder.calls == []
+    assert "no native bf16" in select_precision("auto", _Recorder(), native=None).reason
+
+
+# -- the real model -----------------------------------------------------------------
+
+
+def _model(precision: str):
+    from app.embedding import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(
+        default_model_path(), model_name="m", precision=precision
+    )
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return _model("fp32")
+
+
+TEXTS = [
+    "does aspirin prevent heart attacks?",
+    "",
+    "Paris is the capital of France.",
+    " ".join(["calibration of retrieval scores in RAG systems"] * 60),  # truncated
+    "東京は日本の首都である。",
+    *PROBES,
+]
+
+
+def test_fp32_forced_gives_the_sentence_transformers_embeddings_bit_for_bit(fp32):
+    """What normcal stored before precision was a setting: encode of the model
+    without Normalize, pass by pass, token counts from the model's tokenizer."""
+    from sentence_transformers import SentenceTransformer
+
+    assert fp32.precision_choice == PrecisionChoice(
+        "fp32", "NORMCAL_EMBED_PRECISION=fp32"
+    )
+    got = fp32.embed(TEXTS, "document")
+    model = SentenceTransformer(default_model_path(), device="cpu")
+    model = SentenceTransformer(modules=list(model)[:-1], device="cpu")
+    full = np.array(
+        [len(model.tokenizer(t, truncation=False)["input_ids"]) for t in TEXTS]
+    )
+    seen = np.minimum(full, fp32.max_seq_length)
+    raw = np.empty((len(TEXTS), fp32.dim), dtype=np.float32)
+    for rows in forward_passes(seen, fp32.batch_size, fp32.max_batch_tokens):
+        raw[rows] = model.encode(
+            [TEXTS[i] for i in rows],
+            batch_size=len(rows),
+            convert_to_numpy=True,
+            normalize_embeddings=False,
+        )
+    expected = EmbeddingBatch.from_pooled(raw, seen, full > fp32.max_seq_length)
+    assert expected.truncated.any()
+    for field in dataclasses.fields(EmbeddingBatch):
+        np.testing.assert_array_equal(
+            getattr(got, field.name), getattr(expected, field.name)
+        )
+
+
+class _PoisonedInBf16:
+    """The real model, but one probe's bf16 norm is 1% off: the injected failure."""
+
+    def __init__(self, inner, poison: str) -> None:
+        self.inner = inner
+        self.poison = poison
+
+    @property
+    def precision(self):
+        return self.inner.precision
+
+    @precision.setter
+    def precision(self, value) -> None:
+        self.inner.precision = value
+
+    def embed(self, texts, input_type):
+        batch = self.inner.embed(texts, input_type)
+        if self.precision == "bf16":
+            norms = batch.norms.copy()
+            norms[texts.index(self.poison)] *= 1.01
+            batch = dataclasses.replace(batch, norms=norms)
+        return batch
+
+
+def test_a_failing_self_check_falls_back_to_fp32(fp32):
+    poison = "a probe whose bf16 embedding fails the gate"
+    wrapped = _PoisonedInBf16(fp32, poison)
+    choice = select_precision(
+        "auto", wrapped, native="CPU flag avx512_bf16", probes=(*PROBES, poison)
+    )
+    assert choice.precision == "fp32" and fp32.precision == "fp32"
+    assert "bf16 failed its self-check" in choice.reason
+    assert "a norm moved by" in choice.reason
+    # And the model really runs fp32 again: exactly the fp32 embeddings.
+    again = _model("fp32").embed(TEXTS, "query")
+    np.testing.assert_array_equal(fp32.embed(TEXTS, "query").vectors, again.vectors)
+
+
+def test_forced_bf16_keeps_bf16_and_says_what_the_check_found(fp32):
+    poison = "poisoned"
+    wrapped = _PoisonedInBf16(fp32, poison)
+    try:
+        choice = select_precision("bf16", wrapped, native=None, probes=(poison,))
+        assert choice.precision == "bf16" and fp32.precision == "bf16"
+        assert "NORMCAL_EMBED_PRECISION=bf16" in choice.reason
+        assert "max norm error 1.0" in choice.reason
+    finally:
+        fp32.precision = "fp32"
+
+
+@pytest.mark.skipif(cpu_bf16_flag() is None, reason="this CPU has no native bf16")
+def test_auto_on_a_native_bf16_cpu_follows_its_self_check(fp32):
+    auto = _model("auto")
+    reason = auto.precision_choice.reason
+    assert f"self-check on {len(PROBES)} probes" in reason
+    ref, got = fp32.embed(TEXTS, "document"), auto.embed(TEXTS, "document")
+    if auto.precision == "bf16":  # the gate passed: bf16 really ran, within it
+        assert not np.array_equal(ref.vectors, got.vectors)
+        assert Agreement.between(ref, got).failure() is None
+    else:  # it failed (this CPU: the Cyrillic probe moves 0.6%): exactly fp32
+        assert "bf16 failed its self-check" in reason
+        np.testing.assert_array_equal(ref.vectors, got.vectors)
+
+
+def test_bf16_is_refused_for_the_onnx_backend():
+    with pytest.raises(ValueError, match="bf16 needs NORMCAL_EMBEDDING_BACKEND=torch"):
+        Settings(embedding_backend="onnx", embed_precision="bf16")
+
+
+def test_version_readyz_and_metrics_show_the_precision_in_use(tmp_path, fp32):
+    choice = PrecisionChoice("bf16", "CPU flag avx512_bf16; self-check passed")
+    fp32.precision_choice = choice
+    try:
+        settings = Settings(data_dir=tmp_path / "data", embed_threads=1)
+        with TestClient(create_app(settings, embedder=fp32)) as c:
+            version = c.get("/version").json()["embedding"]
+            ready = c.get("/readyz").json()["embedding"]
+            metrics = c.get("/metrics").text
+    finally:
+        fp32.precision_choice = PrecisionChoice("fp32", "NORMCAL_EMBED_PRECISION=fp32")
+    expected = {
+        "backend": "torch",
+        "precision": "bf16",
+        "reason": choice.reason,
+        "threads": 1,
+    }
+    assert version == ready == expected
+    [sample] = [
+        s
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+        if s.name == "normcal_embedding_precision_info"
+    ]
+    assert sample.labels == {"precision": "bf16", "reason": choice.reason}
