@@ -168,6 +168,15 @@ class UnavailableCollection(ResponseModel):
     reason: str
 
 
+class EmbeddingInfo(ResponseModel):
+    """How the model runs: backend, precision (and why), threads per forward pass."""
+
+    backend: str
+    precision: Literal["fp32", "bf16"]
+    reason: str
+    threads: int
+
+
 class Readiness(ResponseModel):
     """``GET /readyz``: ``ready``, or ``degraded`` when some collections could not open.
 
@@ -180,6 +189,7 @@ class Readiness(ResponseModel):
     reasons: list[str] = []
     collections: int | None = None
     unavailable: list[UnavailableCollection] | None = None
+    embedding: EmbeddingInfo | None = None
 
 
 class ModelIdentity(ResponseModel):
@@ -203,6 +213,7 @@ class VersionInfo(ResponseModel):
 
     normcal: str
     model: ModelIdentity
+    embedding: EmbeddingInfo
     profiles: list[ShippedProfileInfo]
 
 
