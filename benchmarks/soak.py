@@ -157,12 +157,13 @@ def client_loop(
                         with ledger.lock:
                             ledger.documents[(c, doc_id)] = None
                 elif roll < 0.82:
-                    body = {"judgments": judgments(rng, f"client {n} step {step}")[:5]}
+                    rows = judgments(rng, f"client {n} step {step}")[:5]
+                    body = {"judgments": rows}
                     if ledger.answer(
                         "feedback", http.post(f"{base}/feedback", json=body)
                     ):
                         with ledger.lock:
-                            ledger.feedback[c] += len(body["judgments"])
+                            ledger.feedback[c] += len(rows)
                 elif roll < 0.86:
                     body = {"judgments": judgments(rng, f"fit {n}"), "activate": False}
                     ledger.answer("fit-job", http.post(f"{base}/fit-jobs", json=body))
