@@ -1,5 +1,8 @@
-"""ASGI middleware: a request id on every request (``X-Request-ID``); a body cap;
-the browser security headers on every response.
+"""ASGI middleware: request ids, a body cap, the browser security headers.
+
+A request id on every request (``X-Request-ID``); a cap on the body's bytes; the
+headers that keep a browser from running, framing or sniffing what the service
+serves (:class:`SecurityHeadersMiddleware`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The judging page and the report viewer: static HTML, JS and CSS shipped in
-``app.ui`` (no data in them).
+"""The judging page and the report viewer: static files shipped in ``app.ui``.
+
+The HTML, JS and CSS hold no data.
 
 The page reads the collection name from its own URL and fetches everything else from
 the ``/v1`` API with the bearer key the user typed into it, so the files can be
