@@ -125,7 +125,7 @@ def problem_response(
 
 
 # Said in place of a library exception's text that a domain error's message embeds.
-WITHHELD = "a malformed value (the server log has the details)"
+WITHHELD = "unreadable (the server log says why)"
 _MIN_ECHO = 4  # shorter texts ("0", "'a'") are a key or a value, not an explanation
 
 
