@@ -324,6 +324,13 @@ class CalibratorsService(Part):
         )
 
 
+def _decoding_rule(error: Exception) -> str:
+    """What an exception decoding or trying a profile says about it, in our words."""
+    if isinstance(error, KeyError) and isinstance(error.args[0], str):
+        return f"the field {error.args[0][:64]!r} is missing"
+    return "a field has the wrong type, shape or value"
+
+
 def _imported_profile(data: dict[str, Any]) -> Profile:
     """Decode an exported profile and give it a new id in this collection.
 
@@ -342,12 +349,12 @@ def _imported_profile(data: dict[str, Any]) -> Profile:
     except CalibrationError as error:
         raise InvalidRequestError(
             f"not a valid calibration profile: {error}", field="profile"
-        ) from error
+        ) from error  # a library's text in it is withheld (api.errors.public_detail)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise InvalidRequestError(
-            f"not a valid calibration profile ({type(error).__name__}: {error})",
+            f"not a valid calibration profile: {_decoding_rule(error)}",
             field="profile",
-        ) from error
+        ) from None  # the message is ours; the cause's text is not for the client
     return replace(
         profile, id=uuid.uuid4().hex[:12], created_at=time.time(), default=False
     )
