@@ -18,6 +18,7 @@ from app.collections.checks import (
 )
 from app.collections.registry import CollectionRegistry
 from app.collections.store import SCHEMA_VERSION, UnusableStoreError, build_store
+from app.ops.cli import EXIT_INPUT, main
 from tests.collections.conftest import DIM, new_docs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "old_format"
@@ -204,3 +205,23 @@ def test_start_up_quarantines_a_file_that_fails_the_checks(built):
     finally:
         registry.close()
     assert built.read_bytes() == before  # quarantined files are never modified
+
+
+def test_offline_restore_of_a_crafted_snapshot_exits_3_and_changes_nothing(
+    built, tmp_path, capsys
+):
+    snapshot = tmp_path / "crafted.sqlite3"
+    shutil.copy(built, snapshot)
+    _alter(
+        snapshot,
+        "CREATE TRIGGER eat AFTER INSERT ON documents BEGIN "
+        "DELETE FROM documents WHERE seq = new.seq; END",
+    )
+    data = built.parent
+    before = built.read_bytes()
+    argv = ["restore", str(snapshot), "--collection", "kb", "--data-dir", str(data)]
+    assert main(argv) == EXIT_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "schema differs: extra trigger 'eat'" in err, err
+    assert built.read_bytes() == before
+    assert not list(data.glob(".kb.creating-*"))  # the checked copy is gone
