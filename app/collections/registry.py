@@ -710,9 +710,9 @@ class CollectionRegistry(Generic[C]):
         try:
             trial = self._open(name, staged, meta)
         except UnusableStoreError as error:
-            raise InvalidRequestError(
-                f"the snapshot is not a usable collection: {error}"
-            ) from error
+            raise _refused(
+                "the snapshot is not a usable collection", error
+            ) from error.__cause__
         try:
             trial.calibrators()
         except Exception as error:
@@ -893,13 +893,23 @@ def _stage_snapshot(
             )
     except UnusableStoreError as error:
         _remove_files(staged)
-        raise InvalidRequestError(
-            f"{source.name} is not a usable snapshot: {error}"
-        ) from error
+        raise _refused(
+            f"{source.name} is not a usable snapshot", error
+        ) from error.__cause__
     except BaseException:
         _remove_files(staged)
         raise
     return staged, meta
+
+
+def _refused(what: str, error: UnusableStoreError) -> InvalidRequestError:
+    """The 422 of a file that fails a check: ``what``, then why.
+
+    ``error``'s reason is normcal's (a schema difference, a meta key and its rule):
+    raise this ``from error.__cause__``, what ``error`` came from if anything (say
+    SQLite's exception), so a problem detail withholds that text and only that.
+    """
+    return InvalidRequestError(f"{what}: {error}")
 
 
 def _replace_file(staged: Path, path: Path, data_dir: Path) -> None:
