@@ -26,6 +26,7 @@ EXIT_USAGE = 2  # bad arguments or NORMCAL_* settings
 EXIT_INPUT = 3  # a file, folder or split is missing or malformed
 EXIT_UNREACHABLE = 4  # no HTTP answer from --url
 EXIT_API = 5  # the server answered with a problem (4xx/5xx)
+EXIT_BUSY = 6  # another normcal process owns the data dir
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EPILOG = f"""\
@@ -35,6 +36,7 @@ exit status:
   {EXIT_INPUT}    input: a file, folder or qrels split is missing or malformed
   {EXIT_UNREACHABLE}    the server at --url did not answer (is normcal serve running there?)
   {EXIT_API}    the server refused the request (its problem title and detail are printed)
+  {EXIT_BUSY}    the data dir is in use by another normcal process (its pid is printed)
   {EXIT_INTERRUPTED}  interrupted (ingest --skip-existing resumes)
 
 environment:
@@ -83,7 +85,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service in this process.
 
     Invalid settings (say an empty ``NORMCAL_API_KEY``) end it with one line on
-    stderr and exit status 2, before anything loads.
+    stderr and exit status 2, before anything loads. The data dir is locked before
+    anything opens (:mod:`app.collections.ownership`), with either storage backend
+    (the data dir keeps the fit jobs too): a second server on it exits 6 with one
+    line naming the holder's pid.
     """
     from app.api.app import create_app
     from app.api.serving import serve
@@ -95,13 +100,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["data_dir"] = args.data_dir
     settings = _settings(**overrides)
     configure_logging(settings.log_level, json_lines=settings.log_format == "json")
-    return serve(
-        create_app(settings),
-        settings,
-        host=settings.host if args.host is None else args.host,
-        port=settings.port if args.port is None else args.port,
-        port_file=args.port_file,
-    )
+    with _own_data_dir(Path(settings.data_dir), "serve"):
+        return serve(
+            create_app(settings),
+            settings,
+            host=settings.host if args.host is None else args.host,
+            port=settings.port if args.port is None else args.port,
+            port_file=args.port_file,
+        )
+
+
+@contextmanager
+def _own_data_dir(data_dir: Path, command: str) -> Iterator[None]:
+    """Hold ``data_dir``'s lock for the block; another holder is a :class:`CliError`.
+
+    A data dir that cannot be locked for lack of write access is served unlocked
+    (nothing can be written to it: ``/readyz`` reports it and writes get a 503).
+    """
+    import logging
+
+    from app.collections.ownership import DataDirBusyError, lock_data_dir
+
+    try:
+        lock = lock_data_dir(data_dir, command)
+    except DataDirBusyError as error:
+        raise CliError(
+            EXIT_BUSY,
+            f"{error}; one server per data dir: stop it, or give this one another "
+            "NORMCAL_DATA_DIR",
+        ) from None
+    except OSError as error:
+        logging.getLogger(__name__).warning(
+            "cannot lock data dir %s, serving it unlocked: %s", data_dir, error
+        )
+        yield
+        return
+    with lock:
+        yield
 
 
 def _settings_errors(error: ValidationError) -> str:
@@ -458,6 +493,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     it must reopen the collection, which a file swapped under it would not do. Local
     storage only: Milvus collections are backed up with Milvus's own tools.
     """
+    from app.collections.ownership import DataDirBusyError
     from app.collections.registry import restore_offline
     from app.exceptions import InvalidRequestError, NormcalError
 
@@ -468,6 +504,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
         raise CliError(EXIT_INPUT, f"{args.snapshot}: no such snapshot file")
     try:
         restore_offline(Path(data_dir), args.collection, args.snapshot)
+    except DataDirBusyError as error:
+        raise CliError(
+            EXIT_BUSY,
+            f"{error}; restore through the running server instead (POST "
+            f"/v1/collections/{args.collection}/snapshots/{{id}}/restore), or "
+            "stop it to install this file offline",
+        ) from None
     except InvalidRequestError as error:
         code = EXIT_USAGE if error.field == "name" else EXIT_INPUT
         raise CliError(code, _one_line(error.detail)) from None
