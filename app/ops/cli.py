@@ -237,10 +237,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     )
     if empty:
         print(
-            f"skipped {len(empty)} corpus.jsonl rows with an empty title and text "
-            f"(nothing to embed): {_first_ids(empty)}"
+            f"skipped {_count(len(empty), 'corpus.jsonl row')} with an empty title "
+            f"and text (nothing to embed): {_first_ids(empty)}"
         )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _first_ids(ids: list[str], shown: int = 5) -> str:
@@ -330,8 +335,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
     if info.dropped_judgments:
         print(
-            f"dropped {info.dropped_judgments} judgments naming documents not in "
-            f"collection {args.collection!r} (--skip-unknown)"
+            f"dropped {_count(info.dropped_judgments, 'judgment')} naming documents "
+            f"not in collection {args.collection!r} (--skip-unknown)"
         )
     print("| method | NLL | Brier | ECE | AUROC |\n|---|---|---|---|---|")
     for name, m in info.cv.items():

@@ -195,7 +195,7 @@ def test_the_first_workflow_reports_skips_and_can_skip_unknown_documents(
     assert main(["ingest", str(beir), *url]) == 0
     out = capsys.readouterr().out
     assert "ingested 5 documents" in out
-    assert "skipped 1 corpus.jsonl rows with an empty title and text" in out
+    assert "skipped 1 corpus.jsonl row with an empty title and text" in out
     assert "'blank'" in out
     path = "/v1/collections/toy"
     assert api.get(path).json()["documents"] == 5
