@@ -342,6 +342,11 @@ class Collection(Generic[C]):
         with self._reading() as store:
             return store.judgments()
 
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        with self._reading() as store:
+            return store.judgments_count()
+
     def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
         """Store feedback for the next fit; return the new total."""
         with self._reading() as store:

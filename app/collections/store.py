@@ -815,6 +815,11 @@ class CollectionStore:
             ).fetchall()
         return [(str(q), str(d), int(r)) for q, d, r in rows]
 
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        with self._use() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0])
+
     def judgments_page(
         self, limit: int, after: int
     ) -> list[tuple[int, str, str, int, float]]:

@@ -250,8 +250,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     """Upsert documents (BEIR folder, JSONL or CSV) into a collection via the API."""
     from app.ops.inputs import InputError, read_documents
 
+    empty: list[str] = []
     try:
-        docs = read_documents(args.source, args.limit)
+        docs = read_documents(args.source, args.limit, skipped=empty)
     except (InputError, OSError) as error:
         raise _input_error(error) from None
     with _api(args.url, timeout=600) as client:
@@ -269,7 +270,23 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"ingested {sent} documents into {args.collection!r}{skipped} "
         f"in {done.seconds:.1f}s ({rate:.1f} docs/s)"
     )
+    if empty:
+        print(
+            f"skipped {_count(len(empty), 'corpus.jsonl row')} with an empty title "
+            f"and text (nothing to embed): {_first_ids(empty)}"
+        )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _first_ids(ids: list[str], shown: int = 5) -> str:
+    """The first ``shown`` ids, quoted, and how many more there are."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(repr(i) for i in ids[:shown]) + more
 
 
 def _judgments(
@@ -312,19 +329,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    from app.ops.inputs import InputError, read_judged
+    from app.ops.inputs import InputError, default_split, read_judged
 
+    split = args.split or default_split(args.data_dir)
     try:
-        queries, qrels = read_judged(args.data_dir, args.split)
+        queries, qrels = read_judged(args.data_dir, split)
     except (InputError, OSError) as error:
         raise _input_error(error) from None
-    judgments = _judgments(queries, qrels, args.split)
+    judgments = _judgments(queries, qrels, split)
     n_texts = len({j["query"] for j in judgments})
     options: dict[str, Any] = {
         "method": args.method,
         "k": args.k,
         "abstain_target": args.abstain_target,
         "allow_reorder": not args.query_side_only,
+        "unknown_documents": "skip" if args.skip_unknown else "error",
     }
     with _api(args.url, timeout=3600) as client:
         client.get_collection(args.collection)  # unreachable or unknown: say so now
@@ -349,6 +368,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
         f"calibrator {info.id} ({info.method}, active={info.active}) "
         f"on {info.report['n_queries']} queries"
     )
+    if info.dropped_judgments:
+        print(
+            f"dropped {_count(info.dropped_judgments, 'judgment')} naming documents "
+            f"not in collection {args.collection!r} (--skip-unknown)"
+        )
     print("| method | NLL | Brier | ECE | AUROC |\n|---|---|---|---|---|")
     for name, m in info.cv.items():
         print(f"| {name} | {m.nll:.4f} | {m.brier:.4f} | {m.ece:.4f} | {m.auroc:.3f} |")
@@ -404,9 +428,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
 
-    from app.ops.inputs import InputError, check_beir_split
+    from app.ops.inputs import InputError, check_beir_split, default_split
 
-    splits = [args.split] + ([args.fit_split] if args.fit_split else [])
+    split = args.split or default_split(args.data_dir, exclude=args.fit_split)
+    splits = [split] + ([args.fit_split] if args.fit_split else [])
     try:  # before anything heavy loads: a typo fails in a second, not a minute
         check_beir_split(args.data_dir, *splits, corpus=True)
     except InputError as error:
@@ -437,7 +462,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = run_eval(
             _ProgressEmbedder(load_embedder(settings)),
             args.data_dir,
-            split=args.split,
+            split=split,
             fit_split=args.fit_split,
             cache_dir=args.cache_dir,
             options=options,
@@ -646,7 +671,12 @@ def build_parser() -> argparse.ArgumentParser:
         "data_dir", type=Path, help="BEIR folder with queries.jsonl and qrels/"
     )
     fit.add_argument("--collection", required=True, help="the collection to calibrate")
-    fit.add_argument("--split", default="train", help="qrels split (qrels/SPLIT.tsv)")
+    fit.add_argument(
+        "--split",
+        default=None,
+        help="qrels split (qrels/SPLIT.tsv); default: train, or test when the set "
+        "has no train split",
+    )
     fit.add_argument(
         "--method",
         default="auto",
@@ -669,6 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
         "monotone in cosine within a query, at the cost of BM25 evidence",
     )
     fit.add_argument(
+        "--skip-unknown",
+        action="store_true",
+        help="leave out judgments naming documents the collection does not hold "
+        "(say, empty ones ingest skipped) and say how many, instead of refusing",
+    )
+    fit.add_argument(
         "--no-wait",
         action="store_true",
         help="start a fit job and print its id and URL, without waiting for it "
@@ -683,7 +719,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "data_dir", type=Path, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)"
     )
-    ev.add_argument("--split", default="test", help="qrels split to evaluate on")
+    ev.add_argument(
+        "--split",
+        default=None,
+        help="qrels split to evaluate on; default: train, or test when the set has "
+        "no train split (or train is --fit-split)",
+    )
     ev.add_argument(
         "--fit-split",
         default=None,
