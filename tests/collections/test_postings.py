@@ -608,7 +608,15 @@ _LONG = {
 def test_tokens_at_and_past_the_fts5_bound_score_as_fts5(
     stemmer: lexical.Stemmer,
 ) -> None:
+    # FTS5's bound, found empirically: a token keeps its first 32,768 bytes, and the
+    # cut is byte-wise (inside a character when it falls there).
     assert lexical.MAX_TOKEN_BYTES == 32_768
+    tokens = Tokenizer(stemmer).texts(list(_LONG.values())).terms
+    kept = {len(t.encode("utf-8", "surrogateescape")) for t in tokens}
+    assert kept == {32_766, 32_768, 16_385}  # "心" * 10922, the cut ones, "e" * 16385
+    assert ("心" * 10_922).encode() + "心".encode()[:2] in {
+        t.encode("utf-8", "surrogateescape") for t in tokens
+    }
     texts = [*TEXTS, *(f"fox {t} beer" for t in _LONG.values())]
     conn = _fts(texts, stemmer)
     postings = Postings.build(conn, stemmer)  # read back without a decode error
