@@ -21,6 +21,14 @@ def check_count(field: str, items: Sequence[Any], limit: int) -> None:
         raise LimitExceededError(field, limit, len(items))
 
 
+def check_filter(field: str, where: dict[str, Any] | None, limits: Limits) -> None:
+    """Reject a metadata filter with more than ``limits.max_filter_keys`` keys.
+
+    Each key is one condition of the query that applies the filter (SQL, Milvus).
+    """
+    check_count(field, list(where or ()), limits.max_filter_keys)
+
+
 def check_texts(field: str, texts: Sequence[str], limits: Limits) -> None:
     """Reject any text longer than ``limits.max_text_chars`` characters."""
     for i, text in enumerate(texts):

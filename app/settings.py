@@ -77,6 +77,14 @@ class Limits(BaseSettings):
         ge=1,
         description="ids per batch get or delete (POST .../documents/get, /delete)",
     )
+    max_filter_keys: int = Field(
+        64,
+        ge=1,
+        # Each key is one condition of a SQL expression, and SQLite refuses an
+        # expression tree past its depth limit (1000) at about 990 keys.
+        le=512,
+        description="keys of a metadata filter (search, POST .../documents/delete)",
+    )
     max_queued_fit_jobs: int = Field(
         4, ge=1, description="fit jobs queued or running; past it a fit gets 503"
     )

@@ -36,6 +36,7 @@ class VectorIndex:
     ) -> None:
         self.dim = dim
         self.kind = kind
+        self._hnsw_m = hnsw_m
         self._ef_search = ef_search
         if kind == "flat":
             inner: Any = faiss.IndexFlatIP(dim)
@@ -44,6 +45,12 @@ class VectorIndex:
             inner.hnsw.efSearch = ef_search
         self._index = faiss.IndexIDMap2(inner)
         self._tombstones: set[int] = set()
+
+    def emptied(self) -> VectorIndex:
+        """A new, empty index of the same kind and parameters."""
+        return VectorIndex(
+            self.dim, kind=self.kind, hnsw_m=self._hnsw_m, ef_search=self._ef_search
+        )
 
     @property
     def size(self) -> int:

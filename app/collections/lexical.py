@@ -10,6 +10,17 @@ A user's query text is never handed to FTS5 as query syntax: :func:`match_expres
 splits it into word tokens itself and quotes each one, so quotes, ``NEAR``, ``*``,
 ``-``, column filters or unbalanced parentheses are just characters.
 
+FTS5 keeps at most :data:`MAX_TOKEN_BYTES` (32,768) UTF-8 bytes of a token, in a
+document and in a query alike, cutting the rest off byte-wise, possibly in the middle
+of a character (a 3-byte character cut after 2 bytes). normcal keeps that one rule
+and never re-tokenises: a token FTS5 hands back (``fts5vocab``) is read as bytes and
+decoded by :func:`vocab_term`, losslessly (``surrogateescape``), so two tokens are one
+key in the in-memory postings exactly when they are one term in FTS5. Cutting long
+tokens at a character boundary before FTS5 sees them would need another text in the
+index than ``documents.text`` (the triggers index the stored text itself) and would
+leave the files already holding cut tokens broken; reading them back losslessly
+serves both.
+
 Scores are FTS5's BM25 (``k1=1.2``, ``b=0.75``) with the sign flipped, so larger is
 better and a document that matches no query term scores 0. :func:`idf_mass` gives the
 sum of the same IDFs over the query's terms, the per-query scale that makes a BM25
@@ -30,7 +41,9 @@ from numpy.typing import NDArray
 
 __all__ = [
     "FTS_TABLE",
+    "MAX_TOKEN_BYTES",
     "STEMMERS",
+    "VOCAB_TERM",
     "LexicalHits",
     "Stemmer",
     "TermStats",
@@ -43,6 +56,7 @@ __all__ = [
     "search_with_mass",
     "term_stats",
     "tokenizer",
+    "vocab_term",
 ]
 
 Stemmer = Literal["porter", "none"]
@@ -50,6 +64,10 @@ STEMMERS: tuple[Stemmer, ...] = ("porter", "none")
 FTS_TABLE = "documents_fts"
 MAX_QUERY_TERMS = 64
 """Distinct query terms used for lexical scoring (the first ones, in query order)."""
+MAX_TOKEN_BYTES = 32_768
+"""FTS5's bound on a token (``FTS5_MAX_TOKEN_SIZE``): longer ones are cut byte-wise."""
+VOCAB_TERM = "CAST(term AS BLOB)"
+"""Select this instead of an ``fts5vocab`` table's ``term``, then :func:`vocab_term`."""
 
 # unicode61 treats letters, numbers and private-use characters as token characters and
 # everything else (including "_") as a separator.
@@ -83,6 +101,16 @@ def tokenizer(stemmer: Stemmer) -> str:
         raise ValueError(f"unknown stemmer {stemmer!r}")
     tokenize = "unicode61 remove_diacritics 2"
     return f"porter {tokenize}" if stemmer == "porter" else tokenize
+
+
+def vocab_term(raw: bytes) -> str:
+    """A token as FTS5 stores it (``VOCAB_TERM``), as a string key.
+
+    A token cut at :data:`MAX_TOKEN_BYTES` may end inside a character: its bytes are
+    kept (``surrogateescape``), so distinct FTS5 terms stay distinct keys. These
+    keys are never written back to SQLite nor shown to anyone.
+    """
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def query_terms(text: str) -> list[str]:

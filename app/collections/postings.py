@@ -6,7 +6,9 @@ documents). The postings here are read once from the FTS5 index itself (an
 ``fts5vocab`` table of type ``instance``), so FTS5's own tokenisation (unicode61,
 diacritics, Porter) is never re-implemented; new documents and query terms are
 tokenised by a private in-memory FTS5 table with the same ``tokenize`` option
-(:class:`Tokenizer`). A query is then a few numpy operations on the postings of its
+(:class:`Tokenizer`). Tokens are read as bytes and decoded by ``lexical.vocab_term``,
+so one FTS5 cut in the middle of a character (``lexical.MAX_TOKEN_BYTES``) is a key
+like any other. A query is then a few numpy operations on the postings of its
 terms, with no SQLite connection at all.
 
 The scores are FTS5's to the last bit or so: the same IDF (``log((N - n + 0.5) /
@@ -124,10 +126,11 @@ class Tokenizer:
 
     def texts(self, texts: Sequence[str]) -> _Tokens:
         """The postings of ``texts`` (documents numbered by position)."""
-        rows = self._vocab(texts, "SELECT term, doc FROM v")
+        rows = self._vocab(texts, f"SELECT {lexical.VOCAB_TERM}, doc FROM v")
         terms: list[str] = []
         counts: list[int] = []
-        for term, _ in rows:
+        for raw, _ in rows:
+            term = lexical.vocab_term(raw)
             if terms and terms[-1] == term:
                 counts[-1] += 1
             else:
@@ -144,10 +147,12 @@ class Tokenizer:
         known = {t: self._terms.get(t) for t in terms}
         missing = [t for t, tokens in known.items() if tokens is None]
         if missing:
-            rows = self._vocab(missing, "SELECT doc, term FROM v ORDER BY doc, offset")
+            rows = self._vocab(
+                missing, f"SELECT doc, {lexical.VOCAB_TERM} FROM v ORDER BY doc, offset"
+            )
             found: list[list[str]] = [[] for _ in missing]
-            for doc, token in rows:
-                found[doc].append(token)
+            for doc, raw in rows:
+                found[doc].append(lexical.vocab_term(raw))
             with self._lock:
                 if len(self._terms) + len(missing) > _CACHED_TERMS:
                     self._terms.clear()
@@ -261,13 +266,16 @@ class Postings:
             (r[0] for r in conn.execute(f"SELECT id FROM {table}_docsize")),
             dtype=np.int64,
         )
-        rows = conn.execute(f"SELECT term, cnt FROM temp.{table}_row").fetchall()
+        rows = conn.execute(
+            f"SELECT {lexical.VOCAB_TERM}, cnt FROM temp.{table}_row"
+        ).fetchall()
         docs = np.fromiter(
             (r[0] for r in conn.execute(f"SELECT doc FROM temp.{table}_instance")),
             dtype=np.int64,
         )
         size = int(seqs.max()) + 1 if seqs.size else 0
-        tokens = _group([r[0] for r in rows], [r[1] for r in rows], docs, size)
+        terms = [lexical.vocab_term(r[0]) for r in rows]
+        tokens = _group(terms, [r[1] for r in rows], docs, size)
         return cls(Tokenizer(stemmer), tokens, seqs)
 
     @property
@@ -281,15 +289,29 @@ class Postings:
         return arrays + self._length.nbytes + self._live.nbytes
 
     # -- writes -----------------------------------------------------------------------
-    def apply(self, removed: Iterable[int], added: Sequence[tuple[int, str]]) -> None:
+    def tokens_of(self, added: Sequence[tuple[int, str]]) -> _Tokens:
+        """The tokens of the ``added`` documents' texts, for :meth:`apply`.
+
+        The part of a write that reads FTS5 (and may fail): the store runs it before
+        its transaction commits, so that :meth:`apply` after the commit only appends.
+        """
+        return self._tokenizer.texts([t for _, t in added])
+
+    def apply(
+        self,
+        removed: Iterable[int],
+        added: Sequence[tuple[int, str]],
+        tokens: _Tokens | None = None,
+    ) -> None:
         """Drop the ``removed`` seqs, then add the ``added`` (seq, text) documents.
 
-        New seqs are above every seq in the index (``AUTOINCREMENT``), so appending
+        ``tokens`` are the texts' :meth:`tokens_of` (computed here when None). New
+        seqs are above every seq in the index (``AUTOINCREMENT``), so appending
         keeps each posting sorted.
         """
         self._remove(np.fromiter(removed, dtype=np.int64))
         if added:
-            self._add(added)
+            self._add(added, self.tokens_of(added) if tokens is None else tokens)
 
     def _remove(self, seqs: NDArray[np.int64]) -> None:
         seqs = seqs[(seqs < self._live.size)]
@@ -313,9 +335,8 @@ class Postings:
         self._postings = compacted
         self._dead = 0
 
-    def _add(self, added: Sequence[tuple[int, str]]) -> None:
+    def _add(self, added: Sequence[tuple[int, str]], tokens: _Tokens) -> None:
         seqs = np.array([s for s, _ in added], dtype=np.int64)
-        tokens = self._tokenizer.texts([t for _, t in added])
         size = int(seqs.max()) + 1
         if size > self._live.size:
             grown = max(size, 2 * self._live.size)

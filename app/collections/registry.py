@@ -41,6 +41,7 @@ from app.collections.ownership import DIR_MODE, lock_data_dir
 from app.collections.postings import LexicalBuilds
 from app.collections.store import (
     CollectionStore,
+    Derive,
     MetadataValue,
     NewDocument,
     OpenConnections,
@@ -93,6 +94,7 @@ class StoredCalibrator(Protocol):
 
 
 C = TypeVar("C", bound=StoredCalibrator)
+T = TypeVar("T")
 # Turns a stored calibrator's JSON back into the owner's object.
 CalibratorLoader = Callable[[dict[str, Any]], C]
 
@@ -184,9 +186,7 @@ class Collection(Generic[C]):
         """Open a stored collection and rebuild its index from SQLite."""
         meta = store.get_meta()
         index = VectorIndex(int(meta["dim"]), kind=kind, **index_args)
-        for seqs, vectors in store.iter_vectors():
-            index.add(seqs, vectors)
-        return cls(name, store, index, load_calibrator)
+        return cls(name, store, _index_of(store, index), load_calibrator)
 
     @property
     def index_type(self) -> IndexType:
@@ -210,21 +210,57 @@ class Collection(Generic[C]):
             raise NotFoundError("collection", self.name)
 
     def upsert(self, docs: Sequence[NewDocument]) -> None:
-        """Write documents durably, then update the index."""
-        with self._writing() as store:
-            removed, new = store.upsert(docs)
+        """Write documents and update the index as one unit (see :meth:`_unit`)."""
+        vectors = np.stack([d.vector for d in docs])
+
+        def index_write(removed: list[int], new: list[int]) -> None:
             self.index.remove(removed)
-            self.index.add(
-                np.asarray(new, dtype=np.int64), np.stack([d.vector for d in docs])
-            )
+            self.index.add(np.asarray(new, dtype=np.int64), vectors)
+
+        with self._writing() as store:
+            self._unit(store, lambda derive: store.upsert(docs, derive), index_write)
 
     def delete(self, doc_id: str) -> None:
         """Delete one document (``NotFoundError`` if absent)."""
         with self._writing() as store:
-            seq = store.delete(doc_id)
-            if seq is None:
-                raise NotFoundError("document", doc_id)
-            self.index.remove([seq])
+            seq = self._unit(
+                store, lambda derive: store.delete(doc_id, derive), self._index_remove
+            )
+        if seq is None:
+            raise NotFoundError("document", doc_id)
+
+    def _index_remove(self, removed: list[int], _: list[int]) -> None:
+        self.index.remove(removed)
+
+    def _unit(
+        self,
+        store: CollectionStore,
+        write: Callable[[Derive], T],
+        index_write: Derive,
+    ) -> T:
+        """Run a store write with ``index_write`` inside its transaction, as one unit.
+
+        The store calls ``index_write`` before COMMIT (and keeps its postings in
+        step: ``CollectionStore._write_documents``). When anything fails after the
+        index was changed (the rest of the index write, COMMIT), the transaction is
+        rolled back and the index rebuilt from the file, which holds the state from
+        before: a write that fails leaves SQLite, FTS5, the postings and FAISS as
+        they were. The rebuild reads every vector (a failure path only). Under the
+        write lock, so no search sees the index in between.
+        """
+        touched = False
+
+        def derive(removed: list[int], new: list[int]) -> None:
+            nonlocal touched
+            touched = True
+            index_write(removed, new)
+
+        try:
+            return write(derive)
+        except BaseException:
+            if touched:
+                self.index = _index_of(store, self.index.emptied())
+            raise
 
     def get(self, doc_id: str) -> StoredDocument:
         """Read one document (``NotFoundError`` if absent)."""
@@ -246,21 +282,24 @@ class Collection(Generic[C]):
 
     def delete_where(self, where: dict[str, MetadataValue]) -> int:
         """Delete every document matching ``where`` (all when empty); return how many."""
-        return self._delete_many(lambda store: store.delete_where(where))
+        return self._delete_many(lambda store, d: store.delete_where(where, d))
 
     def delete_ids(self, ids: Sequence[str]) -> int:
         """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
-        return self._delete_many(lambda store: store.delete_ids(ids))
+        return self._delete_many(lambda store, d: store.delete_ids(ids, d))
 
-    def _delete_many(self, delete: Callable[[CollectionStore], list[int]]) -> int:
-        """Run ``delete`` (returning the deleted seqs), then drop them from the index.
+    def _delete_many(
+        self, delete: Callable[[CollectionStore, Derive], list[int]]
+    ) -> int:
+        """Run ``delete`` (returning the deleted seqs) and drop them from the index.
 
-        One SQLite transaction, then the index, under the write lock: a search sees
-        all of them or none gone.
+        One unit (:meth:`_unit`) under the write lock: a search sees all of them or
+        none gone.
         """
         with self._writing() as store:
-            seqs = delete(store)
-            self.index.remove(seqs)
+            seqs = self._unit(
+                store, lambda derive: delete(store, derive), self._index_remove
+            )
         return len(seqs)
 
     def search(
@@ -825,6 +864,13 @@ class CollectionRegistry(Generic[C]):
             raise InvalidRequestError(
                 f"{name!r} is a reserved device name on Windows", field="name"
             )
+
+
+def _index_of(store: CollectionStore, index: VectorIndex) -> VectorIndex:
+    """``index`` (empty) filled with every vector of the store's file."""
+    for seqs, vectors in store.iter_vectors():
+        index.add(seqs, vectors)
+    return index
 
 
 def check_model(

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +93,8 @@ ADDED_TABLES = ("query_log", "judging_queries", "judging_skips")
 FILE_MODE = 0o600  # -wal and -shm files inherit the database file's mode
 
 MetadataValue = str | int | float | bool | None
+Derive = Callable[[list[int], list[int]], None]
+"""Applies a document write to derived state, given its removed and new seqs."""
 
 
 @dataclass(frozen=True)
@@ -362,23 +364,42 @@ class CollectionStore:
             yield conn
 
     @contextmanager
-    def _write_documents(self) -> Iterator[tuple[sqlite3.Connection, _Changes]]:
-        """:meth:`_write` for ``documents``; the changes reach the postings on commit.
+    def _write_documents(
+        self, derive: Derive | None
+    ) -> Iterator[tuple[sqlite3.Connection, _Changes]]:
+        """:meth:`_write` for ``documents``, with what derives from them, as one unit.
 
-        Still under the mutex, so no search sees the file ahead of the postings.
+        Before COMMIT, after the caller's statements: the new texts are tokenised
+        for the postings, then ``derive(removed, new seqs)`` runs (the caller's
+        FAISS change). Anything failing up to and including COMMIT rolls the
+        transaction back, and the postings are untouched; undoing ``derive`` is the
+        caller's (``Collection`` rebuilds its index from the file). After COMMIT the
+        postings only drop and append arrays, still under the mutex, so no search
+        sees the file ahead of them; should even that fail, they are dropped (the
+        next search rebuilds them from the file) and the committed write stands.
         """
         changes = _Changes([], [])
         with self._use() as conn:
             with _Transaction(conn):
                 yield conn, changes
+                postings = self._postings
+                tokens = (
+                    postings.tokens_of(changes.added)
+                    if postings is not None and changes.added
+                    else None
+                )
+                if derive is not None:
+                    derive(changes.removed, [seq for seq, _ in changes.added])
             if self._build is not None and self._build.deltas is not None:
                 self._build.deltas.append((changes.removed, changes.added))
-            if self._postings is not None:
+            if postings is not None:
                 try:
-                    self._postings.apply(changes.removed, changes.added)
-                except BaseException:
+                    postings.apply(changes.removed, changes.added, tokens)
+                except Exception:
+                    logger.exception(
+                        "lexical postings of %s dropped after a write", self.path
+                    )
                     self._drop_postings()  # rebuilt from the file by the next search
-                    raise
 
     def _drop_postings(self) -> None:
         self._postings = None  # a search still scoring keeps its reference
@@ -519,14 +540,17 @@ class CollectionStore:
             _write_meta(conn, values)
 
     # -- documents ------------------------------------------------------------------
-    def upsert(self, docs: Sequence[NewDocument]) -> tuple[list[int], list[int]]:
+    def upsert(
+        self, docs: Sequence[NewDocument], derive: Derive | None = None
+    ) -> tuple[list[int], list[int]]:
         """Insert or replace documents in one transaction.
 
         Returns ``(removed_seqs, new_seqs)``: a replaced document gets a fresh ``seq``
-        so that the index can drop the old vector and add the new one.
+        so that the index can drop the old vector and add the new one (``derive``
+        gets the same, before COMMIT: see :meth:`_write_documents`).
         """
         now = time.time()
-        with self._write_documents() as (conn, changes):
+        with self._write_documents(derive) as (conn, changes):
             ids = [d.id for d in docs]
             removed = list(_seqs_by_id(conn, ids).values())
             # Deleted explicitly (not by REPLACE) so the lexical index's trigger fires.
@@ -554,9 +578,9 @@ class CollectionStore:
             changes.added.extend(zip(new, (d.text for d in docs), strict=True))
         return removed, new
 
-    def delete(self, doc_id: str) -> int | None:
+    def delete(self, doc_id: str, derive: Derive | None = None) -> int | None:
         """Delete one document; return its seq, or None if it did not exist."""
-        with self._write_documents() as (conn, changes):
+        with self._write_documents(derive) as (conn, changes):
             row = conn.execute(
                 "DELETE FROM documents WHERE id = ? RETURNING seq", (doc_id,)
             ).fetchone()
@@ -673,23 +697,25 @@ class CollectionStore:
             ]
         return {doc.id: doc for doc in docs}
 
-    def delete_where(self, where: dict[str, MetadataValue]) -> list[int]:
+    def delete_where(
+        self, where: dict[str, MetadataValue], derive: Derive | None = None
+    ) -> list[int]:
         """Delete, in one transaction, every document matching ``where``.
 
         An empty ``where`` matches every document. Returns the deleted seqs (for the
         index); the lexical index follows by its delete trigger.
         """
         condition, params = _metadata_condition(where)
-        with self._write_documents() as (conn, changes):
+        with self._write_documents(derive) as (conn, changes):
             rows = conn.execute(
                 f"DELETE FROM documents WHERE {condition} RETURNING seq", params
             ).fetchall()
             changes.removed.extend(int(r[0]) for r in rows)
         return changes.removed
 
-    def delete_ids(self, ids: Sequence[str]) -> list[int]:
+    def delete_ids(self, ids: Sequence[str], derive: Derive | None = None) -> list[int]:
         """Delete, in one transaction, the documents among ``ids``; their seqs."""
-        with self._write_documents() as (conn, changes):
+        with self._write_documents(derive) as (conn, changes):
             changes.removed.extend(
                 int(seq)
                 for (seq,) in _in_chunks(

@@ -111,6 +111,7 @@ class DocumentsService(Part):
                 "(to delete every document)",
                 field="filter",
             )
+        limits.check_filter("filter", body.filter, self.settings.limits)
         collection = self.registry.get(name)
         if body.ids is not None:
             limits.check_count("ids", body.ids, self.settings.limits.max_ids_per_get)

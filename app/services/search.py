@@ -49,6 +49,7 @@ class SearchService(Part):
             )
         limits.check_count("queries", texts, lim.max_queries_per_search)
         limits.check_texts("queries" if request.queries else "query", texts, lim)
+        limits.check_filter("filter", request.filter, lim)
         collection = self.registry.get_compatible(name)
         profile = self._profile_for(collection)  # one snapshot for the whole request
         if profile is None and (

@@ -474,3 +474,60 @@ def test_client_batch_get_and_delete_send_one_request_per_batch(tmp_path, embedd
             assert sent == [f"{DOCS}/get"] * 3 + [f"{DOCS}/delete"] * 3
             assert client.delete_documents("kb", ["d0", "d6"], missing_ok=True) == 1
             assert [d.id for d in client.iter_documents("kb")] == ["d5"]
+
+
+class _InjectedFailure(Exception):
+    pass
+
+
+def _fail(*_: object) -> None:
+    raise _InjectedFailure
+
+
+@pytest.mark.parametrize(
+    ("write", "step"),
+    [
+        ("upsert", "tokens"),
+        ("upsert", "faiss"),
+        ("delete", "faiss"),  # a delete tokenises nothing
+        ("delete by filter", "faiss"),
+    ],
+)
+def test_a_write_that_fails_is_a_500_that_changed_nothing(
+    tmp_path, embedder, monkeypatch, step, write
+):
+    """A failure inside the write's unit (before COMMIT): 500, nothing changed."""
+    app = _app(tmp_path, embedder)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        _fill(c)
+        assert c.post("/v1/collections/kb/search", json={"query": "x"}).is_success
+        before = (
+            _counts(c),
+            _search_ids(c, "volcano lava", "lexical"),
+            _search_ids(c, "volcano lava", "dense"),
+        )
+        collection = c.app_state["service"].context.registry.get("kb")
+        assert collection._store.wait_lexical(timeout=60)  # the postings serve
+        if step == "tokens":
+            monkeypatch.setattr(collection._store._postings, "tokens_of", _fail)
+        else:
+            monkeypatch.setattr(collection.index, "remove", _fail)
+            monkeypatch.setattr(collection.index, "add", _fail)
+        requests = {
+            "upsert": lambda: c.put(
+                DOCS, json={"documents": [{"id": "d0", "text": "new lava"}]}
+            ),
+            "delete": lambda: c.delete(f"{DOCS}/d0"),
+            "delete by filter": lambda: c.post(
+                f"{DOCS}/delete", json={"filter": {"t": "geo"}}
+            ),
+        }
+        assert_problem(requests[write](), 500)
+        monkeypatch.undo()
+        after = (
+            _counts(c),
+            _search_ids(c, "volcano lava", "lexical"),
+            _search_ids(c, "volcano lava", "dense"),
+        )
+        assert after == before
+        assert c.get(f"{DOCS}/d0").json()["text"] == CORPUS[0]["text"]

@@ -38,6 +38,7 @@ LIMITS = Limits(
     max_k=5,
     max_judgments_per_fit=4,
     max_body_bytes=BODY_CAP,
+    max_filter_keys=3,
 )
 
 
@@ -120,6 +121,13 @@ def _search(k=1, chars=5, queries=None):
     return "/v1/collections/kb/search", body
 
 
+def _filtered(keys: int, path: str = "search", queries: int = 0):
+    where = {f"k{i}": i for i in range(keys)}
+    if path == "delete":
+        return "/v1/collections/kb/documents/delete", {"filter": where}
+    return _search(queries=queries)[0], _search(queries=queries)[1] | {"filter": where}
+
+
 LIMIT_CASES = {
     "texts per request": (_embed(n=3), _embed(n=4)),
     "characters per text": (_embed(chars=40), _embed(chars=41)),
@@ -128,6 +136,9 @@ LIMIT_CASES = {
     "documents per upsert": (_upsert(n=3), _upsert(n=4)),
     "k": (_search(k=5), _search(k=6)),
     "queries per search": (_search(queries=2), _search(queries=3)),
+    "filter keys of a search": (_filtered(3), _filtered(4)),
+    "filter keys of a batch search": (_filtered(3, queries=2), _filtered(4, queries=2)),
+    "filter keys of a delete": (_filtered(3, "delete"), _filtered(4, "delete")),
 }
 
 

@@ -67,3 +67,12 @@ def test_k_past_the_size_pads_with_minus_one(index):
     scores, seqs = index.search(unit_vectors(1), k=N + 5)
     assert sorted(seqs[0, :N].tolist()) == SEQS.tolist()
     assert (seqs[0, N:] == -1).all() and (scores[0, N:] == 0).all()
+
+
+def test_emptied_is_a_new_empty_index_of_the_same_kind(index):
+    index.remove([int(SEQS[0])])
+    fresh = index.emptied()
+    assert (fresh.kind, fresh.dim, fresh.size) == (index.kind, index.dim, 0)
+    assert (fresh._hnsw_m, fresh._ef_search) == (8, 64)
+    fresh.add(SEQS[:1], unit_vectors(1))
+    assert fresh.size == 1 and index.size == N - 1

@@ -389,3 +389,22 @@ def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
         assert pool.hits[0].document.id == "d17"
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["心" * 10_922, "心" * 10_923, "x" + "\U00020000" * 8_192, "é" * 16_385],
+    ids=["3-byte at", "3-byte past", "4-byte past", "2-byte folded"],
+)
+def test_a_token_past_fts5s_bound_is_written_and_searched(
+    kb: MilvusCollection[Cal], token: str
+) -> None:
+    """No 32,768-byte cut here (Milvus's analyzer is its own); nothing may fail."""
+    docs = new_docs(["long", "short"])
+    docs[0] = NewDocument(**{**docs[0].__dict__, "text": f"zebra {token}"})
+    kb.upsert(docs)
+    assert kb.counts() == (2, 2, 2)
+    (pool,) = kb.search(unit_vectors(1, 5), [token], 2)
+    (both,) = kb.search(unit_vectors(1, 5), [f"{token} zebra"], 2)
+    assert [both.hits[i].document.id for i in both.lexical_top(1)] == ["long"]
+    assert pool.lexical.idf_mass >= 0

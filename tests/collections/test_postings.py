@@ -10,14 +10,16 @@ import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from numpy.typing import NDArray
 
 from app.collections import lexical
+from app.collections import store as store_module
 from app.collections.postings import Postings, Tokenizer, top_order
 from app.collections.registry import Collection, CollectionRegistry
 from app.collections.store import CollectionStore, NewDocument
@@ -582,3 +584,158 @@ def test_a_build_is_cancelled_cleanly(
     registry._builds.join()
     assert not _builds_alive()
     assert "not built" not in caplog.text
+
+
+# FTS5 keeps 32,768 bytes of a token (lexical.MAX_TOKEN_BYTES) and cuts the rest
+# byte-wise. At the bound and one past it, with 1- to 4-byte characters: the cut may
+# fall inside a character ("a" + 2-byte or 4-byte letters, 3-byte letters).
+_LONG = {
+    "ascii at": "a" * 32_768,
+    "ascii past": "b" * 32_769,
+    "2-byte at": "ж" * 16_384,
+    "2-byte past": "ж" * 16_385,
+    "2-byte past, cut inside": "q" + "ж" * 16_384,
+    "3-byte below": "心" * 10_922,  # 32,766 bytes
+    "3-byte past, cut inside": "心" * 10_923,  # 32,769 bytes, cut after 2 of 3
+    "3-byte past, other tail": "心" * 10_922 + "木",  # another cut token
+    "4-byte at": "\U00020000" * 8_192,
+    "4-byte past, cut inside": "x" + "\U00020000" * 8_192,
+    "diacritics fold to 1 byte": "é" * 16_385,
+}
+
+
+@pytest.mark.parametrize("stemmer", lexical.STEMMERS)
+def test_tokens_at_and_past_the_fts5_bound_score_as_fts5(
+    stemmer: lexical.Stemmer,
+) -> None:
+    # FTS5's bound, found empirically: a token keeps its first 32,768 bytes, and the
+    # cut is byte-wise (inside a character when it falls there).
+    assert lexical.MAX_TOKEN_BYTES == 32_768
+    tokens = Tokenizer(stemmer).texts(list(_LONG.values())).terms
+    kept = {len(t.encode("utf-8", "surrogateescape")) for t in tokens}
+    assert kept == {32_766, 32_768, 16_385}  # "心" * 10922, the cut ones, "e" * 16385
+    assert ("心" * 10_922).encode() + "心".encode()[:2] in {
+        t.encode("utf-8", "surrogateescape") for t in tokens
+    }
+    texts = [*TEXTS, *(f"fox {t} beer" for t in _LONG.values())]
+    conn = _fts(texts, stemmer)
+    postings = Postings.build(conn, stemmer)  # read back without a decode error
+    queries = [*_LONG.values(), *(f"{t} fox" for t in _LONG.values())]
+    queries += ["心" * 10_924, "ж" * 16_386, "fox beer"]
+    for text in queries:
+        assert_same(_ranked(postings, text), _reference(conn, text))
+    # A document matches its own over-long token, as FTS5 cuts both alike.
+    first = len(TEXTS) + 1
+    for i, token in enumerate(_LONG.values()):
+        assert first + i in _ranked(postings, token)[0].seqs.tolist()
+    # Documents written after the build are tokenised by FTS5 the same way.
+    added = [(100 + i, t) for i, t in enumerate(_LONG.values())]
+    conn.executemany("INSERT INTO documents VALUES (?, ?)", added)
+    postings.apply([], added)
+    for text in queries:
+        assert_same(_ranked(postings, text), _reference(conn, text))
+
+
+class _CommitFails(store_module._Transaction):
+    """A transaction whose COMMIT fails (as on an I/O error): SQLite rolls back."""
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self._conn.execute("ROLLBACK")
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        super().__exit__(exc_type, *rest)
+
+
+class _Injected(Exception):
+    pass
+
+
+def _raise(*_: object, **__: object) -> None:
+    raise _Injected
+
+
+def _failing_sql(mp: pytest.MonkeyPatch, collection: Collection[Any]) -> None:
+    """Every insert and delete on ``documents`` fails, on the store's connection only
+    (temporary triggers: the file is not changed)."""
+    del mp
+    with collection._store._use() as conn:
+        for event in ("INSERT", "DELETE"):
+            conn.execute(
+                f"CREATE TEMP TRIGGER fail_{event} BEFORE {event} ON main.documents"
+                " BEGIN SELECT RAISE(ABORT, 'injected'); END"
+            )
+
+
+# Each step of a document write, in order (the last runs after COMMIT), made to fail
+# (FAISS's in the collection's index only: the index rebuilt after it works).
+_STEPS: dict[str, Callable[[pytest.MonkeyPatch, Collection[Any]], None]] = {
+    "sql": _failing_sql,
+    "tokens": lambda mp, _: mp.setattr(Postings, "tokens_of", _raise),
+    "faiss remove": lambda mp, c: mp.setattr(c.index, "remove", _raise),
+    "faiss add": lambda mp, c: mp.setattr(c.index, "add", _raise),
+    "commit": lambda mp, _: mp.setattr(store_module, "_Transaction", _CommitFails),
+    "postings apply": lambda mp, _: mp.setattr(Postings, "apply", _raise),
+}
+
+
+def _state(collection: Collection[dict[str, object]]) -> tuple[object, ...]:
+    """Counts in SQLite, FTS5 and FAISS, and a dense and a lexical search."""
+    store = collection._store
+    probe = unit_vectors(1, 3)
+    pool = collection.search(probe, ["fox beer"], 5)[0]
+    lexical_top = store.lexical_search("fox beer brewing", None, depth=10).top
+    return (
+        store.count(),
+        store.lexical_count(),
+        collection.index.size,
+        [(h.document.id, h.document.text) for h in pool.hits],
+        lexical_top.seqs.tolist(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("write", "step"),
+    [("upsert", step) for step in _STEPS]
+    + [
+        (write, step)
+        for write in ("delete", "delete_where", "delete_ids")
+        for step in _STEPS
+        if step not in ("tokens", "faiss add")  # a delete adds nothing
+    ],
+)
+def test_a_document_write_that_fails_changes_nothing(
+    registry, monkeypatch: pytest.MonkeyPatch, step: str, write: str
+) -> None:
+    collection = registry.create("kb")
+    path = registry.file_of("kb")
+    collection.upsert([_doc(f"d{i}", t, i, part="a") for i, t in enumerate(TEXTS)])
+    _check(collection, path)  # the postings serve
+    before = _state(collection)
+    writes = {
+        "upsert": lambda: collection.upsert(
+            [_doc("d7", "replaced: a fox and beer", 40), _doc("new", "fox", 41)]
+        ),
+        "delete": lambda: collection.delete("d7"),
+        "delete_where": lambda: collection.delete_where({"part": "a"}),
+        "delete_ids": lambda: collection.delete_ids(["d0", "d7"]),
+    }
+    with monkeypatch.context() as mp:
+        _STEPS[step](mp, collection)
+        if step == "postings apply":  # after COMMIT: the write stands
+            writes[write]()
+            # Dropped (rebuilt from the file by the next search, below).
+            assert collection._store._postings is None
+        else:
+            with pytest.raises((_Injected, sqlite3.Error)):
+                writes[write]()
+    if step == "sql":
+        with collection._store._use() as conn:
+            conn.execute("DROP TRIGGER temp.fail_INSERT")
+            conn.execute("DROP TRIGGER temp.fail_DELETE")
+    if step == "postings apply":
+        assert _state(collection) != before
+    else:
+        assert _state(collection) == before
+    store = collection._store
+    assert store.count() == store.lexical_count() == collection.index.size
+    _check(collection, path)  # postings (rebuilt or kept) agree with FTS5

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from app.collections.store import (
     SCHEMA_VERSION,
@@ -17,6 +18,7 @@ from app.collections.store import (
     inspect_store,
 )
 from app.exceptions import NotFoundError
+from app.settings import Limits
 from tests.collections.conftest import DIM, new_docs
 
 
@@ -92,6 +94,22 @@ def test_filter_compares_json_types_without_coercion(store):
 def test_filter_on_a_key_with_a_double_quote(store):
     store.upsert(new_docs(["q"], **{'say "hi"': 1}))
     assert store.filter_seqs({'say "hi"': 1}).tolist() == [store.seqs_of(["q"])["q"]]
+
+
+def test_the_largest_filter_the_settings_allow_is_one_sqlite_builds(store):
+    """``max_filter_keys`` can be set up to 512; SQLite refuses ~990 conditions."""
+    (le,) = [
+        m.le
+        for m in Limits.model_fields["max_filter_keys"].metadata
+        if hasattr(m, "le")
+    ]
+    with pytest.raises(ValidationError):
+        Limits(max_filter_keys=le + 1)
+    where = {f"k{i}": i for i in range(le)}
+    store.upsert(new_docs(["a", "b"], **where))
+    store.upsert(new_docs(["c"], seed=1, **(where | {"k0": -1})))
+    assert len(store.filter_seqs(where)) == 2
+    assert store.delete_where(where) == [1, 2]
 
 
 def test_iter_vectors_yields_every_vector_exactly_in_seq_order(store):

@@ -90,7 +90,8 @@ class DocumentsDeleteRequest(RequestModel):
         None, min_length=1, description="ids to delete (at most limits.max_ids_per_get)"
     )
     filter: Filter = Field(
-        default_factory=dict, description="metadata equality on every key"
+        default_factory=dict,
+        description="metadata equality on every key (at most limits.max_filter_keys)",
     )
     all: bool = Field(False, description="delete every document (no filter)")
 

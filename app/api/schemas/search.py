@@ -31,7 +31,10 @@ class SearchRequest(RequestModel):
         description="depth of the dense and the BM25 list the candidates come from; "
         "default max(k, 20) capped at limits.max_k; at least k, at most limits.max_k",
     )
-    filter: Filter | None = Field(None, description="metadata equality on every key")
+    filter: Filter | None = Field(
+        None,
+        description="metadata equality on every key (at most limits.max_filter_keys)",
+    )
     include_text: bool = False
     min_probability: Probability | None = Field(
         None, description="drop hits whose probability is below this"
