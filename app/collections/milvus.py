@@ -51,7 +51,7 @@ from pymilvus.exceptions import ParamError
 
 from app.collections import lexical
 from app.collections.index import IndexType
-from app.collections.registry import C, CalibratorLoader, Hit, Pool
+from app.collections.registry import C, CalibratorLoader, Hit, Pool, decodable
 from app.collections.store import MetadataValue, NewDocument, StoredDocument
 from app.concurrency import RWLock
 from app.exceptions import (
@@ -983,7 +983,9 @@ class MilvusCollection(Generic[C]):
             rows = sorted(
                 self._rows("calibrator"), key=lambda r: (int(r["n"]), r["key"])
             )
-        return [self._load_calibrator(dict(r["data"]["profile"])) for r in rows]
+        return decodable(
+            self.name, [dict(r["data"]["profile"]) for r in rows], self._load_calibrator
+        )
 
     def add_calibrator(self, profile: C, *, activate: bool) -> None:
         """Store a fitted calibrator, then (a second write) activate it."""

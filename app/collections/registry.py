@@ -97,6 +97,28 @@ C = TypeVar("C", bound=StoredCalibrator)
 CalibratorLoader = Callable[[dict[str, Any]], C]
 
 
+def decodable(
+    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
+) -> list[C]:
+    """The stored calibrators that decode; a row that does not is logged and skipped.
+
+    A profile stored before profiles were checked may not decode today; it must not
+    make every listing of the collection fail (the loader raises ``ValueError``,
+    of which ``calibration``'s format errors are).
+    """
+    out = []
+    for data in stored:
+        try:
+            out.append(load(data))
+        except ValueError as error:
+            logger.warning(
+                "a stored calibrator of %s does not decode (%s); left out",
+                collection,
+                getattr(error, "field", None) or "profile",
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class Hit:
     """One search result."""
@@ -401,7 +423,7 @@ class Collection(Generic[C]):
         """Every stored calibrator, oldest first."""
         with self._reading() as store:
             stored = store.list_calibrators()
-        return [self._load_calibrator(d) for d in stored]
+        return decodable(self.name, stored, self._load_calibrator)
 
     def add_calibrator(self, profile: C, *, activate: bool) -> None:
         """Store a fitted calibrator; activating it is part of the same commit."""
