@@ -282,21 +282,22 @@ def _dec_array(
         raise _bad(
             _join(path, "dtype"), f"dtype must be one of {', '.join(ARRAY_DTYPES)}"
         )
-    shape = value["shape"]
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= MAX_ARRAY_DIMS
-        and all(type(n) is int and 0 <= n <= MAX_ARRAY_ELEMENTS for n in shape)
-    ):
-        raise _bad(
-            _join(path, "shape"),
-            f"shape must be at most {MAX_ARRAY_DIMS} non-negative integers",
-        )
     flat = value["__ndarray__"]
     if not isinstance(flat, list):
         raise _bad(path, "__ndarray__ must be a JSON array")
     if len(flat) > MAX_ARRAY_ELEMENTS:
         raise _bad(path, f"an array holds at most {MAX_ARRAY_ELEMENTS} elements")
+    shape = value["shape"]
+    if not (
+        isinstance(shape, list | tuple)  # a tuple: to_dict output not yet JSON
+        and len(shape) <= MAX_ARRAY_DIMS
+        and all(type(n) is int and 0 <= n <= MAX_ARRAY_ELEMENTS for n in shape)
+    ):
+        raise _bad(
+            _join(path, "shape"),
+            f"shape must be at most {MAX_ARRAY_DIMS} integers in "
+            f"[0, {MAX_ARRAY_ELEMENTS}]",
+        )
     if math.prod(shape) != len(flat):
         raise _bad(_join(path, "shape"), "shape must match the number of elements")
     budget.take(len(flat), path)
@@ -435,23 +436,22 @@ def _estimator(
     cls, attrs = _ESTIMATORS[name]
     params_path, state_path = _join(path, "params"), _join(path, "state")
     raw_params = _members(data, "params", path)
+    state = _members(data, "state", path)
     names = set(cls._get_param_names())
     for key in raw_params:
         if key not in names:
             raise _bad(_join(params_path, key), f"not a parameter of {name}")
-    budget.take(len(raw_params), params_path)
+    budget.take(len(raw_params) + len(state), path)
     obj = cls(
         **{
             k: _dec(v, _join(params_path, k), budget, depth + 1)
             for k, v in raw_params.items()
         }
     )
-    state = _members(data, "state", path)
     optional = _OPTIONAL_STATE.get(name, ())
     for key in state:
         if key not in attrs and key not in optional:
             raise _bad(_join(state_path, key), f"not a state attribute of {name}")
-    budget.take(len(state), state_path)
     for a in attrs:
         if a not in state:
             raise _bad(_join(state_path, a), "missing")
@@ -502,9 +502,12 @@ def _describe(hint: Any) -> str:
     if hint is type(None):
         return "null"
     if isinstance(hint, type) and not typing.get_args(hint):
-        return {"int": "an integer", "float": "a number", "str": "a string"}.get(
-            hint.__name__, f"a {hint.__name__}"
-        )
+        return {
+            "int": "an integer",
+            "float": "a number",
+            "str": "a string",
+            "bool": "true or false",
+        }.get(hint.__name__, hint.__name__)
     return str(hint).replace("typing.", "")
 
 
