@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.api.errors import INTERNAL, lookup
+from app.api.errors import INTERNAL, lookup, public_detail
 from app.api.schemas.calibrators import CalibratorInfo
 from app.api.schemas.jobs import FitJob, FitJobError, FitJobProgress
 from app.exceptions import NotFoundError, OverloadedError, StorageUnavailableError
@@ -78,7 +78,9 @@ def problem_of(error: BaseException) -> FitJobError:
             detail="the fit failed; see the server logs",
             status=INTERNAL.status,
         )
-    return FitJobError(title=problem.title, detail=str(error), status=problem.status)
+    return FitJobError(
+        title=problem.title, detail=public_detail(error), status=problem.status
+    )
 
 
 class FitJobs:

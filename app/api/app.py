@@ -10,7 +10,11 @@ from app import __version__
 from app.api.auth import ApiKeyMiddleware, bearer_scheme, public_paths
 from app.api.errors import install_error_handlers
 from app.api.lifespan import make_lifespan
-from app.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from app.api.middleware import (
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+    SecurityHeadersMiddleware,
+)
 from app.api.routers import (
     calibrators,
     collections,
@@ -50,7 +54,8 @@ def create_app(
         redoc_url=None,
     )
     install_error_handlers(app)
-    # Added innermost first. Outermost: request id, then access log + metrics (so
+    # Added innermost first. Outermost: request id, the security headers (on every
+    # answer, 401/413 included), then access log + metrics (so
     # they see every answer, 401/413 included), then CORS (a preflight carries no
     # key, and a 401 needs the headers for the page to read it), then auth, then
     # the body cap.
@@ -77,6 +82,7 @@ def create_app(
     app.add_middleware(
         AccessLogMiddleware, metrics=app_metrics, templates=RouteTemplates(app)
     )
+    app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(health.router)
     app.include_router(metrics.router)

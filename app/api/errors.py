@@ -1,7 +1,9 @@
 """RFC 9457 problem responses: the one table from exceptions to HTTP.
 
 Routes raise domain exceptions and never build error responses themselves. A 500 never
-echoes internals: it logs the traceback with the request id and says only that.
+echoes internals: it logs the traceback with the request id and says only that. A 4xx
+says what the service wrote (the field and the rule), never a library's exception text
+(:func:`public_detail`); a validation error says pydantic's rule without its prefix.
 """
 
 from __future__ import annotations
@@ -122,6 +124,47 @@ def problem_response(
     )
 
 
+# Said in place of a library exception's text that a domain error's message embeds.
+WITHHELD = "unreadable (the server log says why)"
+_MIN_ECHO = 4  # shorter texts ("0", "'a'") are a key or a value, not an explanation
+
+
+def _foreign_causes(error: BaseException) -> list[BaseException]:
+    """The exceptions ``error`` was raised from that are not normcal's own."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    cause = error.__cause__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if not isinstance(cause, exc.NormcalError | cal.CalibrationError):
+            found.append(cause)
+        cause = cause.__cause__
+    return found
+
+
+def public_detail(error: BaseException) -> str:
+    """The error's message, with any library exception's text in it withheld.
+
+    Domain messages are written for the client. One raised from a library's exception
+    (``raise InvalidRequestError(f"...: {e}") from e``) may embed that exception's
+    text: numpy's, SQLite's or Python's wording, which names internals rather than a
+    field and a rule. That part is replaced by :data:`WITHHELD`; the log keeps it.
+    """
+    detail = str(error)
+    for cause in _foreign_causes(error):
+        text = str(cause)
+        if len(text) >= _MIN_ECHO and text in detail:
+            detail = detail.replace(text, _instead_of(cause))
+    return detail
+
+
+def _instead_of(cause: BaseException) -> str:
+    """What to say in place of a library exception's text."""
+    if isinstance(cause, KeyError) and cause.args and isinstance(cause.args[0], str):
+        return f"the field {cause.args[0][:64]!r} is missing"
+    return WITHHELD
+
+
 def lookup(error: Exception) -> ProblemType | None:
     """Find the problem type of a domain exception (None if it is not one)."""
     for cls, problem in PROBLEM_TABLE.items():
@@ -140,13 +183,21 @@ async def _domain_handler(request: Request, error: Exception) -> JSONResponse:
         headers = {"Retry-After": str(retry_after)}
     if isinstance(error, exc.UnauthorizedError):
         headers = {"WWW-Authenticate": "Bearer"}
+    detail = public_detail(error)
+    if detail != str(error):
+        logger.warning(
+            "answered %s to %s %s (request %s): %s",
+            problem.status,
+            request.method,
+            request.url.path,
+            getattr(request.state, "request_id", "-"),
+            error,
+        )
     errors = None
     field = getattr(error, "field", None)
     if field is not None:
-        errors = [{"loc": field.split("."), "msg": str(error)}]
-    return problem_response(
-        request, problem, str(error), errors=errors, headers=headers
-    )
+        errors = [{"loc": field.split("."), "msg": detail}]
+    return problem_response(request, problem, detail, errors=errors, headers=headers)
 
 
 async def render_problem(request: Request, error: exc.NormcalError) -> JSONResponse:
@@ -158,12 +209,24 @@ async def render_problem(request: Request, error: exc.NormcalError) -> JSONRespo
     return await _domain_handler(request, error)
 
 
+# What pydantic puts before the message of a ValueError or an assert in a validator.
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _rule(message: str) -> str:
+    """A pydantic error message without its Python prefix."""
+    for prefix in _PYDANTIC_PREFIXES:
+        message = message.removeprefix(prefix)
+    return message
+
+
 def _jsonable_errors(raw: list[Any]) -> list[dict[str, Any]]:
-    # pydantic error dicts may hold exception objects in ``ctx``; keep the readable parts.
+    # pydantic error dicts may hold exception objects in ``ctx`` (and the input in
+    # ``input``): keep where and which rule, written by pydantic or by the schemas.
     return [
         {
             "loc": [str(p) for p in e.get("loc", ())],
-            "msg": e.get("msg"),
+            "msg": _rule(str(e.get("msg", "invalid"))),
             "type": e.get("type"),
         }
         for e in raw

@@ -1,7 +1,14 @@
-"""ASGI middleware: a request id on every request (``X-Request-ID``); a body cap."""
+"""ASGI middleware: request ids, a body cap, the browser security headers.
+
+A request id on every request (``X-Request-ID``); a cap on the body's bytes; the
+headers that keep a browser from running, framing or sniffing what the service
+serves (:class:`SecurityHeadersMiddleware`).
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import uuid
 
@@ -39,6 +46,70 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+# The service's own pages (the judging page, the report viewer, the report) load
+# scripts, styles and images from the service only, and run no inline script: a value
+# that slipped into a page as markup still could not run. None of them may be framed.
+PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+# Swagger UI and ReDoc (routers.docs): their vendored scripts need inline styles,
+# data: images and a blob: worker; Swagger UI's one inline script is allowed by hash.
+DOCS_CSP = (
+    "default-src 'none'; script-src 'self'{scripts}; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self'; connect-src 'self'; "
+    "worker-src 'self' blob:; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "content-security-policy": PAGE_CSP,
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+_INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.DOTALL)
+
+
+def docs_csp(page: bytes) -> str:
+    """:data:`DOCS_CSP` allowing exactly the inline scripts of ``page`` (by hash)."""
+    hashes = "".join(
+        f" 'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'"
+        for script in _INLINE_SCRIPT.findall(page)
+    )
+    return DOCS_CSP.format(scripts=hashes)
+
+
+class SecurityHeadersMiddleware:
+    """Add :data:`SECURITY_HEADERS` to every response that does not set its own.
+
+    A response may set its own ``Content-Security-Policy`` (``/docs``); the others
+    are the same everywhere. On JSON and PNG answers the policy is inert but harmless.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one ASGI connection."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [
+                    (name.encode(), value.encode())
+                    for name, value in SECURITY_HEADERS.items()
+                    if name.encode() not in present
+                ]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 class BodyLimitMiddleware:

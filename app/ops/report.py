@@ -1,12 +1,15 @@
-"""Calibration reports: the reliability diagram (PNG) and the HTML report page."""
+"""Calibration reports: the reliability diagram (PNG) and the HTML report page.
+
+The page is rendered from ``templates/report.html`` with autoescaping on.
+"""
 
 from __future__ import annotations
 
-import html
 import io
 import math
 from typing import Any
 
+import jinja2
 import numpy as np
 
 from calibration.metrics import ReliabilityCurve
@@ -79,89 +82,48 @@ def _bins(curve: ReliabilityCurve) -> tuple[list[float], list[float], list[float
     return p.tolist(), o.tolist(), n.tolist()
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
+def _num(value: Any, digits: int = 4) -> str:
+    """A float to ``digits`` places; "-" for a missing or non-finite one.
+
+    Anything else is shown as its text: the template escapes it like every value.
+    """
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
-    return html.escape(str(value))
+    return str(value)
 
 
-def report_html(profile: Profile, png_url: str, collection: str | None) -> str:
-    """A self-contained HTML page of a calibrator's report."""
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("app.ops", "templates"),
+    autoescape=True,  # every value, whatever its type, is escaped
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_TEMPLATES.filters["num"] = _num
+
+
+def report_html(
+    profile: Profile, png_url: str, collection: str | None, css_url: str
+) -> str:
+    """A self-contained HTML page of a calibrator's report (no script in it).
+
+    Rendered by an autoescaping Jinja2 template: a report field of an imported
+    profile is data, whatever it holds, and is never read as markup.
+    """
     r = profile.report
-    rows = "\n".join(
-        f'<tr class="method{" chosen" if name == profile.method else ""}">'
-        f"<td>{html.escape(name)}</td><td>{_fmt(m.nll)}</td>"
-        f"<td>{_fmt(m.brier)}</td><td>{_fmt(m.ece)}</td>"
-        f"<td>{_fmt(m.auroc, 3)}</td></tr>"
-        for name, m in r.cv.items()
-    )
-    lift = r.norm_lift
-    terms = "".join(
-        f"<li>{html.escape(k)} = {_fmt(v, 3)} ± {_fmt(sd, 3)}</li>"
-        for k, (v, sd) in lift.terms.items()
-    )
-    evidence = "\n".join(
-        f"<tr><td>{html.escape(g.group)}</td><td>{html.escape(g.verdict)}</td>"
-        f"<td>{_fmt(g.nll_gain)} ± {_fmt(g.nll_gain_se)}</td>"
-        f"<td>{_fmt(g.brier_change)}</td><td>{html.escape(g.reason)}</td></tr>"
-        for g in r.evidence_lift or ()
-    )
     abstain = r.abstain
-    if abstain:
-        guarantee = (
-            f"Answer when confidence ≥ {_fmt(abstain.threshold, 3)}: with probability "
-            f"≥ {_fmt(1 - abstain.delta, 2)}, at most {_fmt(abstain.target_risk, 2)} "
-            f"of answered queries have no relevant hit in the top {r.k} "
-            f"({abstain.method}, {abstain.n_calibration} held-out queries, "
-            f"coverage {_fmt(abstain.coverage, 3)}, empirical risk "
-            f"{_fmt(abstain.empirical_risk, 3)})."
-            if abstain.certified
-            else "No threshold could be certified at this target with these judgments; "
-            f"{_CONSERVATIVE}"
-        )
-    else:
-        guarantee = f"No abstain target was requested; {_CONSERVATIVE}"
-    where = (
-        f"collection <b>{html.escape(collection)}</b>"
-        if collection
-        else "default profile"
+    delta = getattr(abstain, "delta", None)
+    answered = 1 - delta if isinstance(delta, int | float) else None
+    return _TEMPLATES.get_template("report.html").render(
+        profile=profile,
+        r=r,
+        lift=r.norm_lift,
+        abstain=abstain,
+        answered=answered,
+        conservative=_CONSERVATIVE,
+        collection=collection,
+        png_url=png_url,
+        css_url=css_url,
     )
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>normcal calibrator {html.escape(profile.id)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem; max-width: 60rem; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: .3rem .6rem; }}
-tr.chosen {{ font-weight: bold; background: #eef; }}
-</style></head>
-<body>
-<h1>Calibrator {html.escape(profile.id)}</h1>
-<p>{where}; model <code>{html.escape(profile.model)}</code>; chosen method
-<b id="chosen">{html.escape(profile.method)}</b>; {r.n_queries} judged queries,
-{r.n_pairs} pairs (top {r.k}), {r.n_positive} relevant.
-{"Probabilities may reorder hits." if profile.reorders_hits else "Probabilities never reorder hits."}</p>
-<h2>Reliability (held-out, grouped by query)</h2>
-<img id="reliability" src="{html.escape(png_url)}" alt="reliability diagram" width="550"
- onload="this.dataset.naturalWidth = this.naturalWidth">
-<h2>Methods ({r.n_splits}-fold grouped cross-validation)</h2>
-<table id="methods"><thead><tr><th>method</th><th>NLL</th><th>Brier</th><th>ECE</th>
-<th>AUROC</th></tr></thead><tbody>
-{rows}
-</tbody></table>
-<h2>What each kind of evidence bought (held-out)</h2>
-<table id="evidence"><thead><tr><th>evidence</th><th>verdict</th>
-<th>NLL gain ± SE (nats/pair)</th><th>Brier change</th><th>why</th></tr></thead><tbody>
-{evidence or '<tr><td colspan="5">not measured for this calibrator</td></tr>'}
-</tbody></table>
-<h2>Norm lift</h2>
-<p id="norm-lift">{html.escape(lift.reason)}
-NLL {_fmt(lift.nll_without)} → {_fmt(lift.nll_with)},
-Brier {_fmt(lift.brier_without)} → {_fmt(lift.brier_with)}
-(base family {html.escape(lift.base_method)}).</p>
-<ul>{terms}</ul>
-<h2>Abstain guarantee</h2>
-<p id="abstain">{guarantee}</p>
-</body></html>
-"""

@@ -143,7 +143,12 @@ async function fit() {
       include_feedback: true,
     });
     const report = $("report");
-    report.href = new URL(`calibrators/${encodeURIComponent(info.id)}/report`, api).href;
+    // The viewer page fetches the report with the key (a plain link cannot send it).
+    report.href = new URL(
+      `ui/collections/${encodeURIComponent(collection)}/calibrators/` +
+        `${encodeURIComponent(info.id)}/report`,
+      root,
+    ).href;
     report.hidden = false;
     report.dataset.calibrator = info.id;
     $("message").textContent =

@@ -93,9 +93,23 @@ def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
             "document.getElementById('report').dataset.calibrator"
         )
 
-        assert report.endswith(f"/v1/collections/kb/calibrators/{calibrator}/report")
-        page = api.get(report)
-        assert page.status_code == 200 and f"Calibrator {calibrator}" in page.text
+        assert report.endswith(f"/ui/collections/kb/calibrators/{calibrator}/report")
+        # The link works with the key set: the viewer fetches the report and its
+        # diagram with the key the judging page kept (a plain link would get a 401).
+        assert httpx.get(report.replace("/ui/", "/v1/")).status_code == 401
+        browser.goto(report)  # following the link, in the same tab (same session)
+        assert browser.wait_for(f"{STATE} === 'shown' && document.title") == (
+            f"normcal calibrator {calibrator}"
+        )
+        heading = browser.evaluate("document.querySelector('h1').textContent")
+        assert heading == f"Calibrator {calibrator}"
+        assert (
+            browser.wait_for(
+                "document.getElementById('reliability').complete && "
+                "document.getElementById('reliability').naturalWidth"
+            )
+            > 100
+        )
         r = api.post("/v1/collections/kb/search", json={"query": QUERIES["paris"]})
         served = r.json()["calibrator"]
         assert served["default"] is False and served["id"] == calibrator

@@ -72,12 +72,18 @@ async def read_reliability_png(
 def read_report(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> HTMLResponse:
-    """An HTML page: reliability diagram, metrics per method, norm lift, abstain."""
+    """An HTML page: reliability diagram, metrics per method, norm lift, abstain.
+
+    In a browser with ``NORMCAL_API_KEY`` set, open it through the judging page's
+    viewer, ``/ui/collections/{name}/calibrators/{id}/report``, which fetches it
+    with the key.
+    """
     profile = service.calibrators.profile(name, calibrator_id)
     page = report_html(
         profile,
         png_url="reliability.png",  # relative to .../calibrators/{id}/report
         collection=None if profile.default else name,
+        css_url="../../../../../ui/static/report.css",  # /v1/collections/... -> /ui
     )
     return HTMLResponse(page)
 

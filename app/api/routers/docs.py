@@ -5,6 +5,10 @@ network (the usual place for a sidecar) they stay blank. The same pages here poi
 at copies shipped in the ``fastapi-offline`` package (MIT; it vendors the current
 ``swagger-ui-dist`` and ``redoc`` builds) and served under ``/docs/static/``: the
 browser fetches nothing from outside the service.
+
+Their pages carry a Content-Security-Policy of their own (``docs_csp``): the vendored
+scripts need inline styles, ``data:`` images and a ``blob:`` worker, and Swagger UI's
+one inline script (its configuration) is allowed by its hash, nothing else inline.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from fastapi.openapi.docs import (
 )
 from fastapi.responses import FileResponse, HTMLResponse
 
+from app.api.middleware import docs_csp
 from app.exceptions import NotFoundError
 
 STATIC_PREFIX = "/docs/static"
@@ -42,35 +47,44 @@ def _static(request: Request, file: str) -> str:
     return f"{request.scope.get('root_path', '')}{STATIC_PREFIX}/{file}"
 
 
+def _with_csp(page: HTMLResponse) -> HTMLResponse:
+    page.headers["content-security-policy"] = docs_csp(bytes(page.body))
+    return page
+
+
 @router.get("/docs")
 def swagger_ui(request: Request) -> HTMLResponse:
     """Swagger UI on this service's OpenAPI document."""
     root = request.scope.get("root_path", "")
-    return get_swagger_ui_html(
-        openapi_url=root + _OPENAPI_URL,
-        title=f"{_TITLE} - Swagger UI",
-        oauth2_redirect_url=root + _OAUTH2_REDIRECT_URL,
-        swagger_js_url=_static(request, "swagger-ui-bundle.js"),
-        swagger_css_url=_static(request, "swagger-ui.css"),
-        swagger_favicon_url=_static(request, "favicon.png"),
+    return _with_csp(
+        get_swagger_ui_html(
+            openapi_url=root + _OPENAPI_URL,
+            title=f"{_TITLE} - Swagger UI",
+            oauth2_redirect_url=root + _OAUTH2_REDIRECT_URL,
+            swagger_js_url=_static(request, "swagger-ui-bundle.js"),
+            swagger_css_url=_static(request, "swagger-ui.css"),
+            swagger_favicon_url=_static(request, "favicon.png"),
+        )
     )
 
 
 @router.get(_OAUTH2_REDIRECT_URL)
 def swagger_ui_redirect() -> HTMLResponse:
     """Swagger UI's OAuth2 redirect page (no external assets)."""
-    return get_swagger_ui_oauth2_redirect_html()
+    return _with_csp(get_swagger_ui_oauth2_redirect_html())
 
 
 @router.get("/redoc")
 def redoc(request: Request) -> HTMLResponse:
     """ReDoc on this service's OpenAPI document (no web fonts: they are remote)."""
-    return get_redoc_html(
-        openapi_url=request.scope.get("root_path", "") + _OPENAPI_URL,
-        title=f"{_TITLE} - ReDoc",
-        redoc_js_url=_static(request, "redoc.standalone.js"),
-        redoc_favicon_url=_static(request, "favicon.png"),
-        with_google_fonts=False,
+    return _with_csp(
+        get_redoc_html(
+            openapi_url=request.scope.get("root_path", "") + _OPENAPI_URL,
+            title=f"{_TITLE} - ReDoc",
+            redoc_js_url=_static(request, "redoc.standalone.js"),
+            redoc_favicon_url=_static(request, "favicon.png"),
+            with_google_fonts=False,
+        )
     )
 
 

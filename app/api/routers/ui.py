@@ -1,4 +1,6 @@
-"""The judging page: static HTML, JS and CSS shipped in ``app.ui`` (no data in them).
+"""The judging page and the report viewer: static files shipped in ``app.ui``.
+
+The HTML, JS and CSS hold no data.
 
 The page reads the collection name from its own URL and fetches everything else from
 the ``/v1`` API with the bearer key the user typed into it, so the files can be
@@ -16,7 +18,12 @@ from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
 from app.exceptions import NotFoundError
 
-_ASSETS = {"judge.js": "text/javascript", "judge.css": "text/css"}
+_ASSETS = {
+    "judge.js": "text/javascript",
+    "judge.css": "text/css",
+    "report.js": "text/javascript",
+    "report.css": "text/css",
+}
 
 router = APIRouter(prefix="/ui", include_in_schema=False, responses=PROBLEM_RESPONSES)
 
@@ -29,6 +36,19 @@ def _asset(file: str) -> bytes:
 def judge_page(name: CollectionName) -> HTMLResponse:  # noqa: ARG001 (read by the JS)
     """The keyboard-first judging page of a collection."""
     return HTMLResponse(_asset("judge.html"), headers={"cache-control": "no-cache"})
+
+
+@router.get(
+    "/collections/{name}/calibrators/{calibrator_id}/report",
+    response_class=HTMLResponse,
+)
+def report_page(name: CollectionName, calibrator_id: str) -> HTMLResponse:  # noqa: ARG001
+    """A calibrator's report, fetched by the page with the key (the judging page's link).
+
+    ``/v1/.../calibrators/{id}/report`` needs the bearer key when the server sets one,
+    which a link cannot send; this page can.
+    """
+    return HTMLResponse(_asset("report.html"), headers={"cache-control": "no-cache"})
 
 
 @router.get("/static/{file}")
