@@ -97,6 +97,28 @@ C = TypeVar("C", bound=StoredCalibrator)
 CalibratorLoader = Callable[[dict[str, Any]], C]
 
 
+def active_profile(
+    collection: str, active: str | None, load: Callable[[str], C]
+) -> C | None:
+    """The stored active calibrator; None (the owner's default) if it does not decode.
+
+    A profile stored before profiles were checked may not decode today: that is
+    logged and the collection still serves, rather than being quarantined.
+    """
+    if not active:
+        return None
+    try:
+        return load(active)
+    except ValueError as error:
+        logger.warning(
+            "the active calibrator %s of %s does not decode (%s); serving the default",
+            active,
+            collection,
+            getattr(error, "field", None) or "profile",
+        )
+        return None
+
+
 def decodable(
     collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
 ) -> list[C]:
@@ -191,7 +213,7 @@ class Collection(Generic[C]):
         active = self.meta.get("active_calibrator")
         # Replaced by one assignment on activation: a search reads it once, so it
         # sees either the old calibrator or the new one, never a mix.
-        self.profile: C | None = self.calibrator(active) if active else None
+        self.profile: C | None = active_profile(name, active, self.calibrator)
 
     @classmethod
     def open(

@@ -187,26 +187,50 @@ def test_defect_8_int_cv_keys_and_huge_numbers_are_refused(served, base):
     _refused(client, text, "profile.created_at", "must be a number in")
 
 
-def test_defect_8_a_bad_stored_profile_does_not_break_the_list(served, base):
-    """A profile stored before imports were checked is left out of the list."""
-    client, data = served
-    good = client.post(f"{KB}/calibrators/import", json={"profile": base})
-    assert good.status_code == 201, good.text
-    bad_id = good.json()["id"]
+def test_defect_8_a_bad_stored_active_profile_breaks_nothing_across_restarts(
+    tmp_path, base
+):
+    """A profile stored (and activated) before imports were checked: after a restart
+    the list leaves it out, search serves the default, nothing is quarantined."""
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            assert client.post("/v1/collections", json={"name": "kb"}).is_success
+            r = client.put(f"{KB}/documents", json={"documents": DOCS})
+            assert r.status_code == 200, r.text
+            default_ids, _, top, probability = _state(client)
+            good = client.post(
+                f"{KB}/calibrators/import", json={"profile": base, "activate": True}
+            )
+            assert good.status_code == 201, good.text
+            bad_id = good.json()["id"]
+    finally:
+        server.stop()
+    # What the old decoder let through, written where an old server stored it.
     stored = _set(base, "report.fields.reliability.fields.counts", "abc")
-    with sqlite3.connect(data / "kb.sqlite3") as conn:
+    stored = _set(stored, "report.fields.abstain", "zzz")
+    with sqlite3.connect(tmp_path / "data" / "kb.sqlite3") as conn:
         changed = conn.execute(
             "UPDATE calibrators SET profile = ? WHERE id = ?",
             (json.dumps({**stored, "id": bad_id}), bad_id),
         ).rowcount
     assert changed == 1
-    r = client.get(f"{KB}/calibrators")
-    assert r.status_code == 200, r.text
-    ids = [c["id"] for c in r.json()["data"]]
-    assert bad_id not in ids and any(c["default"] for c in r.json()["data"])
-    one = client.get(f"{KB}/calibrators/{bad_id}")
-    assert assert_problem(one, 422)["errors"][0]["loc"][-1] == "counts"
-    assert client.delete(f"{KB}/calibrators/{bad_id}").status_code == 204
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            # The default serves again, so the list and a search are as before.
+            assert _state(client) == (default_ids, default_ids, top, probability)
+            one = client.get(f"{KB}/calibrators/{bad_id}")
+            assert assert_problem(one, 422)["errors"][0]["loc"][-1] == "counts"
+            assert client.get(f"{KB}/calibrators/{bad_id}/reliability.png").is_error
+            # Another import still works and activates.
+            again = client.post(
+                f"{KB}/calibrators/import", json={"profile": base, "activate": True}
+            )
+            assert again.status_code == 201 and again.json()["active"], again.text
+            assert client.get("/readyz").status_code == 200
+    finally:
+        server.stop()
 
 
 def _isotonic(base: dict[str, Any], y: list[Any]) -> dict[str, Any]:
