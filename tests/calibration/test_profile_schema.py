@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from calibration import io
 from calibration.exceptions import UnsupportedFormatError
+from calibration.models import (
+    IsotonicCalibrator,
+    ListAwareCalibrator,
+    NormTemperedCalibrator,
+    PlattCalibrator,
+)
 from calibration.profile import (
     MAX_CREATED_AT,
     MAX_NAME_CHARS,
@@ -149,3 +156,23 @@ def test_the_trial_covers_large_ranks(base):
     with pytest.raises(UnsupportedFormatError, match="over the trial grid"):
         trial_scores(profile, max_rank=MAX_RANK)
     assert np.isfinite(profile.estimator.coef_).all()
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        PlattCalibrator(),
+        IsotonicCalibrator(),
+        NormTemperedCalibrator(),
+        NormTemperedCalibrator(prior_width="none", query_side_only=True),
+        ListAwareCalibrator(),
+        ListAwareCalibrator(use_lexical=True),
+    ],
+    ids=repr,
+)
+def test_every_fitted_family_passes_the_trial(base, list_world, estimator):
+    d = list_world
+    estimator.fit(d.X, d.y, d.groups)
+    data = _with(base, estimator=io.to_dict(estimator), method="fitted")
+    profile = Profile.from_json(json.loads(json.dumps(data)))
+    trial_scores(profile, max_rank=1000)
