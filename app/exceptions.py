@@ -51,8 +51,11 @@ class InvalidRequestError(NormcalError):
 class LimitExceededError(InvalidRequestError):
     """A declared limit was exceeded."""
 
-    def __init__(self, field: str, limit: int, actual: int) -> None:
-        super().__init__(f"{field}: {actual} exceeds the limit of {limit}", field=field)
+    def __init__(
+        self, field: str, limit: int, actual: int, *, rule: str | None = None
+    ) -> None:
+        detail = f"{field}: {actual} exceeds the limit of {limit}"
+        super().__init__(detail if rule is None else f"{detail} ({rule})", field=field)
         self.limit = limit
         self.actual = actual
 

@@ -28,10 +28,10 @@ def check_texts(field: str, texts: Sequence[str], limits: Limits) -> None:
             raise LimitExceededError(f"{field}.{i}", limits.max_text_chars, len(text))
 
 
-def check_value(field: str, value: int, limit: int) -> None:
-    """Reject a number above ``limit``."""
+def check_value(field: str, value: int, limit: int, *, rule: str | None = None) -> None:
+    """Reject a number above ``limit`` (``rule`` says what was counted, and the limit)."""
     if value > limit:
-        raise LimitExceededError(field, limit, value)
+        raise LimitExceededError(field, limit, value, rule=rule)
 
 
 def check_metadata(field: str, metadata: dict[str, Any], limits: Limits) -> None:

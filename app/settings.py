@@ -49,13 +49,25 @@ class Limits(BaseSettings):
         description='nesting of metadata objects/lists; {"a": [1]} is 2',
     )
     max_id_chars: int = Field(256, ge=1, description="characters of a document id")
-    max_judgments_per_fit: int = Field(20_000, ge=1, description="judgments per fit")
+    max_judgments_per_fit: int = Field(
+        20_000,
+        ge=1,
+        description="judgments per fit: those sent plus the stored feedback it includes",
+    )
+    max_judgments_per_collection: int = Field(
+        20_000, ge=1, description="stored feedback judgments per collection"
+    )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="request body")
     max_query_log_retention: int = Field(
         100_000, ge=1, description="largest retention of a collection's query log"
     )
     max_judging_queries: int = Field(
         1000, ge=1, description="queries per upload to the judging queue"
+    )
+    max_judging_queue: int = Field(
+        10_000,
+        ge=1,
+        description="uploaded queries waiting to be judged, per collection",
     )
     max_page_size: int = Field(
         1000, ge=1, description="items per page of a listing (documents, feedback)"

@@ -93,6 +93,10 @@ class CollectionBackend(Protocol[C]):
         """Stored feedback ``(query, document_id, relevance)``, oldest first."""
         ...
 
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        ...
+
     def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
         """Store feedback for the next fit; return the new total."""
         ...

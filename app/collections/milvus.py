@@ -845,6 +845,11 @@ class MilvusCollection(Generic[C]):
             for r in rows
         ]
 
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        with self._reading():
+            return len(self._rows("judgment"))
+
     def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
         """Store feedback for the next fit; return the new total."""
         now = time.time()

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+import sqlite3
 import tempfile
 import threading
 import time
@@ -34,7 +35,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.api.schemas.common import COLLECTION_NAME_PATTERN
+from app.collections.checks import check_file
 from app.collections.index import IndexType, VectorIndex
+from app.collections.ownership import DIR_MODE, lock_data_dir
 from app.collections.postings import LexicalBuilds
 from app.collections.store import (
     CollectionStore,
@@ -45,7 +48,6 @@ from app.collections.store import (
     UnusableStoreError,
     backup_database,
     build_store,
-    inspect_store,
     storage_errors,
 )
 from app.concurrency import RWLock
@@ -70,8 +72,6 @@ RESERVED_NAMES = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
     | {f"{port}{i}" for port in ("COM", "LPT") for i in range(1, 10)}
 )
-REQUIRED_META = ("name", "model", "dim", "created_at")
-DIR_MODE = 0o700
 
 
 class StoredCalibrator(Protocol):
@@ -385,6 +385,11 @@ class Collection(Generic[C]):
         """Stored feedback ``(query, document_id, relevance)``, oldest first."""
         with self._reading() as store:
             return store.judgments()
+
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        with self._reading() as store:
+            return store.judgments_count()
 
     def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
         """Store feedback for the next fit; return the new total."""
@@ -721,9 +726,9 @@ class CollectionRegistry(Generic[C]):
             if path.is_dir():
                 raise ConflictError(f"{path} is a directory, not a collection file")
             with self._writing_files():
-                staged = _stage_snapshot(self.data_dir, name, source)
+                staged, meta = _stage_snapshot(self.data_dir, name, source)
             try:
-                trial = self._trial_open(name, staged)
+                trial = self._trial_open(name, staged, meta)
                 if old is not None:
                     old.close()
                 try:
@@ -743,15 +748,29 @@ class CollectionRegistry(Generic[C]):
             logger.info("restored collection %s from %s", name, source)
             return collection
 
-    def _trial_open(self, name: str, staged: Path) -> Collection[C]:
-        """Open a staged snapshot as a start-up load would, then close its store."""
+    def _trial_open(
+        self, name: str, staged: Path, meta: dict[str, Any]
+    ) -> Collection[C]:
+        """Open a staged, checked snapshot as a start-up load would, then close it.
+
+        Every stored calibrator is decoded too (a start-up load decodes the active
+        one only), so none of them fails a later listing.
+        """
         try:
-            trial = self._open(name, staged)
+            trial = self._open(name, staged, meta)
         except UnusableStoreError as error:
+            raise _refused(
+                "the snapshot is not a usable collection", error
+            ) from error.__cause__
+        try:
+            trial.calibrators()
+        except Exception as error:
             raise InvalidRequestError(
-                f"the snapshot is not a usable collection: {error}"
+                "the snapshot is not a usable collection: a stored calibrator "
+                f"cannot be loaded ({type(error).__name__})"
             ) from error
-        trial.close()  # checkpoints the copy: it is one file again
+        finally:
+            trial.close()  # checkpoints the copy: it is one file again
         if trial.meta.get("model") != self.model_name:
             raise ConflictError(
                 f"the snapshot was built with model {trial.meta.get('model')!r}, "
@@ -774,17 +793,16 @@ class CollectionRegistry(Generic[C]):
             self._unavailable.clear()
         self._builds.join()
 
-    def _open(self, name: str, path: Path) -> Collection[C]:
-        """Validate read-only, then open for writing (``UnusableStoreError``)."""
-        meta = inspect_store(path)
-        missing = [key for key in REQUIRED_META if key not in meta]
-        if missing:
-            raise UnusableStoreError(
-                f"meta lacks {', '.join(missing)} (an interrupted create?)"
-            )
+    def _open(
+        self, name: str, path: Path, meta: dict[str, Any] | None = None
+    ) -> Collection[C]:
+        """Check in full read-only, then open for writing (``UnusableStoreError``).
+
+        ``meta``: what ``check_file`` returned for ``path`` when the caller ran it.
+        """
+        if meta is None:
+            meta = check_file(path)
         dim = meta["dim"]
-        if type(dim) is not int or dim < 1:
-            raise UnusableStoreError(f"meta dim {dim!r} is not a positive integer")
         if meta["model"] == self.model_name and dim != self.dim:
             raise UnusableStoreError(
                 f"meta dim {dim} differs from model {self.model_name!r} (dim {self.dim})"
@@ -881,47 +899,66 @@ def restore_offline(data_dir: Path, name: str, source: Path) -> None:
     """Install the snapshot file ``source`` as collection ``name`` with the server stopped.
 
     Creates the collection if it is absent (a disaster recovery into an empty data
-    dir). The file gets the checks that need no model (``inspect_store``, its meta and
-    name); the server's next start-up load does the rest and quarantines it if the
+    dir). Holds the data dir's lock throughout (``DataDirBusyError`` while a server
+    owns it: a file swapped under a running server would lose its later writes).
+    The file gets the checks that need no model (``check_file``: integrity, the exact
+    schema, typed meta; and its name); the server's next start-up load does the rest and quarantines it if the
     model differs.
     """
     CollectionRegistry.check_name(name)
     path = data_dir / f"{name}{_SUFFIX}"
     if path.is_dir():
         raise ConflictError(f"{path} is a directory, not a collection file")
-    data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    with storage_errors():
-        staged = _stage_snapshot(data_dir, name, source)
+    with storage_errors(), lock_data_dir(data_dir, "restore"):
+        staged, _ = _stage_snapshot(data_dir, name, source)
         try:
             _replace_file(staged, path, data_dir)
         finally:
             _remove_files(staged)
 
 
-def _stage_snapshot(data_dir: Path, name: str, source: Path) -> Path:
-    """A checked copy of snapshot ``source`` under a name a crash leaves removable."""
-    try:
-        meta = inspect_store(source)
-    except UnusableStoreError as error:
-        raise InvalidRequestError(
-            f"{source.name} is not a usable snapshot: {error}"
-        ) from error
-    missing = [key for key in REQUIRED_META if key not in meta]
-    if missing:
-        raise InvalidRequestError(
-            f"{source.name} is not a usable snapshot: meta lacks {', '.join(missing)}"
-        )
-    if meta["name"] != name:
-        raise InvalidRequestError(
-            f"{source.name} is a snapshot of collection {meta['name']!r}, not {name!r}"
-        )
+def _stage_snapshot(
+    data_dir: Path, name: str, source: Path
+) -> tuple[Path, dict[str, Any]]:
+    """A checked copy of snapshot ``source`` and its meta, named for removal at start-up.
+
+    The copy is what gets checked (``check_file``) and installed, so a source that
+    changes after the check cannot slip through.
+    """
     staged = _building_path(data_dir, name)
     try:
-        backup_database(source, staged)
+        try:
+            backup_database(source, staged)
+        except sqlite3.DatabaseError as error:
+            code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+            if code not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise
+            raise UnusableStoreError(f"cannot be read: {error}") from error
+        meta = check_file(staged)
+        if meta["name"] != name:
+            raise InvalidRequestError(
+                f"{source.name} is a snapshot of collection {meta['name']!r}, "
+                f"not {name!r}"
+            )
+    except UnusableStoreError as error:
+        _remove_files(staged)
+        raise _refused(
+            f"{source.name} is not a usable snapshot", error
+        ) from error.__cause__
     except BaseException:
         _remove_files(staged)
         raise
-    return staged
+    return staged, meta
+
+
+def _refused(what: str, error: UnusableStoreError) -> InvalidRequestError:
+    """The 422 of a file that fails a check: ``what``, then why.
+
+    ``error``'s reason is normcal's (a schema difference, a meta key and its rule):
+    raise this ``from error.__cause__``, what ``error`` came from if anything (say
+    SQLite's exception), so a problem detail withholds that text and only that.
+    """
+    return InvalidRequestError(f"{what}: {error}")
 
 
 def _replace_file(staged: Path, path: Path, data_dir: Path) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.collections.ownership import DIR_MODE
 from app.collections.registry import (
-    DIR_MODE,
     Collection,
     CollectionRegistry,
     _fsync_dir,

@@ -4,8 +4,8 @@ One file per collection, WAL journal. A write returns only after its transaction
 committed, so an acknowledged upsert survives a crash of the process (and, with
 ``synchronous=FULL``, of the machine). A new file is built complete (schema and meta
 in one transaction) by :func:`build_store` before it gets its final name, and an
-existing one is checked read-only by :func:`inspect_store` before it is opened for
-writing, so a broken file is reported and never modified.
+existing one is checked in full, read-only, by :func:`app.collections.checks.check_file`
+before it is opened for writing, so a broken file is reported and never modified.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ logger = logging.getLogger(__name__)
 
 # 3 added the lexical index (FTS5, ``app.collections.lexical``); 2 the judging tables
 # (query log, uploaded queries, skips). An older file gets them on its first writable
-# open; they are not in ``TABLES``, so ``inspect_store`` never quarantines a file for
-# lacking them.
+# open; ``app.collections.checks`` accepts exactly these three schemas.
 SCHEMA_VERSION = 3
 DEFAULT_STEMMER: lexical.Stemmer = "porter"
 _LEXICAL_BATCH = 5000  # documents indexed per statement when an old file gains FTS
@@ -213,7 +212,8 @@ def inspect_store(path: Path) -> dict[str, Any]:
     """Return the meta of a collection file, reading it strictly read-only.
 
     Raises :class:`UnusableStoreError` when it is not a regular, intact SQLite file
-    with every normcal table. A plain open would already write into a broken file
+    with every normcal table. A quick look (tools, tests); the server serves and
+    restores only what :func:`app.collections.checks.check_file` accepts. A plain open would already write into a broken file
     (``journal_mode=WAL`` turns a 0-byte file into a database), hence ``mode=ro``.
     """
     if not path.is_file():
@@ -814,6 +814,11 @@ class CollectionStore:
                 "SELECT query, document_id, relevance FROM judgments ORDER BY n"
             ).fetchall()
         return [(str(q), str(d), int(r)) for q, d, r in rows]
+
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        with self._use() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0])
 
     def judgments_page(
         self, limit: int, after: int

@@ -36,11 +36,15 @@ logger = logging.getLogger(__name__)
 Qrels = dict[str, dict[str, int]]
 
 
-def read_corpus(data_dir: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
+def read_corpus(
+    data_dir: Path, limit: int | None = None, skipped: list[str] | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield ``{"id", "text", "metadata"}`` from a BEIR ``corpus.jsonl``.
 
     The title, when present, is the first line of the text (BEIR's convention of
-    embedding title and body together).
+    embedding title and body together). A row whose title and text are both empty
+    has nothing to embed and is left out; its id goes to ``skipped`` when given.
+    ``limit`` counts rows, left-out ones included.
     """
     with (data_dir / "corpus.jsonl").open(encoding="utf-8") as fh:
         for n, line in enumerate(fh):
@@ -52,6 +56,8 @@ def read_corpus(data_dir: Path, limit: int | None = None) -> Iterator[dict[str, 
             text = f"{title}\n{body}" if title and body else (title or body)
             if text:
                 yield {"id": str(row["_id"]), "text": text, "metadata": {}}
+            elif skipped is not None:
+                skipped.append(str(row["_id"]))
 
 
 def read_queries(data_dir: Path) -> dict[str, str]:

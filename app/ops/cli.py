@@ -26,6 +26,7 @@ EXIT_USAGE = 2  # bad arguments or NORMCAL_* settings
 EXIT_INPUT = 3  # a file, folder or split is missing or malformed
 EXIT_UNREACHABLE = 4  # no HTTP answer from --url
 EXIT_API = 5  # the server answered with a problem (4xx/5xx)
+EXIT_BUSY = 6  # another normcal process owns the data dir
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EPILOG = f"""\
@@ -35,6 +36,7 @@ exit status:
   {EXIT_INPUT}    input: a file, folder or qrels split is missing or malformed
   {EXIT_UNREACHABLE}    the server at --url did not answer (is normcal serve running there?)
   {EXIT_API}    the server refused the request (its problem title and detail are printed)
+  {EXIT_BUSY}    the data dir is in use by another normcal process (its pid is printed)
   {EXIT_INTERRUPTED}  interrupted (ingest --skip-existing resumes)
 
 environment:
@@ -83,7 +85,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service in this process.
 
     Invalid settings (say an empty ``NORMCAL_API_KEY``) end it with one line on
-    stderr and exit status 2, before anything loads.
+    stderr and exit status 2, before anything loads. The data dir is locked before
+    anything opens (:mod:`app.collections.ownership`), with either storage backend
+    (the data dir keeps the fit jobs too): a second server on it exits 6 with one
+    line naming the holder's pid.
     """
     from app.api.app import create_app
     from app.api.serving import serve
@@ -95,13 +100,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["data_dir"] = args.data_dir
     settings = _settings(**overrides)
     configure_logging(settings.log_level, json_lines=settings.log_format == "json")
-    return serve(
-        create_app(settings),
-        settings,
-        host=settings.host if args.host is None else args.host,
-        port=settings.port if args.port is None else args.port,
-        port_file=args.port_file,
-    )
+    with _own_data_dir(Path(settings.data_dir), "serve"):
+        return serve(
+            create_app(settings),
+            settings,
+            host=settings.host if args.host is None else args.host,
+            port=settings.port if args.port is None else args.port,
+            port_file=args.port_file,
+        )
+
+
+@contextmanager
+def _own_data_dir(data_dir: Path, command: str) -> Iterator[None]:
+    """Hold ``data_dir``'s lock for the block; another holder is a :class:`CliError`.
+
+    A data dir that cannot be locked for lack of write access is served unlocked
+    (nothing can be written to it: ``/readyz`` reports it and writes get a 503).
+    """
+    import logging
+
+    from app.collections.ownership import DataDirBusyError, lock_data_dir
+
+    try:
+        lock = lock_data_dir(data_dir, command)
+    except DataDirBusyError as error:
+        raise CliError(
+            EXIT_BUSY,
+            f"{error}; one server per data dir: stop it, or give this one another "
+            "NORMCAL_DATA_DIR",
+        ) from None
+    except OSError as error:
+        logging.getLogger(__name__).warning(
+            "cannot lock data dir %s, serving it unlocked: %s", data_dir, error
+        )
+        yield
+        return
+    with lock:
+        yield
 
 
 def _settings_errors(error: ValidationError) -> str:
@@ -215,8 +250,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     """Upsert documents (BEIR folder, JSONL or CSV) into a collection via the API."""
     from app.ops.inputs import InputError, read_documents
 
+    empty: list[str] = []
     try:
-        docs = read_documents(args.source, args.limit)
+        docs = read_documents(args.source, args.limit, skipped=empty)
     except (InputError, OSError) as error:
         raise _input_error(error) from None
     with _api(args.url, timeout=600) as client:
@@ -234,7 +270,23 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"ingested {sent} documents into {args.collection!r}{skipped} "
         f"in {done.seconds:.1f}s ({rate:.1f} docs/s)"
     )
+    if empty:
+        print(
+            f"skipped {_count(len(empty), 'corpus.jsonl row')} with an empty title "
+            f"and text (nothing to embed): {_first_ids(empty)}"
+        )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _first_ids(ids: list[str], shown: int = 5) -> str:
+    """The first ``shown`` ids, quoted, and how many more there are."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(repr(i) for i in ids[:shown]) + more
 
 
 def _judgments(
@@ -277,19 +329,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    from app.ops.inputs import InputError, read_judged
+    from app.ops.inputs import InputError, default_split, read_judged
 
+    split = args.split or default_split(args.data_dir)
     try:
-        queries, qrels = read_judged(args.data_dir, args.split)
+        queries, qrels = read_judged(args.data_dir, split)
     except (InputError, OSError) as error:
         raise _input_error(error) from None
-    judgments = _judgments(queries, qrels, args.split)
+    judgments = _judgments(queries, qrels, split)
     n_texts = len({j["query"] for j in judgments})
     options: dict[str, Any] = {
         "method": args.method,
         "k": args.k,
         "abstain_target": args.abstain_target,
         "allow_reorder": not args.query_side_only,
+        "unknown_documents": "skip" if args.skip_unknown else "error",
     }
     with _api(args.url, timeout=3600) as client:
         client.get_collection(args.collection)  # unreachable or unknown: say so now
@@ -314,6 +368,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
         f"calibrator {info.id} ({info.method}, active={info.active}) "
         f"on {info.report['n_queries']} queries"
     )
+    if info.dropped_judgments:
+        print(
+            f"dropped {_count(info.dropped_judgments, 'judgment')} naming documents "
+            f"not in collection {args.collection!r} (--skip-unknown)"
+        )
     print("| method | NLL | Brier | ECE | AUROC |\n|---|---|---|---|---|")
     for name, m in info.cv.items():
         print(f"| {name} | {m.nll:.4f} | {m.brier:.4f} | {m.ece:.4f} | {m.auroc:.3f} |")
@@ -369,9 +428,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
 
-    from app.ops.inputs import InputError, check_beir_split
+    from app.ops.inputs import InputError, check_beir_split, default_split
 
-    splits = [args.split] + ([args.fit_split] if args.fit_split else [])
+    split = args.split or default_split(args.data_dir, exclude=args.fit_split)
+    splits = [split] + ([args.fit_split] if args.fit_split else [])
     try:  # before anything heavy loads: a typo fails in a second, not a minute
         check_beir_split(args.data_dir, *splits, corpus=True)
     except InputError as error:
@@ -402,7 +462,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = run_eval(
             _ProgressEmbedder(load_embedder(settings)),
             args.data_dir,
-            split=args.split,
+            split=split,
             fit_split=args.fit_split,
             cache_dir=args.cache_dir,
             options=options,
@@ -458,6 +518,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     it must reopen the collection, which a file swapped under it would not do. Local
     storage only: Milvus collections are backed up with Milvus's own tools.
     """
+    from app.collections.ownership import DataDirBusyError
     from app.collections.registry import restore_offline
     from app.exceptions import InvalidRequestError, NormcalError
 
@@ -468,6 +529,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
         raise CliError(EXIT_INPUT, f"{args.snapshot}: no such snapshot file")
     try:
         restore_offline(Path(data_dir), args.collection, args.snapshot)
+    except DataDirBusyError as error:
+        raise CliError(
+            EXIT_BUSY,
+            f"{error}; restore through the running server instead (POST "
+            f"/v1/collections/{args.collection}/snapshots/{{id}}/restore), or "
+            "stop it to install this file offline",
+        ) from None
     except InvalidRequestError as error:
         code = EXIT_USAGE if error.field == "name" else EXIT_INPUT
         raise CliError(code, _one_line(error.detail)) from None
@@ -603,7 +671,12 @@ def build_parser() -> argparse.ArgumentParser:
         "data_dir", type=Path, help="BEIR folder with queries.jsonl and qrels/"
     )
     fit.add_argument("--collection", required=True, help="the collection to calibrate")
-    fit.add_argument("--split", default="train", help="qrels split (qrels/SPLIT.tsv)")
+    fit.add_argument(
+        "--split",
+        default=None,
+        help="qrels split (qrels/SPLIT.tsv); default: train, or test when the set "
+        "has no train split",
+    )
     fit.add_argument(
         "--method",
         default="auto",
@@ -626,6 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
         "monotone in cosine within a query, at the cost of BM25 evidence",
     )
     fit.add_argument(
+        "--skip-unknown",
+        action="store_true",
+        help="leave out judgments naming documents the collection does not hold "
+        "(say, empty ones ingest skipped) and say how many, instead of refusing",
+    )
+    fit.add_argument(
         "--no-wait",
         action="store_true",
         help="start a fit job and print its id and URL, without waiting for it "
@@ -640,7 +719,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "data_dir", type=Path, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)"
     )
-    ev.add_argument("--split", default="test", help="qrels split to evaluate on")
+    ev.add_argument(
+        "--split",
+        default=None,
+        help="qrels split to evaluate on; default: train, or test when the set has "
+        "no train split (or train is --fit-split)",
+    )
     ev.add_argument(
         "--fit-split",
         default=None,

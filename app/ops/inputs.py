@@ -19,7 +19,13 @@ from typing import Any
 # app.ops.beir is imported where it is used: it pulls in the calibration package
 # (scikit-learn, scipy), seconds that a mistyped path should not wait for.
 
-__all__ = ["InputError", "check_beir_split", "read_documents", "read_judged"]
+__all__ = [
+    "InputError",
+    "check_beir_split",
+    "default_split",
+    "read_documents",
+    "read_judged",
+]
 
 FORMATS = "a BEIR folder (corpus.jsonl), a .jsonl file or a .csv file"
 
@@ -28,8 +34,15 @@ class InputError(Exception):
     """A file or folder the user named is missing or not in the expected shape."""
 
 
-def read_documents(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """The documents in ``path`` (see the module docstring), at most ``limit``."""
+def read_documents(
+    path: Path, limit: int | None = None, skipped: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The documents in ``path`` (see the module docstring), at most ``limit``.
+
+    A BEIR corpus row with an empty title and text is left out (there is nothing
+    to embed), its id appended to ``skipped`` when given; in a JSONL or CSV file
+    an empty text is an :class:`InputError`.
+    """
     if path.is_dir():
         from app.ops.beir import read_corpus
 
@@ -39,7 +52,7 @@ def read_documents(path: Path, limit: int | None = None) -> list[dict[str, Any]]
                 f"{path}: no corpus.jsonl in this folder; expected {FORMATS}"
             )
         try:
-            return list(read_corpus(path, limit))
+            return list(read_corpus(path, limit, skipped))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise InputError(f"{corpus}: not a BEIR corpus ({error!r})") from None
     if not path.exists():
@@ -138,6 +151,25 @@ def check_beir_split(data_dir: Path, *splits: str, corpus: bool = False) -> None
                 f"{data_dir}: no qrels split {split!r} "
                 f"(available: {', '.join(available) or f'none, {qrels} is empty'})"
             )
+
+
+# The qrels split ``fit`` and ``eval`` use when none is named, in order of preference.
+DEFAULT_SPLITS = ("train", "test")
+
+
+def default_split(data_dir: Path, exclude: str | None = None) -> str:
+    """The qrels split of ``data_dir`` to use when the command names none.
+
+    One rule for ``normcal fit`` and ``normcal eval``: the set's ``train`` split,
+    or its ``test`` split when there is no train (``exclude``, eval's
+    ``--fit-split``, is never chosen). With neither, ``train``: the check of the
+    split then names those that exist.
+    """
+    available = {p.stem for p in (data_dir / "qrels").glob("*.tsv")}
+    for split in DEFAULT_SPLITS:
+        if split in available and split != exclude:
+            return split
+    return DEFAULT_SPLITS[0]
 
 
 def read_judged(

@@ -7,6 +7,7 @@ stored judgments a fit can include.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -31,10 +32,14 @@ from app.api.schemas.jobs import FitJob
 from app.collections.base import CollectionBackend
 from app.exceptions import ConflictError, InvalidRequestError
 from app.jobs import Progress
+from app.judging import FIT_MIN_QUERIES
 from app.ops.report import reliability_png
 from app.paging import decode_cursor, encode_cursor
 from app.services.context import DEFAULT_PAGE_SIZE, Context, Part
-from calibration.exceptions import UnsupportedFormatError
+from calibration.exceptions import (
+    InsufficientDataError,
+    UnsupportedFormatError,
+)
 from calibration.prior import CrossDomainPrior
 from calibration.profile import (
     Profile,
@@ -57,17 +62,21 @@ class CalibratorsService(Part):
         super().__init__(context)
         # Reliability diagrams by (collection, calibrator id, created_at), newest last.
         self._png_cache: OrderedDict[tuple[str, str, float], bytes] = OrderedDict()
+        # Serialises the count-then-store of feedback (its per-collection cap).
+        self._feedback_lock = threading.Lock()
 
     async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
         """Fit a calibrator and wait for it: a fit job awaited (one code path)."""
-        job = self.start_fit(name, body)
+        job = await self.start_fit(name, body)
         return await self.fit_jobs.wait(job.id)
 
-    def start_fit(self, name: str, body: FitRequest) -> FitJob:
+    async def start_fit(self, name: str, body: FitRequest) -> FitJob:
         """Check a fit request, then start it as a job; nothing changes until it ends.
 
-        Every check that needs no fitting runs here, so a bad request is a 4xx with
-        no job; the job stores (and activates) the calibrator only if the fit works.
+        Every check that needs no fitting runs here (limits, unknown documents, too
+        few judged queries), so a bad request is a 4xx with no job, whether it came
+        as a fit or a fit job; the job stores (and activates) the calibrator only if
+        the fit works. Stored feedback is read in the pool, off the event loop.
         """
         lim = self.settings.limits
         limits.check_count("judgments", body.judgments, lim.max_judgments_per_fit)
@@ -75,20 +84,68 @@ class CalibratorsService(Part):
         k = body.k if body.k is not None else min(DEFAULT_FIT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
         collection = self.registry.get_compatible(name)
+        qrels, dropped = await self.pool.run(self._fit_qrels, collection, body)
+        return self.fit_jobs.submit(
+            name,
+            lambda progress: self._fit(collection, body, qrels, k, dropped, progress),
+        )
+
+    def _fit_qrels(
+        self, collection: CollectionBackend[Profile], body: FitRequest
+    ) -> tuple[dict[str, dict[str, int]], int]:
+        """The judgments a fit runs on, as qrels, and how many it dropped (blocking).
+
+        The body plus (``include_feedback``) the stored feedback, at most
+        ``max_judgments_per_fit`` in all; judgments naming unknown documents are an
+        error or, with ``unknown_documents: "skip"``, dropped and counted.
+        """
+        limit = self.settings.limits.max_judgments_per_fit
         judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
         if body.include_feedback:
+            sent = len(judged)
+
+            def check_total(stored: int) -> None:
+                limits.check_value(
+                    "judgments",
+                    sent + stored,
+                    limit,
+                    rule=f"{sent} sent plus {stored} stored as feedback; "
+                    "limits.max_judgments_per_fit (send include_feedback: false, "
+                    "or delete feedback)",
+                )
+
+            check_total(collection.judgments_count())  # before reading them all
             judged += collection.judgments()
+            check_total(len(judged) - sent)  # feedback added in between
         if not judged:
             raise InvalidRequestError(
                 "no judgments: send some, or POST feedback first", field="judgments"
             )
-        self._check_documents_exist(collection, [d for _, d, _ in judged])
+        dropped = 0
+        if body.unknown_documents == "skip":
+            unknown = set(collection.missing([d for _, d, _ in judged]))
+            kept = [row for row in judged if row[1] not in unknown]
+            dropped = len(judged) - len(kept)
+            if not kept:
+                raise InvalidRequestError(
+                    f"no judgments left: all {dropped} name documents that are not "
+                    f"in collection {collection.name!r}",
+                    field="judgments",
+                )
+            judged = kept
+        else:
+            self._check_documents_exist(collection, [d for _, d, _ in judged])
         qrels: dict[str, dict[str, int]] = {}
         for query, doc_id, relevance in judged:
             qrels.setdefault(query, {})[doc_id] = relevance
-        return self.fit_jobs.submit(
-            name, lambda progress: self._fit(collection, body, qrels, k, progress)
-        )
+        if len(qrels) < FIT_MIN_QUERIES:
+            raise InsufficientDataError(
+                f"a fit needs judgments of at least {FIT_MIN_QUERIES} queries (one "
+                f"per fold of its grouped cross-validation), got {len(qrels)}",
+                n_queries=len(qrels),
+                required=FIT_MIN_QUERIES,
+            )
+        return qrels, dropped
 
     async def _fit(
         self,
@@ -96,6 +153,7 @@ class CalibratorsService(Part):
         body: FitRequest,
         qrels: dict[str, dict[str, int]],
         k: int,
+        dropped: int,
         progress: Progress,
     ) -> CalibratorInfo:
         """The fit of a job, reporting each stage it enters to ``progress``."""
@@ -150,7 +208,7 @@ class CalibratorsService(Part):
             self.metrics.observe_fit(seconds, method=profile.method)
         progress("storing")
         await self.pool.run(collection.add_calibrator, profile, activate=body.activate)
-        return self._info(collection, profile)
+        return self._info(collection, profile, dropped=dropped)
 
     def get_fit_job(self, name: str, job_id: str) -> FitJob:
         """One fit job of a collection."""
@@ -290,15 +348,30 @@ class CalibratorsService(Part):
         return info.model_copy(update={"active": body.activate})
 
     def add_feedback(self, name: str, judgments: list[Judgment]) -> tuple[int, int]:
-        """Store judgments for the next fit; returns ``(stored, total)``."""
+        """Store judgments for the next fit; returns ``(stored, total)``.
+
+        A collection holds at most ``max_judgments_per_collection``: a request that
+        would pass it is refused whole (422, nothing stored). Counting and storing
+        are one step under a lock, so concurrent requests cannot both squeeze in.
+        Blocking: the router runs it in a worker thread.
+        """
         lim = self.settings.limits
         limits.check_count("judgments", judgments, lim.max_judgments_per_fit)
         limits.check_texts("judgments.query", [j.query for j in judgments], lim)
         collection = self.registry.get(name)
         self._check_documents_exist(collection, [j.document_id for j in judgments])
-        total = collection.add_judgments(
-            [(j.query, j.document_id, j.relevance) for j in judgments]
-        )
+        with self._feedback_lock:
+            stored = collection.judgments_count()
+            limits.check_value(
+                "judgments",
+                stored + len(judgments),
+                lim.max_judgments_per_collection,
+                rule=f"{len(judgments)} sent plus {stored} stored; "
+                "limits.max_judgments_per_collection (delete feedback to make room)",
+            )
+            total = collection.add_judgments(
+                [(j.query, j.document_id, j.relevance) for j in judgments]
+            )
         return len(judgments), total
 
     def list_feedback(
@@ -353,7 +426,11 @@ class CalibratorsService(Part):
         return default.prior
 
     def _info(
-        self, collection: CollectionBackend[Profile], profile: Profile
+        self,
+        collection: CollectionBackend[Profile],
+        profile: Profile,
+        *,
+        dropped: int | None = None,
     ) -> CalibratorInfo:
         active = self._profile_for(collection)
         report = profile.report
@@ -370,6 +447,7 @@ class CalibratorsService(Part):
             norm_lift=to_jsonable(report.norm_lift),
             abstain=abstain,
             report=report.to_jsonable(),
+            dropped_judgments=dropped,
         )
 
 

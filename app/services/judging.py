@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from app import judging, limits
 from app.api.schemas.judging import (
     JudgingHit,
@@ -12,12 +14,17 @@ from app.api.schemas.judging import (
 )
 from app.api.schemas.search import SearchRequest
 from app.exceptions import NotFoundError
-from app.services.context import Part
+from app.services.context import Context, Part
 from app.services.search import POOL_DEPTH, query_log_settings, search_results
 
 
 class JudgingService(Part):
     """The query log and the judging queue of a collection."""
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        # Serialises the count-then-queue of uploads (the queue's cap).
+        self._queue_lock = threading.Lock()
 
     def query_log(self, name: str) -> QueryLogInfo:
         """The collection's query log settings and size (off unless enabled)."""
@@ -38,11 +45,29 @@ class JudgingService(Part):
         return QueryLogInfo(**body.model_dump(), entries=entries)
 
     def add_judging_queries(self, name: str, queries: list[str]) -> int:
-        """Queue queries to judge ahead of logged ones; returns how many were new."""
+        """Queue queries to judge ahead of logged ones; returns how many were new.
+
+        At most ``max_judging_queue`` uploaded queries wait to be judged (neither
+        judged nor skipped) per collection: an upload that could pass it is refused
+        whole (422, nothing queued). Each distinct query sent counts, queued already
+        or not. Blocking: the router runs it in a worker thread.
+        """
         lim = self.settings.limits
         limits.check_count("queries", queries, lim.max_judging_queries)
         limits.check_texts("queries", queries, lim)
-        return self.registry.get(name).add_judging_queries(queries)
+        collection = self.registry.get(name)
+        sent = len(set(queries))
+        with self._queue_lock:
+            source, _, remaining = collection.judging_candidates(0)
+            waiting = remaining if source == "uploaded" else 0
+            limits.check_value(
+                "queries",
+                waiting + sent,
+                lim.max_judging_queue,
+                rule=f"{sent} sent plus {waiting} waiting to be judged; "
+                "limits.max_judging_queue (judge or skip some first)",
+            )
+            return collection.add_judging_queries(queries)
 
     def skip_judging(self, name: str, query: str) -> None:
         """Never offer ``query`` for judging again (404 if it is not a candidate)."""

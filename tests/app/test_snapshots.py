@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from normcal_client import InvalidRequest, NormcalClient, NotFound
 
 from app.api.app import create_app
+from app.collections.ownership import LOCK_FILE
 from app.collections.store import CollectionStore, inspect_store
 from app.jobs import JOBS_FILE
 from app.ops.cli import EXIT_INPUT, EXIT_USAGE, main
@@ -178,7 +179,7 @@ def test_snapshot_lifecycle_and_404s(kb, tmp_path):
         ("POST", f"/v1/collections/nope/snapshots/{snap['id']}/restore"),
     ]:
         assert_problem(kb.request(method, path), 404)
-    for bad in ["latest", "...", f"{snap['id']}x", snap["id"].upper()]:
+    for bad in ["latest", "...", f"{snap['id']}x", snap["id"][:-1] + "G"]:
         assert_problem(kb.get(f"{SNAPS}/{bad}"), 422)
         assert_problem(kb.post(f"{SNAPS}/{bad}/restore"), 422)
     assert_problem(kb.get(f"{SNAPS}/..%2F..%2Fkb.sqlite3"), 404)  # no such route
@@ -265,7 +266,8 @@ def test_offline_restore_with_the_cli(tmp_path, embedder, capsys):
         assert err.startswith("normcal: ") and err.count("\n") == 1, err
         assert "Traceback" not in err
     assert _counts(fresh / "kb.sqlite3") == (len(CORPUS), len(CORPUS))
-    assert sorted(p.name for p in fresh.iterdir()) == ["kb.sqlite3"]
+    # and the data dir's lock file, which outlives its holders (ownership.py)
+    assert sorted(p.name for p in fresh.iterdir()) == [LOCK_FILE, "kb.sqlite3"]
 
 
 def test_restore_brings_a_quarantined_collection_back(tmp_path, embedder):

@@ -29,7 +29,9 @@ needs_milvus = pytest.mark.skipif(
     not HAS_MILVUS, reason="the milvus extra (pymilvus, milvus-lite) is not installed"
 )
 BACKENDS = ["local", pytest.param("milvus", marks=needs_milvus)]
-LIMITS = Limits(max_k=8, max_page_size=4)
+LIMITS = Limits(
+    max_k=8, max_page_size=4, max_judgments_per_collection=4, max_judging_queue=2
+)
 # Two topics, so a filter keeps a strict, known subset.
 TOPIC = {
     "aspirin": "health",
@@ -222,6 +224,28 @@ def test_feedback_is_added_listed_and_deleted(kb: TestClient):
     one = kb.delete(f"{URL}/feedback", params={"query": QUERIES["python"]})
     assert one.json() == {"deleted": 1}
     assert kb.delete(f"{URL}/feedback").json() == {"deleted": 2}
+
+
+def test_stored_feedback_and_the_judging_queue_are_capped(kb: TestClient):
+    """The caps live in the service layer, so both backends keep them."""
+    stored = kb.post(f"{URL}/feedback", json={"judgments": JUDGMENTS[:4]})
+    assert stored.status_code == 201 and stored.json()["total"] == 4  # the bound
+    past = kb.post(f"{URL}/feedback", json={"judgments": JUDGMENTS[4:5]})
+    assert "limits.max_judgments_per_collection" in assert_problem(past)["detail"]
+    assert len(kb.get(f"{URL}/feedback").json()["data"]) == 4
+    queued = kb.post(f"{URL}/judging/queries", json={"queries": ["u1", "u2"]})
+    assert queued.status_code == 201 and queued.json()["added"] == 2  # the bound
+    past = kb.post(f"{URL}/judging/queries", json={"queries": ["u3"]})
+    assert "limits.max_judging_queue" in assert_problem(past)["detail"]
+    waiting = kb.get(f"{URL}/judging/next", params={"k": 3}).json()["progress"]
+    assert waiting["remaining"] == 2
+    # A fit that skips unknown documents says how many it dropped.
+    unknown = [{"query": QUERIES["paris"], "document_id": "gone", "relevance": 1}]
+    body = {"judgments": JUDGMENTS[4:] + unknown, "method": "platt", "k": 5}
+    assert_problem(kb.post(f"{URL}/calibrators", json=body))  # "gone" is unknown
+    r = kb.post(f"{URL}/calibrators", json={**body, "unknown_documents": "skip"})
+    assert r.status_code == 201, r.text
+    assert r.json()["dropped_judgments"] == 1
 
 
 def fit(client: TestClient, *, activate: bool = True) -> str:

@@ -26,7 +26,7 @@ async def create_fit_job(
     Poll the job at ``Location``; on success it holds the calibrator, stored and
     (by default) activated in one step at the end.
     """
-    job = service.calibrators.start_fit(name, body)
+    job = await service.calibrators.start_fit(name, body)
     response.headers["Location"] = f"/v1/collections/{name}/fit-jobs/{job.id}"
     return job
 

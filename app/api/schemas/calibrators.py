@@ -12,6 +12,7 @@ from app.api.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 MAX_RELEVANCE = 2**31 - 1
 
 Method = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
+UnknownDocuments = Literal["error", "skip"]
 
 
 class Judgment(RequestModel):
@@ -28,7 +29,9 @@ class FitRequest(RequestModel):
     """Fit a calibrator from judgments (and stored feedback)."""
 
     judgments: list[Judgment] = Field(
-        default_factory=list, description="at most limits.max_judgments_per_fit"
+        default_factory=list,
+        description="with the stored feedback included, at most "
+        "limits.max_judgments_per_fit",
     )
     method: Method = Field("auto", description="auto keeps the best grouped-CV NLL")
     k: int | None = Field(
@@ -45,6 +48,12 @@ class FitRequest(RequestModel):
     )
     activate: bool = Field(True, description="serve it right away")
     include_feedback: bool = Field(True, description="also use POSTed feedback")
+    unknown_documents: UnknownDocuments = Field(
+        "error",
+        description="judgments (sent or stored) naming a document the collection does "
+        "not hold: error refuses the fit (422); skip leaves them out and the "
+        "calibrator's dropped_judgments says how many",
+    )
     allow_reorder: bool = Field(
         True,
         description="allow document-side evidence (BM25, document norm and length), "
@@ -76,6 +85,11 @@ class CalibratorInfo(BaseModel):
     norm_lift: dict[str, Any]
     abstain: dict[str, Any] | None
     report: dict[str, Any] = Field(description="the whole fit report")
+    dropped_judgments: int | None = Field(
+        None,
+        description="judgments the fit that made it left out for naming unknown "
+        'documents (unknown_documents: "skip"); set only in that fit\'s answer',
+    )
 
 
 class CalibratorList(ListEnvelope):

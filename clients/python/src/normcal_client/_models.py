@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MetadataScalar = str | int | float | bool | None
 CalibrationMethod = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
+UnknownDocuments = Literal["error", "skip"]
 InputType = Literal["query", "document"]
 SearchMode = Literal["dense", "lexical", "hybrid"]
 Stemmer = Literal["porter", "none"]
@@ -117,6 +118,7 @@ class FitRequest(RequestModel):
     abstain_delta: float = 0.1
     activate: bool = True
     include_feedback: bool = True
+    unknown_documents: UnknownDocuments = "error"
     allow_reorder: bool = True
 
 
@@ -415,6 +417,9 @@ class CalibratorInfo(ResponseModel):
     norm_lift: dict[str, Any]
     abstain: dict[str, Any] | None
     report: dict[str, Any]
+    # Judgments the fit that made it left out (unknown_documents="skip"); only set
+    # in that fit's answer.
+    dropped_judgments: int | None = None
 
 
 FitJobStatus = Literal["queued", "running", "succeeded", "failed"]

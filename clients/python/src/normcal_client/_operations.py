@@ -58,6 +58,7 @@ from normcal_client._models import (
     SearchRequest,
     SearchResult,
     Stemmer,
+    UnknownDocuments,
     UpsertRequest,
     UpsertResponse,
 )
@@ -267,6 +268,7 @@ def fit_request(
     activate: bool | None,
     include_feedback: bool | None,
     allow_reorder: bool | None,
+    unknown_documents: UnknownDocuments | None = None,
 ) -> FitRequest:
     """The body of a fit; options left ``None`` take the server's defaults."""
     options = _given(
@@ -277,6 +279,7 @@ def fit_request(
         activate=activate,
         include_feedback=include_feedback,
         allow_reorder=allow_reorder,
+        unknown_documents=unknown_documents,
     )
     if options.get("abstain_target") is False:
         options["abstain_target"] = None  # no abstain rule

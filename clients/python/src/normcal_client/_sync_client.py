@@ -52,6 +52,7 @@ from normcal_client._models import (
     SkipRequest,
     SnapshotInfo,
     Stemmer,
+    UnknownDocuments,
     UpsertResponse,
     VersionInfo,
 )
@@ -433,11 +434,15 @@ class NormcalClient(ClientBase):
         activate: bool | None = None,
         include_feedback: bool | None = None,
         allow_reorder: bool | None = None,
+        unknown_documents: UnknownDocuments | None = None,
     ) -> CalibratorInfo:
         """Fit a calibrator and wait for it; ``None`` options take the server default.
 
-        ``abstain_target=False`` fits without an abstain rule. A long fit holds the
-        request open: :meth:`start_fit` returns at once instead.
+        ``abstain_target=False`` fits without an abstain rule.
+        ``unknown_documents="skip"`` leaves out judgments naming documents the
+        collection does not hold (the answer's ``dropped_judgments`` counts them)
+        instead of refusing the fit. A long fit holds the request open:
+        :meth:`start_fit` returns at once instead.
         """
         body = op.fit_request(
             judgments,
@@ -448,6 +453,7 @@ class NormcalClient(ClientBase):
             activate=activate,
             include_feedback=include_feedback,
             allow_reorder=allow_reorder,
+            unknown_documents=unknown_documents,
         )
         return self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
 
@@ -463,6 +469,7 @@ class NormcalClient(ClientBase):
         activate: bool | None = None,
         include_feedback: bool | None = None,
         allow_reorder: bool | None = None,
+        unknown_documents: UnknownDocuments | None = None,
     ) -> FitJob:
         """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
 
@@ -477,6 +484,7 @@ class NormcalClient(ClientBase):
             activate=activate,
             include_feedback=include_feedback,
             allow_reorder=allow_reorder,
+            unknown_documents=unknown_documents,
         )
         return self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
 
