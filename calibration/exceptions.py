@@ -132,6 +132,9 @@ class UnsupportedFormatError(CalibrationError, ValueError):
         The version found in the payload, if any.
     class_name : object, default=None
         The class name found in the payload, if any.
+    field : str or None, default=None
+        Path of the offending value in the payload (e.g. ``"report.fields.cv"``),
+        when one value is at fault.
     """
 
     def __init__(
@@ -140,7 +143,9 @@ class UnsupportedFormatError(CalibrationError, ValueError):
         *,
         format_version: object = None,
         class_name: object = None,
+        field: str | None = None,
     ) -> None:
         super().__init__(message)
         self.format_version = format_version
         self.class_name = class_name
+        self.field = field

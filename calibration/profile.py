@@ -25,6 +25,8 @@ default ones is the service's business (``app.profiles``).
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,18 +40,25 @@ from threadpoolctl import threadpool_limits
 from calibration.exceptions import InsufficientDataError, UnsupportedFormatError
 from calibration.features import (
     ELL_Q,
+    LEXICAL_DEPTH,
     LexicalEvidence,
     NormReference,
     pair_features,
     stack_pair_features,
 )
-from calibration.io import from_dict, to_dict
+from calibration.io import DecodeBudget, check_dataclass, from_dict, to_dict
 from calibration.metrics import (
     BINNING,
     auroc,
     brier_score,
     negative_log_likelihood,
     reliability_by_tercile,
+)
+from calibration.models import (
+    IsotonicCalibrator,
+    ListAwareCalibrator,
+    NormTemperedCalibrator,
+    PlattCalibrator,
 )
 from calibration.prior import (
     CrossDomainPrior,
@@ -73,6 +82,8 @@ from calibration.selection import (
 
 __all__ = [
     "BINNING",
+    "MAX_CREATED_AT",
+    "MAX_NAME_CHARS",
     "MIN_QUERIES_PER_OUTCOME",
     "PROFILE_FORMAT",
     "Profile",
@@ -86,6 +97,7 @@ __all__ = [
     "query_reference",
     "single_threaded_blas",
     "to_jsonable",
+    "trial_scores",
 ]
 
 # 3: coherent confidence (``confidence_weight``), prior profiles; 2: the report is a
@@ -298,36 +310,260 @@ class Profile:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Profile:
-        """Inverse of :meth:`to_json`; reads the untyped reports of older profiles."""
-        if data.get("format") not in _READABLE_FORMATS:
+    def from_json(cls, data: Any) -> Profile:
+        """Inverse of :meth:`to_json`; reads the untyped reports of older profiles.
+
+        The document is decoded by its schema: every top-level field is typed and
+        bounded, the fitted objects decode through :func:`calibration.io.from_dict`
+        sharing one :class:`~calibration.io.DecodeBudget`, and each must be of the
+        class its slot holds. It does not score anything: :func:`trial_scores` does.
+
+        Raises
+        ------
+        UnsupportedFormatError
+            Anything else; ``field`` names the offending value.
+        """
+        if not isinstance(data, dict):
+            raise _bad("", "a calibration profile must be a JSON object")
+        version = data.get("format")
+        if type(version) is not int or version not in _READABLE_FORMATS:
             raise UnsupportedFormatError(
-                f"calibration profile format {data.get('format')!r} is not supported"
+                f"format: calibration profile format {version!r} is not supported "
+                f"(this version reads {', '.join(map(str, _READABLE_FORMATS))})",
+                field="format",
             )
+        budget = DecodeBudget()
+        for key in ("query_model", "abstain_policy"):
+            if key not in data:
+                raise _bad(key, "missing")
         # A query-level model (formats 1/2) was served and certified on; no longer.
         old_model = data["query_model"] is not None
         return cls(
-            id=str(data["id"]),
-            method=str(data["method"]),
-            model=str(data["model"]),
-            model_id=None if data.get("model_id") is None else str(data["model_id"]),
-            query_ref=from_dict(data["query_ref"]),
-            doc_ref=from_dict(data["doc_ref"]),
-            estimator=from_dict(data["estimator"]),
-            query_model=None
-            if data["query_model"] is None
-            else from_dict(data["query_model"]),
-            abstain_policy=(
-                None
-                if data["abstain_policy"] is None
-                else from_dict(data["abstain_policy"])
+            id=_text(data, "id"),
+            method=_text(data, "method"),
+            model=_text(data, "model"),
+            model_id=_text(data, "model_id", optional=True),
+            query_ref=_object(data, "query_ref", NormReference, budget),
+            doc_ref=_object(data, "doc_ref", NormReference, budget),
+            estimator=_object(data, "estimator", _SERVED_ESTIMATORS, budget),
+            query_model=_object(
+                data, "query_model", QueryConfidenceModel, budget, optional=True
             ),
-            report=_load_report(data["report"]),
-            created_at=float(data["created_at"]),
-            default=bool(data.get("default", False)),
-            confidence_weight=float(data.get("confidence_weight", 1.0)),
+            abstain_policy=_object(
+                data, "abstain_policy", AbstainPolicy, budget, optional=True
+            ),
+            report=_load_report(data.get("report"), budget),
+            created_at=_number(data, "created_at", 0.0, MAX_CREATED_AT),
+            default=_flag(data, "default"),
+            confidence_weight=_number(data, "confidence_weight", 0.0, 1.0, 1.0),
             policy_matches_served=not old_model,
         )
+
+
+# -- the profile schema (format 1-3) ---------------------------------------------------
+MAX_NAME_CHARS = 256
+"""Characters of a profile's ``id``, ``method``, ``model`` and ``model_id``."""
+MAX_CREATED_AT = 32_503_680_000.0
+"""Latest ``created_at`` (seconds since the epoch): the year 3000."""
+_SERVED_ESTIMATORS = (
+    PlattCalibrator,
+    IsotonicCalibrator,
+    NormTemperedCalibrator,
+    ListAwareCalibrator,
+    PriorCalibrator,
+)
+
+
+def _bad(field_: str, rule: str) -> UnsupportedFormatError:
+    where = field_ or "profile"
+    return UnsupportedFormatError(f"{where}: {rule}", field=field_ or None)
+
+
+def _text(data: dict[str, Any], key: str, *, optional: bool = False) -> Any:
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
+        raise _bad(key, f"must be a string of 1 to {MAX_NAME_CHARS} characters")
+    return value
+
+
+def _number(
+    data: dict[str, Any],
+    key: str,
+    low: float,
+    high: float,
+    default: float | None = None,
+) -> float:
+    value = data.get(key, default)
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not low <= value <= high
+    ):
+        raise _bad(key, f"must be a number in [{low:g}, {high:g}]")
+    return float(value)
+
+
+def _flag(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise _bad(key, "must be true or false")
+    return value
+
+
+def _object(
+    data: dict[str, Any],
+    key: str,
+    kind: type[Any] | tuple[type[Any], ...],
+    budget: DecodeBudget,
+    *,
+    optional: bool = False,
+) -> Any:
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    obj = from_dict(value, budget=budget, path=key)
+    if not isinstance(obj, kind):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        raise _bad(f"{key}.class", f"must be {' or '.join(k.__name__ for k in kinds)}")
+    return obj
+
+
+# -- the trial: scoring a grid over the feature space ----------------------------------
+TRIAL_COSINES = 201
+"""Cosines of the fine sweep over [-1, 1] (every other context uses 21)."""
+
+
+def trial_scores(profile: Profile, *, max_rank: int) -> None:
+    """Score a grid over the feature space; every probability must be in [0, 1].
+
+    The grid crosses cosines in [-1, 1] (a fine sweep, plus the knots of a map that
+    has them) with every corner of the other features: the clipped norm features of
+    both references, ranks 1 and ``max_rank``, gaps 0 and 2, the clipped lengths, and
+    lexical evidence absent (0, 0, beyond the BM25 list) and present at its extremes.
+    It also scores whole hit lists end to end (:meth:`Profile.score`) for extreme
+    norms and token counts, with and without BM25 evidence. A profile that stored a
+    broken map would otherwise break every later search that reaches the bad region.
+
+    Raises
+    ------
+    UnsupportedFormatError
+        ``field`` is the part that failed (``estimator``, ``query_ref``, ``doc_ref``
+        or ``confidence_weight``); no exception text is passed on.
+    """
+    with np.errstate(all="ignore"):
+        _trial_references(profile)
+        _trial_grid(profile, max_rank)
+        _trial_lists(profile, max_rank)
+
+
+def _finite_unit(values: Any) -> bool:
+    a = np.asarray(values, dtype=np.float64)
+    return bool(np.all(np.isfinite(a)) and np.all((a >= 0.0) & (a <= 1.0)))
+
+
+def _trial_references(profile: Profile) -> None:
+    norms = np.array([1e-3, 0.1, 1.0, 10.0, 1e3])
+    tokens = np.array([1, 8, 64, 512, 100_000])
+    for key in ("query_ref", "doc_ref"):
+        ref = getattr(profile, key)
+        try:
+            ell = np.asarray(ref.transform(norms, tokens), dtype=np.float64)
+            length = np.asarray(ref.length_feature(tokens), dtype=np.float64)
+            ok = bool(np.all(np.isfinite(ell)) and np.all(np.isfinite(length)))
+        except Exception:  # an untrusted payload may fail in any way
+            ok = False
+        if not ok:
+            raise _bad(key, "does not give finite features for norms and lengths")
+
+
+def _clip(ref: NormReference, name: str) -> float:
+    value = float(getattr(ref, name))
+    return value if math.isfinite(value) else 0.0
+
+
+def _trial_grid(profile: Profile, max_rank: int) -> None:
+    q, d = profile.query_ref, profile.doc_ref
+    corners = [
+        (-_clip(q, "clip"), _clip(q, "clip")),  # ell_q
+        (-_clip(d, "clip"), _clip(d, "clip")),  # ell_d
+        (1.0, float(max_rank)),  # rank
+        (0.0, 2.0),  # gap
+        (-_clip(q, "length_clip"), _clip(q, "length_clip")),  # len_q
+        (-_clip(d, "length_clip"), _clip(d, "length_clip")),  # len_d
+        (0.0, 3.0),  # lex
+        (0.0, 1.0),  # lex_rel
+        (1.0, float(LEXICAL_DEPTH + 1)),  # lex_rank
+    ]
+    contexts = np.array(list(itertools.product(*corners)), dtype=np.float64)
+    centre = np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, LEXICAL_DEPTH + 1.0])
+    fine = np.linspace(-1.0, 1.0, TRIAL_COSINES)
+    knots = getattr(profile.estimator, "x_thresholds_", None)
+    if isinstance(knots, np.ndarray) and knots.ndim == 1 and knots.size:
+        inner = knots[(knots >= -1.0) & (knots <= 1.0)]
+        fine = np.concatenate([fine, inner, (inner[1:] + inner[:-1]) / 2])
+    coarse = np.linspace(-1.0, 1.0, 21)
+    X = np.vstack(
+        [
+            np.column_stack([fine, np.tile(centre, (len(fine), 1))]),
+            np.column_stack(
+                [
+                    np.tile(coarse, len(contexts)),
+                    np.repeat(contexts, len(coarse), axis=0),
+                ]
+            ),
+        ]
+    )
+    try:
+        ok = _finite_unit(profile.estimator.predict_proba(X))
+        if ok and hasattr(profile.estimator, "predict_interval"):
+            lo, hi = profile.estimator.predict_interval(X)
+            ok = _finite_unit(lo) and _finite_unit(hi)
+        bool(profile.reorders_hits)
+    except Exception:  # an untrusted payload may fail in any way
+        ok = False
+    if not ok:
+        raise _bad(
+            "estimator",
+            "must give finite probabilities in [0, 1] over the trial grid "
+            "(cosine in [-1, 1], ranks, lengths, BM25 present and absent)",
+        )
+
+
+def _trial_lists(profile: Profile, max_rank: int) -> None:
+    for k in sorted({1, 5, max_rank}):
+        scores = np.linspace(1.0, -1.0, k)
+        ranks = np.arange(1, k + 1, dtype=np.float64)
+        lexical = LexicalEvidence(
+            bm25=np.linspace(20.0, 0.0, k), rank=ranks, idf_mass=10.0, top=20.0
+        )
+        for norm, n_tokens in ((1.0, 8), (1e-3, 1), (1e3, 100_000)):
+            for lex in (None, lexical):
+                try:
+                    scored = profile.score(
+                        norm,
+                        n_tokens,
+                        scores,
+                        np.full(k, norm),
+                        np.full(k, n_tokens, dtype=np.int64),
+                        lex,
+                    )
+                    ok = _finite_unit(scored.probabilities) and _finite_unit(
+                        scored.confidence
+                    )
+                    if ok and scored.intervals is not None:
+                        ok = _finite_unit(scored.intervals[0]) and _finite_unit(
+                            scored.intervals[1]
+                        )
+                except Exception:  # an untrusted payload may fail in any way
+                    ok = False
+                if not ok:
+                    raise _bad(
+                        "estimator",
+                        "must give finite probabilities and confidence in [0, 1] "
+                        "for whole hit lists",
+                    )
 
 
 def single_threaded_blas() -> threadpool_limits:
@@ -559,14 +795,21 @@ def query_model_is_supported(hit: FloatArray, n_splits: int) -> bool:
     return min(n_hit, len(hit) - n_hit) >= max(MIN_QUERIES_PER_OUTCOME, n_splits)
 
 
-def _load_report(data: dict[str, Any]) -> FitReport:
+def _load_report(data: Any, budget: DecodeBudget) -> FitReport:
     """A stored report: versioned (``calibration.io``) or the untyped dict of format 1."""
+    if not isinstance(data, dict):
+        raise _bad("report", "must be a JSON object")
     if "format_version" in data:
-        report = from_dict(data)
+        report = from_dict(data, budget=budget, path="report")
         if not isinstance(report, FitReport):
-            raise UnsupportedFormatError("a profile's report must be a FitReport")
+            raise _bad("report.class", "must be FitReport")
         return report
-    return FitReport.from_jsonable(data)
+    try:
+        report = FitReport.from_jsonable(data)
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        raise _bad("report", "not a readable untyped (format 1) report") from exc
+    check_dataclass(report, "report")
+    return report
 
 
 def _fit_query_level(

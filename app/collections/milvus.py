@@ -51,7 +51,14 @@ from pymilvus.exceptions import ParamError
 
 from app.collections import lexical
 from app.collections.index import IndexType
-from app.collections.registry import C, CalibratorLoader, Hit, Pool
+from app.collections.registry import (
+    C,
+    CalibratorLoader,
+    Hit,
+    Pool,
+    active_profile,
+    decodable,
+)
 from app.collections.store import MetadataValue, NewDocument, StoredDocument
 from app.concurrency import RWLock
 from app.exceptions import (
@@ -463,7 +470,7 @@ class MilvusCollection(Generic[C]):
         self._df_at = 0.0
         self._df_lock = threading.Lock()
         active = meta.get("active_calibrator")
-        self.profile: C | None = self.calibrator(active) if active else None
+        self.profile: C | None = active_profile(name, active, self.calibrator)
 
     @property
     def index_type(self) -> IndexType:
@@ -988,7 +995,9 @@ class MilvusCollection(Generic[C]):
             rows = sorted(
                 self._rows("calibrator"), key=lambda r: (int(r["n"]), r["key"])
             )
-        return [self._load_calibrator(dict(r["data"]["profile"])) for r in rows]
+        return decodable(
+            self.name, [dict(r["data"]["profile"]) for r in rows], self._load_calibrator
+        )
 
     def add_calibrator(self, profile: C, *, activate: bool) -> None:
         """Store a fitted calibrator, then (a second write) activate it."""

@@ -99,6 +99,50 @@ T = TypeVar("T")
 CalibratorLoader = Callable[[dict[str, Any]], C]
 
 
+def active_profile(
+    collection: str, active: str | None, load: Callable[[str], C]
+) -> C | None:
+    """The stored active calibrator; None (the owner's default) if it does not decode.
+
+    A profile stored before profiles were checked may not decode today: that is
+    logged and the collection still serves, rather than being quarantined.
+    """
+    if not active:
+        return None
+    try:
+        return load(active)
+    except ValueError as error:
+        logger.warning(
+            "the active calibrator %s of %s does not decode (%s); serving the default",
+            active,
+            collection,
+            getattr(error, "field", None) or "profile",
+        )
+        return None
+
+
+def decodable(
+    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
+) -> list[C]:
+    """The stored calibrators that decode; a row that does not is logged and skipped.
+
+    A profile stored before profiles were checked may not decode today; it must not
+    make every listing of the collection fail (the loader raises ``ValueError``,
+    of which ``calibration``'s format errors are).
+    """
+    out = []
+    for data in stored:
+        try:
+            out.append(load(data))
+        except ValueError as error:
+            logger.warning(
+                "a stored calibrator of %s does not decode (%s); left out",
+                collection,
+                getattr(error, "field", None) or "profile",
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class Hit:
     """One search result."""
@@ -171,7 +215,7 @@ class Collection(Generic[C]):
         active = self.meta.get("active_calibrator")
         # Replaced by one assignment on activation: a search reads it once, so it
         # sees either the old calibrator or the new one, never a mix.
-        self.profile: C | None = self.calibrator(active) if active else None
+        self.profile: C | None = active_profile(name, active, self.calibrator)
 
     @classmethod
     def open(
@@ -445,7 +489,7 @@ class Collection(Generic[C]):
         """Every stored calibrator, oldest first."""
         with self._reading() as store:
             stored = store.list_calibrators()
-        return [self._load_calibrator(d) for d in stored]
+        return decodable(self.name, stored, self._load_calibrator)
 
     def add_calibrator(self, profile: C, *, activate: bool) -> None:
         """Store a fitted calibrator; activating it is part of the same commit."""

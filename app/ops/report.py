@@ -10,7 +10,9 @@ import math
 from typing import Any
 
 import jinja2
+import numpy as np
 
+from calibration.metrics import ReliabilityCurve
 from calibration.profile import BINNING, Profile
 
 _CONSERVATIVE = (
@@ -26,10 +28,7 @@ def reliability_png(profile: Profile) -> bytes:
     matplotlib.use("Agg")  # headless; set before pyplot is imported
     from matplotlib.figure import Figure
 
-    curve = profile.report.reliability
-    predicted = curve.mean_predicted.tolist()
-    observed = curve.observed_frequency.tolist()
-    counts = curve.counts.tolist()
+    predicted, observed, counts = _bins(profile.report.reliability)
     fig = Figure(figsize=(5.5, 6.0), dpi=100)
     top, bottom = fig.subplots(2, 1, height_ratios=(3, 1), sharex=True)
     top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
@@ -50,6 +49,37 @@ def reliability_png(profile: Profile) -> bytes:
     out = io.BytesIO()
     fig.savefig(out, format="png")
     return out.getvalue()
+
+
+def _bins(curve: ReliabilityCurve) -> tuple[list[float], list[float], list[float]]:
+    """The curve's points, at most ``BINNING.n_bins`` of them: what is drawn.
+
+    Imported profiles are checked to hold their bins only; a longer curve stored
+    before that is merged into ``BINNING.n_bins`` groups (count-weighted), so a
+    render never grows with the number of points. Non-finite points are dropped.
+    """
+    try:
+        p = np.asarray(curve.mean_predicted, dtype=np.float64).ravel()
+        o = np.asarray(curve.observed_frequency, dtype=np.float64).ravel()
+        n = np.asarray(curve.counts, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        return [], [], []
+    size = min(len(p), len(o), len(n))
+    p, o, n = p[:size], o[:size], n[:size]
+    keep = np.isfinite(p) & np.isfinite(o) & np.isfinite(n) & (n >= 0)
+    p, o, n = p[keep], o[keep], n[keep]
+    if len(p) > BINNING.n_bins:
+        groups = np.array_split(np.arange(len(p)), BINNING.n_bins)
+        totals = np.array([n[g].sum() for g in groups])
+        weights = [n[g] if n[g].sum() > 0 else np.ones(len(g)) for g in groups]
+        p = np.array(
+            [np.average(p[g], weights=w) for g, w in zip(groups, weights, strict=True)]
+        )
+        o = np.array(
+            [np.average(o[g], weights=w) for g, w in zip(groups, weights, strict=True)]
+        )
+        n = totals
+    return p.tolist(), o.tolist(), n.tolist()
 
 
 def _num(value: Any, digits: int = 4) -> str:

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -35,13 +36,23 @@ from app.judging import FIT_MIN_QUERIES
 from app.ops.report import reliability_png
 from app.paging import decode_cursor, encode_cursor
 from app.services.context import DEFAULT_PAGE_SIZE, Context, Part
-from calibration.exceptions import CalibrationError, InsufficientDataError
+from calibration.exceptions import (
+    InsufficientDataError,
+    UnsupportedFormatError,
+)
 from calibration.prior import CrossDomainPrior
-from calibration.profile import Profile, QueryEvidence, fit_profile, to_jsonable
+from calibration.profile import (
+    Profile,
+    QueryEvidence,
+    fit_profile,
+    to_jsonable,
+    trial_scores,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_FIT_K = 20  # retrieval depth of the pairs a calibrator is fitted on
+PNG_CACHE_ENTRIES = 64  # reliability diagrams kept (tens of KB each)
 
 
 class CalibratorsService(Part):
@@ -49,6 +60,8 @@ class CalibratorsService(Part):
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
+        # Reliability diagrams by (collection, calibrator id, created_at), newest last.
+        self._png_cache: OrderedDict[tuple[str, str, float], bytes] = OrderedDict()
         # Serialises the count-then-store of feedback (its per-collection cap).
         self._feedback_lock = threading.Lock()
 
@@ -211,13 +224,24 @@ class CalibratorsService(Part):
         """Every calibrator of a collection, oldest first.
 
         The shipped default comes first when it was fitted for the collection's model.
+        A stored calibrator that cannot be decoded or described (stored before
+        profiles were checked) is left out and logged, so one bad row cannot break
+        the list; the backends skip rows that do not decode.
         """
         collection = self.registry.get(name)
         default = self._default_for(collection)
         shipped = [] if default is None else [default]
-        return [
-            self._info(collection, p) for p in [*shipped, *collection.calibrators()]
-        ]
+        infos = []
+        for profile in [*shipped, *collection.calibrators()]:
+            try:
+                infos.append(self._info(collection, profile))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                logger.warning(
+                    "calibrator %s of %s cannot be described; left out of the list",
+                    profile.id,
+                    name,
+                )
+        return infos
 
     def get_calibrator(self, name: str, calibrator_id: str) -> CalibratorInfo:
         """One calibrator's report."""
@@ -237,8 +261,22 @@ class CalibratorsService(Part):
         return collection.calibrator(calibrator_id)
 
     async def reliability_png(self, name: str, calibrator_id: str) -> bytes:
-        """A calibrator's reliability diagram (drawing it is CPU work for the pool)."""
-        return await self.pool.run(reliability_png, self.profile(name, calibrator_id))
+        """A calibrator's reliability diagram, drawn once and cached.
+
+        It is drawn from the curve's bins (at most ``BINNING.n_bins``), so a render
+        is a fraction of a second of CPU work for the pool.
+        """
+        profile = self.profile(name, calibrator_id)
+        key = (name, profile.id, profile.created_at)
+        png = self._png_cache.get(key)
+        if png is None:
+            png = await self.pool.run(reliability_png, profile)
+            self._png_cache[key] = png
+            while len(self._png_cache) > PNG_CACHE_ENTRIES:
+                self._png_cache.popitem(last=False)
+        else:
+            self._png_cache.move_to_end(key)
+        return png
 
     async def activate_calibrator(
         self, name: str, calibrator_id: str
@@ -294,9 +332,20 @@ class CalibratorsService(Part):
                 f"{self.embedder.model_id!r} (see GET /version)",
                 field="profile.model_id",
             )
-        imported = await self.pool.run(_imported_profile, body.profile)
+        imported = await self.pool.run(
+            _imported_profile, body.profile, self.settings.limits.max_k
+        )
+        # Described before it is stored: a profile the API cannot show is refused
+        # with nothing stored, never stored and then a 500.
+        try:
+            info = self._info(collection, imported)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise InvalidRequestError(
+                "not a valid calibration profile: its report cannot be described",
+                field="profile.report",
+            ) from error
         await self.pool.run(collection.add_calibrator, imported, activate=body.activate)
-        return self._info(collection, imported)
+        return info.model_copy(update={"active": body.activate})
 
     def add_feedback(self, name: str, judgments: list[Judgment]) -> tuple[int, int]:
         """Store judgments for the next fit; returns ``(stored, total)``.
@@ -402,37 +451,22 @@ class CalibratorsService(Part):
         )
 
 
-def _decoding_rule(error: Exception) -> str:
-    """What an exception decoding or trying a profile says about it, in our words."""
-    if isinstance(error, KeyError) and isinstance(error.args[0], str):
-        return f"the field {error.args[0][:64]!r} is missing"
-    return "a field has the wrong type, shape or value"
-
-
-def _imported_profile(data: dict[str, Any]) -> Profile:
+def _imported_profile(data: dict[str, Any], max_rank: int) -> Profile:
     """Decode an exported profile and give it a new id in this collection.
 
-    Any decoding failure, and a profile that cannot score a query, is a 422:
-    stored, it would break every later search.
+    The profile is decoded by its schema (``Profile.from_json``) and must score a
+    grid over the feature space with finite probabilities in [0, 1]
+    (``trial_scores``); anything else is a 422 naming the field and the rule, and
+    nothing is stored: stored, it would break every later search.
     """
     try:
         profile = Profile.from_json(data)
-        profile.score(
-            1.0,
-            8,
-            np.array([0.5, 0.1]),
-            np.array([1.0, 1.0]),
-            np.array([8, 8], dtype=np.int64),
-        )
-    except CalibrationError as error:
+        trial_scores(profile, max_rank=max_rank)
+    except UnsupportedFormatError as error:
         raise InvalidRequestError(
-            f"not a valid calibration profile: {error}", field="profile"
-        ) from error  # a library's text in it is withheld (api.errors.public_detail)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
-        raise InvalidRequestError(
-            f"not a valid calibration profile: {_decoding_rule(error)}",
-            field="profile",
-        ) from None  # the message is ours; the cause's text is not for the client
+            f"not a valid calibration profile: {error}",
+            field="profile" if error.field is None else f"profile.{error.field}",
+        ) from error
     return replace(
         profile, id=uuid.uuid4().hex[:12], created_at=time.time(), default=False
     )
