@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration import PlattCalibrator, select_calibrator, simulate_judgments
 from calibration.profile import fit_profile
-from tests.app.test_calibrators_unit import synthetic_evidence
+from tests.services.test_calibrators_unit import synthetic_evidence
 
 # The list world of tests/calibration/conftest.py.
 WORLD = {

@@ -1,7 +1,7 @@
 """Shared fixtures: the embedder, settings, app and client; markers by what a test needs.
 
 ``embedder`` is the real bundled model (loaded once per session) unless the module
-is marked ``fake_embedder``, which gets the deterministic :class:`tests.fakes.HashEmbedder`.
+is marked ``fake_embedder``, which gets the deterministic :class:`tests.support.fakes.HashEmbedder`.
 Tests that end up with the real model are marked ``model`` at collection, so
 ``pytest -m "not model"`` runs everything that needs no model at all.
 """
@@ -9,6 +9,8 @@ Tests that end up with the real model are marked ``model`` at collection, so
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite compares embeddings with sentence-transformers' own to 1e-5 and must give
-# the same figures on every CPU: the model runs fp32 unless a test (tests/app/
+# the same figures on every CPU: the model runs fp32 unless a test (tests/embedding/
 # test_precision.py) asks for auto or bf16. Server subprocesses inherit it.
 os.environ.setdefault("NORMCAL_EMBED_PRECISION", "fp32")
 
@@ -66,7 +68,7 @@ def real_embedder():
 def embedder(request: pytest.FixtureRequest):
     """The embedder the module asked for: the fake if marked ``fake_embedder``."""
     if request.node.get_closest_marker("fake_embedder") is not None:
-        from tests.fakes import HashEmbedder
+        from tests.support.fakes import HashEmbedder
 
         return HashEmbedder()
     return request.getfixturevalue("real_embedder")
@@ -92,6 +94,26 @@ def client(app):
 
     with TestClient(app) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Path of chromium for the browser tests (tests/ui, tests/faults), installed from
+    Debian's packages when absent (root only); skip when it cannot be had."""
+    found = shutil.which("chromium")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
+            check=False,
+            env=env,
+            timeout=900,
+        )
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.skip("chromium is not installed and could not be installed here")
+    return found
 
 
 def shared_dataset(name: str) -> Path:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.app.server import source_env, wait_for_port_file
+from tests.support.server import source_env, wait_for_port_file
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -318,7 +318,7 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
 def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
     from app.api.app import create_app
     from app.settings import Settings
-    from tests.app.live import ThreadServer
+    from tests.support.live import ThreadServer
 
     settings = Settings(data_dir=tmp_path / "data", api_key="ex-key")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:

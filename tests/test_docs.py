@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.app.server import ServerProcess, source_env
+from tests.support.server import ServerProcess, source_env
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -331,7 +331,7 @@ def test_the_client_page_python_examples_run(tmp_path, embedder):
     """The Python blocks of docs/client.md run, in order, against a server."""
     from app.api.app import create_app
     from app.settings import Settings
-    from tests.app.live import ThreadServer
+    from tests.support.live import ThreadServer
 
     blocks = [
         b

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.corpus import CORPUS, QUERIES
+from tests.support.corpus import CORPUS, QUERIES
 
 
 def _docs(**metadata):

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.app import create_app
 from app.settings import Limits, Settings
-from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
+from tests.support.server import ServerProcess
 
 # What the model makes of a text does not matter here: the deterministic fake.
 pytestmark = pytest.mark.fake_embedder

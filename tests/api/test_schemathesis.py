@@ -27,7 +27,7 @@ from schemathesis.python import asgi
 
 from app.api.app import create_app
 from app.settings import Limits, Settings
-from tests.fakes import HashEmbedder
+from tests.support.fakes import HashEmbedder
 
 COLLECTION = "kb"
 LIMITS = Limits(

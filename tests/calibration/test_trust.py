@@ -18,8 +18,8 @@ from calibration.selection import (
     _auto,
     select_calibrator,
 )
-from tests.app.test_calibrators_unit import synthetic_evidence
 from tests.calibration.test_prior import LEVELS, TRUE, domain
+from tests.services.test_calibrators_unit import synthetic_evidence
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,9 @@ from app.ops.cli import (
     main,
 )
 from app.settings import Settings
-from tests.app.live import ThreadServer
-from tests.app.server import refused_port, source_env, wait_for_port_file
-from tests.fakes import HashEmbedder
+from tests.support.fakes import HashEmbedder
+from tests.support.live import ThreadServer
+from tests.support.server import refused_port, source_env, wait_for_port_file
 
 TOPICS = {
     "volcano": [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.live import ThreadServer
+from tests.support.live import ThreadServer
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from normcal_client import (
     Unauthorized,
 )
 
-from tests.app.corpus import CORPUS, QUERIES
+from tests.support.corpus import CORPUS, QUERIES
 
 DOCS = [
     {"id": key, "text": text, "metadata": {"topic": key, "even": i % 2 == 0}}
@@ -286,7 +286,7 @@ def test_real_auth(tmp_path, embedder):
     """With NORMCAL_API_KEY set, no key and a wrong key are 401; the key works."""
     from app.api.app import create_app
     from app.settings import Settings
-    from tests.app.live import ThreadServer
+    from tests.support.live import ThreadServer
 
     settings = Settings(data_dir=tmp_path / "auth", api_key="s3cret")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from normcal_client import AsyncNormcalClient, NormcalClient
 
-from tests.app.corpus import CORPUS, QUERIES
-from tests.app.server import source_env
+from tests.support.corpus import CORPUS, QUERIES
+from tests.support.server import source_env
 
 pytest.importorskip("langchain_core")
 

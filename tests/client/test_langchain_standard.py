@@ -19,7 +19,7 @@ from langchain_tests.integration_tests import (
 from normcal_client import NormcalClient
 from normcal_client.langchain import NormcalRetriever, NormcalVectorStore
 
-from tests.app.corpus import CORPUS, QUERIES
+from tests.support.corpus import CORPUS, QUERIES
 
 # The suites' async tests are bare ``async def``; anyio runs them (sync ones ignore it).
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from tests.app.server import ServerProcess
+from tests.support.server import ServerProcess
 
 BATCH = 4
 ACKED_BEFORE_KILL = 25

@@ -27,7 +27,7 @@ from app.collections.milvus import (
 from app.collections.store import NewDocument
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from tests.collections.conftest import DIM, new_docs, unit_vectors
-from tests.milvus_lite import milvus_lite_server
+from tests.support.milvus_lite import milvus_lite_server
 
 META = {"name": "kb", "model": "m", "dim": DIM, "created_at": 0.0}
 

@@ -1,7 +1,7 @@
 """How the guarded Milvus client classifies pymilvus errors (pure logic, a fake client).
 
 The real outage (a ``milvus-lite server`` stopped and restarted under the app) is in
-``tests/app/test_milvus_outage.py``; these are the cases a live engine does not
+``tests/collections/test_milvus_outage.py``; these are the cases a live engine does not
 produce on demand.
 """
 

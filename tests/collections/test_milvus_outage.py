@@ -17,7 +17,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
-from tests.app.test_storage_contract import (
+from tests.collections.test_storage_contract import (
     DOCS,
     URL,
     backend_settings,
@@ -52,7 +52,7 @@ def unavailable(response: httpx.Response, uri: str) -> dict[str, Any]:
 
 
 def test_an_outage_is_a_503_and_the_same_process_serves_again(tmp_path, embedder):
-    from tests.milvus_lite import milvus_lite_server
+    from tests.support.milvus_lite import milvus_lite_server
 
     data = tmp_path / "server"
     with milvus_lite_server(data) as uri:

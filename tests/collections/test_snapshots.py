@@ -20,8 +20,8 @@ from app.collections.store import CollectionStore, inspect_store
 from app.jobs import JOBS_FILE
 from app.ops.cli import EXIT_INPUT, EXIT_USAGE, main
 from app.settings import Settings
-from tests.app.live import ThreadServer
 from tests.conftest import assert_problem
+from tests.support.live import ThreadServer
 
 pytestmark = pytest.mark.fake_embedder
 

@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 
 from app.api.app import create_app
 from app.settings import Limits, Settings
-from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import REPO, assert_problem
+from tests.support.corpus import CORPUS, QUERIES
 
 HAS_MILVUS = all(importlib.util.find_spec(m) for m in ("pymilvus", "milvus_lite"))
 needs_milvus = pytest.mark.skipif(
@@ -358,7 +358,7 @@ def test_an_unreachable_milvus_is_reported_by_readiness(tmp_path, embedder):
 def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
     tmp_path, embedder
 ):
-    from tests.milvus_lite import milvus_lite_server
+    from tests.support.milvus_lite import milvus_lite_server
 
     with milvus_lite_server(tmp_path / "server") as uri:
         settings = backend_settings(tmp_path, "milvus", milvus_uri=uri)

@@ -33,7 +33,7 @@ from app.embedding.onnx_export import (
 )
 from app.ops.cli import main as cli_main
 from app.settings import Settings, default_model_path
-from tests.app.server import ServerProcess, source_env
+from tests.support.server import ServerProcess, source_env
 
 pytestmark = pytest.mark.slow
 

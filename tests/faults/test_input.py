@@ -120,7 +120,7 @@ def test_metadata_at_the_depth_limit_is_stored_read_and_searched(kb):
 
 @pytest.mark.parametrize("depth", [256, 300, 900])
 def test_metadata_nested_past_the_serializer_is_refused(kb, depth):
-    # Today: 200, then GET and every search that returns it give 500.
+    # Before the fix: 200, then GET and every search that returns it give 500.
     doc = json.dumps({"id": "poison", "text": "t", "metadata": _nested(depth)})
     _refused_upsert(kb, doc, "documents.0.metadata depth")
 
@@ -173,7 +173,7 @@ def test_metadata_depth_limit_is_read_from_the_environment(
     "value", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", '[1, {"x": NaN}]']
 )
 def test_non_finite_numbers_in_metadata_are_422(kb, value):
-    # Today: stored as null, then every filtered search on the collection gives 500.
+    # Before the fix: stored as null, then every filtered search on the collection gives 500.
     doc = f'{{"id": "poison", "text": "t", "metadata": {{"a": {value}}}}}'
     body = _refused_upsert(kb, doc, "documents.0.metadata")
     assert "finite" in body["detail"]
@@ -241,7 +241,7 @@ def test_what_was_stored_is_returned_unchanged(kb):
     ],
 )
 def test_lone_surrogates_in_documents_are_422(kb, doc, field):
-    # Today: metadata keys and values give 500 (UnicodeEncodeError).
+    # Before the fix: metadata keys and values give 500 (UnicodeEncodeError).
     _refused_upsert(kb, doc, field)
 
 
@@ -295,7 +295,7 @@ def _assert_nothing_judged(c: TestClient) -> None:
     ],
 )
 def test_hostile_filter_values_are_422(kb, value, message):
-    # Today: OverflowError or "malformed JSON" from SQLite, a 500.
+    # Before the fix: OverflowError or "malformed JSON" from SQLite, a 500.
     r = _raw(kb, "POST", SEARCH, f'{{"query": "q", "filter": {{"lang": {value}}}}}')
     body = assert_problem(r, 422)
     assert body["detail"].startswith("filter: lang") and message in body["detail"]
@@ -312,7 +312,7 @@ def test_filter_at_the_64_bit_bounds_is_served(kb):
 @pytest.mark.parametrize("relevance", [MAX_RELEVANCE + 1, 2**63, 2**64])
 @pytest.mark.parametrize("endpoint", ["feedback", "calibrators"])
 def test_relevance_past_its_bound_is_422(kb, relevance, endpoint):
-    # Today: feedback gives 500 (OverflowError binding it to SQLite).
+    # Before the fix: feedback gives 500 (OverflowError binding it to SQLite).
     judgment = {"query": "q", "document_id": "seed", "relevance": relevance}
     r = kb.post(f"/v1/collections/kb/{endpoint}", json={"judgments": [judgment]})
     body = assert_problem(r, 422)
@@ -329,7 +329,7 @@ def test_relevance_at_its_bound_is_stored(kb):
 
 # -- defect 9 (input half): NUL in ids, strict wire types ---------------------------------
 def test_document_id_with_nul_is_422_in_the_body(kb):
-    # Today: 200; the id pattern let \S match the NUL itself.
+    # Before the fix: 200; the id pattern let \S match the NUL itself.
     for doc_id in ("a\x00b", "\x00", "poison\x00"):
         doc = json.dumps({"id": doc_id, "text": "t"})
         _refused_upsert(kb, doc, "documents.0.id")
@@ -376,7 +376,7 @@ def test_document_id_with_nul_is_422_in_the_path(kb):
     ],
 )
 def test_wire_types_are_strict(kb, path, body, field):
-    # Today: true is taken as 1, "5" as 5, "false" as False.
+    # Before the fix: true is taken as 1, "5" as 5, "false" as False.
     r = assert_problem(kb.post(path, json=body), 422)
     assert r["detail"].startswith(f"{field}:"), r
     assert kb.get("/v1/collections").json()["count"] == 1

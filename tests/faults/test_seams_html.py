@@ -26,9 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app import conftest as app_conftest
-from tests.app.browser import Browser
-from tests.app.server import ServerProcess
+from tests.support.browser import Browser
+from tests.support.server import ServerProcess
 
 KEY = "seams-html-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -55,9 +54,6 @@ FRAGMENTS = (
     "Value error,",
     'File "',
 )
-
-
-chromium = app_conftest.chromium  # the fixture of tests/app, for the XSS test
 
 
 @pytest.fixture(scope="module")

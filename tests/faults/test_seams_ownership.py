@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from app.ops.cli import EXIT_BUSY
-from tests.app.server import ServerProcess, source_env
 from tests.conftest import assert_problem
+from tests.support.server import ServerProcess, source_env
 
 pytestmark = pytest.mark.server
 

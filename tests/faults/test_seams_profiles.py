@@ -21,8 +21,8 @@ import pytest
 
 from app.ops.process import ServerProcess
 from calibration.metrics import BINNING
-from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import assert_problem
+from tests.support.corpus import CORPUS, QUERIES
 
 pytestmark = pytest.mark.server
 

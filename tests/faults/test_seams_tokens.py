@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from app.settings import Limits
-from tests.app.server import ServerProcess, source_env
 from tests.conftest import assert_problem
+from tests.support.server import ServerProcess, source_env
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -27,9 +27,9 @@ import httpx
 import pytest
 
 from app.ops.cli import EXIT_API, main
-from tests.app.corpus import CORPUS, QUERIES
-from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
+from tests.support.corpus import CORPUS, QUERIES
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.app.server import ServerProcess
+from tests.support.server import ServerProcess
 
 SHORT = ["a cat", "what is the capital of France?", "normcal keeps the raw norm"]
 LONG = [" ".join(f"word{i}" for i in range(n)) for n in (300, 700)]  # > 256 tokens

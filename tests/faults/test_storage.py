@@ -29,9 +29,9 @@ from app.collections.store import build_store
 from app.exceptions import NotFoundError
 from app.settings import Settings
 from calibration.profile import Profile
-from tests.app.corpus import CORPUS, QUERIES
-from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
+from tests.support.corpus import CORPUS, QUERIES
+from tests.support.server import ServerProcess
 
 DOCS = [
     {"id": k, "text": v, "metadata": {"n": i}}

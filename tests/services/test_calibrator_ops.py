@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from app.api.app import create_app
 from app.paging import encode_cursor
 from app.settings import Limits, Settings
-from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import assert_problem
+from tests.support.corpus import CORPUS, QUERIES
 
 LIMITS = Limits(max_page_size=4)
 JUDGMENTS = [

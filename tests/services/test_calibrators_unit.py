@@ -90,7 +90,12 @@ EVIDENCE_DOC_TOKENS = np.array([80, 120, 200, 60, 256])
 # The default profile shipped before the cross-domain prior (format 1, a scifact fit
 # serving a query-level confidence model): it must still load and score the same
 # probabilities.
-FORMAT1_DEFAULT = Path(__file__).parent / "data" / "all-minilm-l6-v2.format1.json"
+FORMAT1_DEFAULT = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures"
+    / "profiles"
+    / "all-minilm-l6-v2.format1.json"
+)
 REFERENCE_DEFAULT = {  # (query norm, tokens): (probabilities, the old confidence)
     (4.2, 9): (
         [

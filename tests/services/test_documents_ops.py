@@ -19,8 +19,8 @@ from app.api.app import create_app
 from app.ops.cli import main
 from app.services import documents as documents_service
 from app.settings import Limits, Settings
-from tests.app.live import ThreadServer
 from tests.conftest import assert_problem
+from tests.support.live import ThreadServer
 
 pytestmark = pytest.mark.fake_embedder
 

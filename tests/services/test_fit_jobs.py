@@ -23,8 +23,8 @@ from app.api.app import create_app
 from app.jobs import JOBS_FILE
 from app.services import calibrators as calibrators_service
 from app.settings import Limits, Settings
-from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import assert_problem
+from tests.support.corpus import CORPUS, QUERIES
 
 JUDGMENTS = [
     {"query": q, "document_id": doc, "relevance": 1} for doc, q in QUERIES.items()

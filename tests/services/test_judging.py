@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from app import judging
 from app.api.app import create_app
 from app.settings import Limits, Settings
-from tests.app.corpus import CORPUS, QUERIES
 from tests.conftest import assert_problem
+from tests.support.corpus import CORPUS, QUERIES
 
 LIMITS = Limits(max_query_log_retention=5, max_judging_queries=3)
 

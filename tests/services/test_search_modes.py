@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from app.api.app import create_app
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
-from tests.fakes import HashEmbedder
+from tests.support.fakes import HashEmbedder
 
 ROUTER = {
     "r1": "Hold the power button of the wireless router for ten seconds.",

@@ -14,9 +14,9 @@ import pytest
 
 from app.api.app import create_app
 from app.settings import Settings
-from tests.app.browser import Browser
-from tests.app.live import ThreadServer
-from tests.app.server import refused_port
+from tests.support.browser import Browser
+from tests.support.live import ThreadServer
+from tests.support.server import refused_port
 
 pytestmark = [pytest.mark.fake_embedder, pytest.mark.slow]
 

@@ -7,9 +7,9 @@ import httpx
 from app import judging
 from app.api.app import create_app
 from app.settings import Settings
-from tests.app.browser import Browser
-from tests.app.corpus import CORPUS, QUERIES
-from tests.app.live import ThreadServer
+from tests.support.browser import Browser
+from tests.support.corpus import CORPUS, QUERIES
+from tests.support.live import ThreadServer
 
 KEY = "judge-secret"
 OFF_TOPIC = "weather forecast for tomorrow in Oslo"  # skipped on the page

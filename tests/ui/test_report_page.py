@@ -11,8 +11,8 @@ import pytest
 
 from app.api.app import create_app
 from app.settings import Settings
-from tests.app.browser import Browser
-from tests.app.live import ThreadServer
+from tests.support.browser import Browser
+from tests.support.live import ThreadServer
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 # The diagram was fetched and decoded: its natural width, once it has loaded.
