@@ -79,9 +79,10 @@ def create_app(
             expose_headers=["x-request-id", "retry-after"],
             max_age=600,
         )
-    app.add_middleware(
-        AccessLogMiddleware, metrics=app_metrics, templates=RouteTemplates(app)
-    )
+    # Every app built here has the same routes (the routers below, unconditionally),
+    # so they share one set of route templates.
+    templates = RouteTemplates(app, shared_as="create_app")
+    app.add_middleware(AccessLogMiddleware, metrics=app_metrics, templates=templates)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(health.router)

@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -242,10 +242,17 @@ class RouteTemplates:
     Built lazily from the app's OpenAPI paths and plain routes (``/docs``), so it
     needs no router internals. A path no template matches is ``<unmatched>``; the
     label set is bounded by the routes whatever clients send.
+
+    Rendering the OpenAPI schema costs ~0.2 s an app. Apps that have the same routes
+    (every app ``create_app`` builds) pass the same ``shared_as`` and build the
+    templates once per process.
     """
 
-    def __init__(self, app: FastAPI) -> None:
+    _shared: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {}
+
+    def __init__(self, app: FastAPI, *, shared_as: str | None = None) -> None:
         self._app = app
+        self._shared_as = shared_as
         self._compiled: list[tuple[str, re.Pattern[str]]] | None = None
 
     def _build(self) -> list[tuple[str, re.Pattern[str]]]:
@@ -253,10 +260,18 @@ class RouteTemplates:
         templates += [r.path for r in self._app.routes if isinstance(r, Route)]
         return [(t, compile_path(t)[0]) for t in dict.fromkeys(templates)]
 
+    def _templates(self) -> list[tuple[str, re.Pattern[str]]]:
+        if self._shared_as is None:
+            return self._build()
+        compiled = self._shared.get(self._shared_as)
+        if compiled is None:
+            compiled = self._shared[self._shared_as] = self._build()
+        return compiled
+
     def __call__(self, scope: Scope) -> str:
         """The template of the route that served ``scope``."""
         if self._compiled is None:
-            self._compiled = self._build()
+            self._compiled = self._templates()
         path = scope.get("path", "")
         for template, regex in self._compiled:
             if regex.match(path):
