@@ -46,8 +46,8 @@ PLAIN_WORLD = {"gamma_q": 0.0, "gamma_d": 0.0, "beta_q": 0.0, "delta_gap": 0.5}
 GROUPS = [group for group, _ in EVIDENCE_LADDER]
 FORMAT1_DEFAULT = (
     Path(__file__).resolve().parents[1]
-    / "app"
-    / "data"
+    / "fixtures"
+    / "profiles"
     / "all-minilm-l6-v2.format1.json"
 )
 
