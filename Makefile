@@ -66,8 +66,9 @@ run: install
 test: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --cov --cov-report=term --durations=15
 
-# The edit-test loop: everything but the tests marked slow (subprocess servers,
-# durability, concurrency, real-data fits, the fresh-venv install).
+# The edit-test loop (~2 min): everything but the tests marked slow (subprocesses,
+# durability, concurrency, real-data runs, the fresh-venv install, Milvus beyond a
+# smoke set); every module still runs.
 test-fast: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
 

@@ -218,6 +218,7 @@ def _input_cases(tmp, beir):
     ]
 
 
+@pytest.mark.slow
 def test_input_errors_are_one_line_and_exit_3(tmp_path, beir_dir):
     for args, message in _input_cases(tmp_path, beir_dir):
         code, err = _cli(*args)
@@ -238,6 +239,7 @@ def test_usage_errors_exit_2(tmp_path, beir_dir):
     assert "NORMCAL_EMBED_BATCH_SIZE" in _one_line_error(err)
 
 
+@pytest.mark.slow
 def test_server_not_running_exits_4(beir_dir):
     with refused_port() as port:
         url = f"http://127.0.0.1:{port}"
@@ -249,6 +251,7 @@ def test_server_not_running_exits_4(beir_dir):
             assert "ConnectError" in line and "normcal serve" in line
 
 
+@pytest.mark.slow
 def test_api_errors_are_the_problem_in_one_line(tmp_path, embedder, beir_dir):
     settings = Settings(data_dir=tmp_path / "data")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:

@@ -1,7 +1,9 @@
 """The Milvus backend against the real engine (Milvus Lite in ``tmp_path``).
 
 Random unit vectors stand in for embeddings; the calibrator is a plain JSON holder
-(storage never looks inside one).
+(storage never looks inside one). Each new collection waits ~2 s on Milvus's index
+builds, so all but a smoke set (the unmarked tests) are ``slow``: in ``make test``,
+not in ``make test-fast``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def kb(storage: MilvusStorage[Cal]) -> MilvusCollection[Cal]:
     return storage.create("kb", dict(META))
 
 
+@pytest.mark.slow
 def test_names_map_injectively_to_milvus_names(storage: MilvusStorage[Cal]) -> None:
     names = ["kb", "KB", "a-b", "a_b", "a_db", "a_ub", "a-d", "9-_x", "a" * 64]
     mapped = [milvus_name(n) for n in names]
@@ -166,6 +169,7 @@ def test_lexical_part_of_the_pool_comes_from_milvus_bm25(
     assert pool.lexical.idf_mass > 0
 
 
+@pytest.mark.slow
 def test_pages_stay_in_seq_order_when_a_window_is_full(
     kb: MilvusCollection[Cal], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -187,6 +191,7 @@ def test_pages_stay_in_seq_order_when_a_window_is_full(
     assert seen == [i for i in ids if i != "p03"] + ["p03"]
 
 
+@pytest.mark.slow
 def test_a_batch_of_queries_is_one_pool_each_and_writes_refresh_idf(
     kb: MilvusCollection[Cal],
 ) -> None:
@@ -206,6 +211,7 @@ def test_a_batch_of_queries_is_one_pool_each_and_writes_refresh_idf(
     assert zebra.lexical.idf_mass > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_docs", [2, 3, 12])
 def test_lex_is_a_share_of_a_perfect_match_however_common_the_terms(
     kb: MilvusCollection[Cal], n_docs: int
@@ -243,6 +249,7 @@ INJECTIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", INJECTIONS)
 def test_filter_values_match_literally_and_never_widen(
     kb: MilvusCollection[Cal], value: str
@@ -265,6 +272,7 @@ def test_filter_values_match_literally_and_never_widen(
     assert kb.missing(["hit", "other", "third"]) == ["hit"]
 
 
+@pytest.mark.slow
 def test_values_that_cannot_be_written_are_refused(kb: MilvusCollection[Cal]) -> None:
     with pytest.raises(InvalidRequestError, match="control character U\\+0000"):
         metadata_filter({"k": "a\x00b"})
@@ -274,6 +282,7 @@ def test_values_that_cannot_be_written_are_refused(kb: MilvusCollection[Cal]) ->
         metadata_filter({"k": float("nan")})
 
 
+@pytest.mark.slow
 def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) -> None:
     storage = open_storage(tmp_path)
     kb = storage.create("kb", dict(META))
@@ -346,6 +355,7 @@ def server(tmp_path: Path) -> Iterator[str]:
         yield uri
 
 
+@pytest.mark.slow
 def test_two_clients_of_one_server_share_documents_and_state(server: str) -> None:
     first: MilvusStorage[Cal] = MilvusStorage(server, load)
     second: MilvusStorage[Cal] = MilvusStorage(server, load)
@@ -366,6 +376,7 @@ def test_two_clients_of_one_server_share_documents_and_state(server: str) -> Non
         second.close()
 
 
+@pytest.mark.slow
 def test_text_is_stored_up_to_milvus_varchar_bound(kb: MilvusCollection[Cal]) -> None:
     (doc,) = new_docs(["long"])
     at_bound = "é" * (65_535 // 2) + "a"  # 65535 UTF-8 bytes
@@ -376,6 +387,7 @@ def test_text_is_stored_up_to_milvus_varchar_bound(kb: MilvusCollection[Cal]) ->
     assert kb.get("long").text == at_bound
 
 
+@pytest.mark.slow
 def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
     storage: MilvusStorage[Cal] = MilvusStorage(
         str(tmp_path / "h.db"), load, index_type="hnsw"
@@ -396,6 +408,7 @@ def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
     ["心" * 10_922, "心" * 10_923, "x" + "\U00020000" * 8_192, "é" * 16_385],
     ids=["3-byte at", "3-byte past", "4-byte past", "2-byte folded"],
 )
+@pytest.mark.slow
 def test_a_token_past_fts5s_bound_is_written_and_searched(
     kb: MilvusCollection[Cal], token: str
 ) -> None:

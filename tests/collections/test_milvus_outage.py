@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
@@ -25,7 +26,7 @@ from tests.collections.test_storage_contract import (
 )
 from tests.conftest import assert_problem
 
-pytestmark = needs_milvus
+pytestmark = [needs_milvus, pytest.mark.slow]
 TOKEN = "root:not-to-be-shown"
 QUERY = {"query": "Which city is the capital of France?", "k": 3}
 LATE = {"id": "late", "text": "Written while Milvus was down."}

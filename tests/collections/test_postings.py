@@ -176,6 +176,7 @@ def _scifact(n_docs: int, n_queries: int) -> tuple[list[str], list[str]]:
     return texts, queries
 
 
+@pytest.mark.slow
 def test_scifact_scores_as_fts5() -> None:
     texts, queries = _scifact(3000, 200)
     assert len(texts) == 3000 and len(queries) >= 150
@@ -438,6 +439,7 @@ def test_pool_evidence_with_ties_at_the_cut_off(registry) -> None:
     _assert_todays_pools(collection, ["fox", "fox dog", "the fox dog number 7", "cat"])
 
 
+@pytest.mark.slow
 def test_pool_evidence_on_scifact(registry) -> None:
     texts, queries = _scifact(3000, 60)
     collection = registry.create("kb")

@@ -28,7 +28,10 @@ HAS_MILVUS = all(importlib.util.find_spec(m) for m in ("pymilvus", "milvus_lite"
 needs_milvus = pytest.mark.skipif(
     not HAS_MILVUS, reason="the milvus extra (pymilvus, milvus-lite) is not installed"
 )
-BACKENDS = ["local", pytest.param("milvus", marks=needs_milvus)]
+# The Milvus cases are slow (each collection waits on Milvus's index builds): `make
+# test` runs them, `make test-fast` the local ones and tests/collections/test_milvus.py's
+# smoke set.
+BACKENDS = ["local", pytest.param("milvus", marks=[needs_milvus, pytest.mark.slow])]
 LIMITS = Limits(
     max_k=8, max_page_size=4, max_judgments_per_collection=4, max_judging_queue=2
 )
@@ -355,6 +358,7 @@ def test_an_unreachable_milvus_is_reported_by_readiness(tmp_path, embedder):
 
 
 @needs_milvus
+@pytest.mark.slow
 def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
     tmp_path, embedder
 ):
