@@ -9,9 +9,10 @@ served (at start-up) or installed (restore, online or offline) only when
   ``PRAGMA table_xinfo``, and its definition), index, trigger and view of a
   collection built just now by :func:`app.collections.store.build_store`, compared
   by their normalised SQL, nothing missing and nothing extra; or exactly the schema
-  of an older version (1: no judging tables and no lexical index; 2: no lexical
-  index), which the first writable open brings up to date (``store._upgrade``, which
-  goes by the tables present, not by the ``schema_version`` recorded);
+  of an older file: without the judging tables, the lexical index or both (the two
+  were added by separate changes), which the first writable open brings up to date
+  (``store._upgrade``, which goes by the tables present, not by the
+  ``schema_version`` recorded);
 - every meta key is one the server knows and its value decodes through the typed
   model the server reads it with (:class:`StoredMeta`, the query log's settings
   through :class:`app.api.schemas.judging.QueryLogSettings`);
@@ -116,8 +117,8 @@ def check_file(path: Path) -> dict[str, Any]:
         typed = check_meta(meta)
         problems = min(
             (
-                schema_differences(schema, expected_schema(version, typed.stemmer))
-                for version in range(SCHEMA_VERSION, 0, -1)
+                schema_differences(schema, expected_schema(shape, typed.stemmer))
+                for shape in SHAPES
             ),
             key=len,
         )
@@ -193,15 +194,18 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
     return schema
 
 
-@cache
-def expected_schema(version: int, stemmer: lexical.Stemmer) -> Schema:
-    """The schema this code gives a collection of ``version``, built once per process.
+SHAPES = ("current", "no judging tables", "no lexical index", "neither")
 
-    The current version is a collection made by :func:`build_store` in a temporary
-    directory; the older ones (which ``_upgrade`` brings up to date) their
-    statements, which the current schema begins with.
+
+@cache
+def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
+    """The schema this code gives a collection of ``shape``, built once per process.
+
+    The current one is a collection made by :func:`build_store` in a temporary
+    directory; the older ones (which ``_upgrade`` brings up to date) leave out the
+    judging tables, the lexical index or both.
     """
-    if version == SCHEMA_VERSION:
+    if shape == "current":
         with tempfile.TemporaryDirectory(prefix="normcal-schema-") as tmp:
             path = Path(tmp) / "expected.sqlite3"
             meta = {"name": "expected", "model": "-", "dim": 1, "created_at": 0.0}
@@ -211,7 +215,11 @@ def expected_schema(version: int, stemmer: lexical.Stemmer) -> Schema:
                 return read_schema(conn)
             finally:
                 conn.close()
-    statements = _SCHEMA if version == 1 else (*_SCHEMA, *_ADDED_SCHEMA)
+    statements = list(_SCHEMA)
+    if shape == "no lexical index":
+        statements += _ADDED_SCHEMA
+    if shape == "no judging tables":
+        statements += lexical.schema(stemmer)
     conn = sqlite3.connect(":memory:")
     try:
         for statement in statements:

@@ -55,7 +55,7 @@ def _differences(path: Path) -> list[str]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return schema_differences(
-            read_schema(conn), expected_schema(SCHEMA_VERSION, "porter")
+            read_schema(conn), expected_schema("current", "porter")
         )
     finally:
         conn.close()
