@@ -92,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     from app.api.app import create_app
     from app.api.serving import serve
-    from app.ops.observability import configure_logging
+    from app.observability import configure_logging
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     overrides: dict[str, Any] = {}
@@ -248,7 +248,7 @@ def ingest_documents(
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Upsert documents (BEIR folder, JSONL or CSV) into a collection via the API."""
-    from app.ops.inputs import InputError, read_documents
+    from app.cli.inputs import InputError, read_documents
 
     empty: list[str] = []
     try:
@@ -329,7 +329,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    from app.ops.inputs import InputError, default_split, read_judged
+    from app.cli.inputs import InputError, default_split, read_judged
 
     split = args.split or default_split(args.data_dir)
     try:
@@ -428,7 +428,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
 
-    from app.ops.inputs import InputError, check_beir_split, default_split
+    from app.cli.inputs import InputError, check_beir_split, default_split
 
     split = args.split or default_split(args.data_dir, exclude=args.fit_split)
     splits = [split] + ([args.fit_split] if args.fit_split else [])
@@ -439,7 +439,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = _settings()
 
     from app.api.lifespan import load_embedder
-    from app.ops.evaluation import method_table, run_eval
+    from app.cli.evaluation import method_table, run_eval
     from calibration import CalibrationError
     from calibration.evaluation import EvalOptions
 
