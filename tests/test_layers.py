@@ -168,8 +168,8 @@ ROW = {unit: row for row, (_, units) in enumerate(LAYERS) for unit in units}
 
 
 def _unit(module: str) -> str:
-    """The row-table entry a dotted ``app`` module belongs to (``app.api.errors`` ->
-    ``app.api``)."""
+    """The row of the table a dotted ``app`` module belongs to: ``app.api.errors`` is
+    ``app.api``."""
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 else "app"
 
@@ -186,9 +186,8 @@ def _app_imports(path: Path) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
-                is_module = (APP.parent / sub.replace(".", "/")).with_suffix(
-                    ".py"
-                ).exists() or (APP.parent / sub.replace(".", "/")).is_dir()
+                path = APP.parent / sub.replace(".", "/")
+                is_module = path.with_suffix(".py").exists() or path.is_dir()
                 found.append((sub if is_module else node.module, node.lineno))
     return [(m, line) for m, line in found if m == "app" or m.startswith("app.")]
 
