@@ -67,7 +67,12 @@ from calibration.query import (
     query_table,
 )
 from calibration.report import to_jsonable
-from calibration.selection import METHODS, make_calibrator, select_calibrator
+from calibration.selection import (
+    METHODS,
+    SelectionResult,
+    make_calibrator,
+    select_calibrator,
+)
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -796,6 +801,85 @@ def zero_label(evidence: Sequence[QueryEvidence], profile: Profile) -> dict[str,
     }
 
 
+@dataclass(frozen=True)
+class _HeldOut:
+    """Probabilities of the evaluated pairs from models that never saw their labels."""
+
+    protocol: str
+    fit_pool: list[QueryEvidence]  # the queries the models are fitted on
+    proba: dict[str, FloatArray]  # by method
+    confidence: FloatArray | None  # query confidence (fit-split mode only)
+    rank_proba: dict[str, list[FloatArray]]  # by method, per query of the ranking
+    chosen: list[str]  # auto's choice, per fit
+    chosen_query_side: list[str]
+
+
+def _held_out(
+    evidence: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    opts: EvalOptions,
+    fit_evidence: Sequence[QueryEvidence] | None,
+    progress: Progress | None,
+    rank_evidence: Sequence[QueryEvidence],
+) -> _HeldOut:
+    """Nested CV on ``evidence``, or a fit on ``fit_evidence`` scored on it."""
+    if fit_evidence is None:
+        cv = _nested_cv(evidence, doc_ref, opts, progress, rank_evidence)
+        return _HeldOut(
+            protocol=f"{opts.n_splits}-fold nested cross-validation grouped by query",
+            fit_pool=list(evidence),
+            proba=cv.proba,
+            confidence=None,
+            rank_proba=cv.rank_proba,
+            chosen=cv.chosen,
+            chosen_query_side=cv.chosen_query_side,
+        )
+    fit_pool = [e for e in fit_evidence if len(e.scores)]
+    if progress is not None:
+        progress("fitting on the fitting split")
+    fitted = _fit_predict(
+        fit_pool, evidence, doc_ref, opts, with_confidence=True, rank_test=rank_evidence
+    )
+    bounds = _offsets(rank_evidence)
+    return _HeldOut(
+        protocol="fit on the fitting split, evaluated on the test split",
+        fit_pool=fit_pool,
+        proba=fitted.proba,
+        confidence=fitted.confidence,
+        rank_proba={
+            m: [p[bounds[q] : bounds[q + 1]] for q in range(len(rank_evidence))]
+            for m, p in fitted.rank_proba.items()
+        },
+        chosen=[fitted.chosen],
+        chosen_query_side=(
+            [] if fitted.chosen_query_side is None else [fitted.chosen_query_side]
+        ),
+    )
+
+
+def _selection_on_all(
+    fit_pool: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    opts: EvalOptions,
+    progress: Progress | None,
+) -> tuple[SelectionResult, SelectionResult | None]:
+    """``auto`` on every fitting query (norm lift, choice), and query-side only."""
+    if progress is not None:
+        progress("norm lift on all fitting data")
+    X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
+    select = functools.partial(
+        select_calibrator,
+        X_all,
+        y_all,
+        g_all,
+        method=AUTO,
+        n_splits=min(opts.n_splits, len(fit_pool)),
+        prior=opts.prior,
+    )
+    sel = select(query_side_only=False)
+    return sel, select(query_side_only=True) if opts.query_side else None
+
+
 def _evaluate_calibration(
     evidence: Sequence[QueryEvidence],
     doc_norms: FloatArray,
@@ -819,58 +903,13 @@ def _evaluate_calibration(
     )
     # ell_q per pair from a label-free reference on all evaluated queries (terciles only)
     ell_q = build_features(evidence, query_reference(evidence), doc_ref)[0][:, ELL_Q]
-    confidence = None
-    if fit_evidence is None:
-        protocol = f"{opts.n_splits}-fold nested cross-validation grouped by query"
-        cv = _nested_cv(evidence, doc_ref, opts, progress, rank_evidence)
-        proba, chosen_folds, chosen_query_side_folds = (
-            cv.proba,
-            cv.chosen,
-            cv.chosen_query_side,
-        )
-        rank_proba = cv.rank_proba
-        fit_pool = list(evidence)
-    else:
-        fit_pool = [e for e in fit_evidence if len(e.scores)]
-        protocol = "fit on the fitting split, evaluated on the test split"
-        if progress is not None:
-            progress("fitting on the fitting split")
-        fitted = _fit_predict(
-            fit_pool,
-            evidence,
-            doc_ref,
-            opts,
-            with_confidence=True,
-            rank_test=rank_evidence,
-        )
-        proba, confidence = fitted.proba, fitted.confidence
-        bounds = _offsets(rank_evidence)
-        rank_proba = {
-            m: [p[bounds[q] : bounds[q + 1]] for q in range(len(rank_evidence))]
-            for m, p in fitted.rank_proba.items()
-        }
-        chosen_folds = [fitted.chosen]
-        chosen_query_side_folds = (
-            [] if fitted.chosen_query_side is None else [fitted.chosen_query_side]
-        )
+    held = _held_out(evidence, doc_ref, opts, fit_evidence, progress, rank_evidence)
+    proba = held.proba
     methods = {m: _metrics(y, p) for m, p in proba.items()}
 
-    if progress is not None:
-        progress("norm lift on all fitting data")
-    X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
-    select = functools.partial(
-        select_calibrator,
-        X_all,
-        y_all,
-        g_all,
-        method=AUTO,
-        n_splits=min(opts.n_splits, len(fit_pool)),
-        prior=opts.prior,
-    )
-    sel = select(query_side_only=False)
+    sel, sel_r = _selection_on_all(held.fit_pool, doc_ref, opts, progress)
     lift: dict[str, Any] = to_jsonable(sel.norm_lift)
-    if opts.query_side:
-        sel_r = select(query_side_only=True)
+    if sel_r is not None:
         lift["query_side"] = to_jsonable(sel_r.norm_lift)
 
     terciles = {
@@ -881,7 +920,7 @@ def _evaluate_calibration(
         t.pop("curves", None)
 
     few = few_label_curve(
-        fit_pool,
+        held.fit_pool,
         doc_ref,
         opts,
         test=None if fit_evidence is None else evidence,
@@ -896,23 +935,23 @@ def _evaluate_calibration(
             "retrieval": mode_rankings(
                 pools,
                 _query_folds(len(pools), opts.n_splits, opts.seed),
-                rank_proba,
+                held.rank_proba,
             )
         }
     )
     return {
         **retrieval,
-        "protocol": protocol,
+        "protocol": held.protocol,
         "k": opts.k,
         "n_queries": len(evidence),
         "n_pairs": len(y),
         "n_positive": int(y.sum()),
-        "n_fit_queries": len(fit_pool),
+        "n_fit_queries": len(held.fit_pool),
         "methods": methods,
         "chosen": sel.method,
-        "chosen_per_fold": chosen_folds,
-        "chosen_query_side": None if not opts.query_side else sel_r.method,
-        "chosen_query_side_per_fold": chosen_query_side_folds,
+        "chosen_per_fold": held.chosen,
+        "chosen_query_side": None if sel_r is None else sel_r.method,
+        "chosen_query_side_per_fold": held.chosen_query_side,
         "ece_noise_floor": {m: ece_noise_floor(proba[m]) for m in ("platt", AUTO)},
         "auto_vs_platt": {
             "brier_change_pct": 100.0 * (methods[AUTO]["brier"] / platt_brier - 1.0),
@@ -923,6 +962,6 @@ def _evaluate_calibration(
         "reliability_by_norm_tercile": terciles,
         "few_label": few,
         "query_level": _query_level(
-            proba[AUTO], groups, ell_q, y, opts, confidence=confidence
+            proba[AUTO], groups, ell_q, y, opts, confidence=held.confidence
         ),
     }

@@ -35,7 +35,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.api.schemas.judging import QueryLogSettings
 from app.collections import lexical
 from app.collections.index import IndexType
 from app.collections.store import (
@@ -47,6 +46,7 @@ from app.collections.store import (
     _uri,
     build_store,
 )
+from app.schemas.judging import QueryLogSettings
 
 REQUIRED_META = ("name", "model", "dim", "created_at")
 

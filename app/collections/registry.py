@@ -34,7 +34,6 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from app.api.schemas.common import COLLECTION_NAME_PATTERN
 from app.collections.checks import check_file
 from app.collections.index import IndexType, VectorIndex
 from app.collections.ownership import DIR_MODE, lock_data_dir
@@ -59,6 +58,7 @@ from app.exceptions import (
     NotFoundError,
     StorageUnavailableError,
 )
+from app.schemas.common import COLLECTION_NAME_PATTERN
 from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 from calibration.fusion import candidate_pool, lexical_ranks
 

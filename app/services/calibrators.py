@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from app import limits
-from app.api.schemas.calibrators import (
+from app.collections.base import CollectionBackend
+from app.exceptions import ConflictError, InvalidRequestError
+from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
     CalibratorProfile,
@@ -28,14 +29,13 @@ from app.api.schemas.calibrators import (
     MethodMetrics,
     StoredJudgment,
 )
-from app.api.schemas.jobs import FitJob
-from app.collections.base import CollectionBackend
-from app.exceptions import ConflictError, InvalidRequestError
-from app.jobs import Progress
-from app.judging import FIT_MIN_QUERIES
-from app.ops.report import reliability_png
-from app.paging import decode_cursor, encode_cursor
+from app.schemas.jobs import FitJob
+from app.services import limits
 from app.services.context import DEFAULT_PAGE_SIZE, Context, Part
+from app.services.jobs import Progress
+from app.services.next_query import FIT_MIN_QUERIES
+from app.services.paging import decode_cursor, encode_cursor
+from app.ui.report import reliability_png
 from calibration.exceptions import (
     InsufficientDataError,
     UnsupportedFormatError,
@@ -379,7 +379,7 @@ class CalibratorsService(Part):
     ) -> FeedbackPage:
         """A page of stored feedback after ``cursor``, oldest first.
 
-        The cursor is that of document listings (``app.paging``) over the
+        The cursor is that of document listings (``app.services.paging``) over the
         judgments' ``n``, a position later additions and deletions cannot move.
         """
         largest = self.settings.limits.max_page_size

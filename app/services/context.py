@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.api.schemas.collections import CalibratorRef, Guarantee
 from app.collections.base import CollectionBackend, Registry
 from app.collections.registry import CollectionRegistry
 from app.collections.snapshots import Snapshots
 from app.concurrency import CpuPool
 from app.embedding import Embedder
 from app.embedding.batching import EmbedBatcher, lanes_for
-from app.jobs import JOBS_FILE, FitJobs
-from app.ops.observability import Metrics
+from app.observability import Metrics
+from app.schemas.collections import CalibratorRef, Guarantee
+from app.services.jobs import JOBS_FILE, Describe, FitJobs
 from app.settings import Settings
 from calibration.profile import Profile
 
@@ -43,6 +43,8 @@ class Context:
     # Every embedding goes through it, so concurrent requests share forward passes.
     batcher: EmbedBatcher = field(init=False)
     fit_jobs: FitJobs = field(init=False)
+    # How a failed fit job is recorded: the HTTP layer's error table renders it.
+    job_error: Describe = field(kw_only=True)
 
     def __post_init__(self) -> None:
         self.snapshots = (
@@ -51,7 +53,7 @@ class Context:
             else None
         )
         self.fit_jobs = FitJobs(
-            self.settings.data_dir / JOBS_FILE, self.settings.limits
+            self.settings.data_dir / JOBS_FILE, self.settings.limits, self.job_error
         )
         self.batcher = EmbedBatcher(
             self.embedder,

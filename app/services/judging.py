@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 
-from app import judging, limits
-from app.api.schemas.judging import (
+from app.exceptions import NotFoundError
+from app.schemas.judging import (
     JudgingHit,
     JudgingNext,
     JudgingProgress,
     QueryLogInfo,
     QueryLogSettings,
 )
-from app.api.schemas.search import SearchRequest
-from app.exceptions import NotFoundError
+from app.schemas.search import SearchRequest
+from app.services import limits, next_query
 from app.services.context import Context, Part
 from app.services.search import POOL_DEPTH, query_log_settings, search_results
 
@@ -75,20 +75,20 @@ class JudgingService(Part):
             raise NotFoundError("judging query", query)
 
     async def next_to_judge(self, name: str, k: int) -> JudgingNext:
-        """The next query to judge with its top ``k`` hits (see ``app.judging``)."""
+        """The next query to judge with its top ``k`` hits (see ``app.services.next_query``)."""
         limits.check_value("k", k, self.settings.limits.max_k)
         collection = self.registry.get_compatible(name)
         source, candidates, remaining = collection.judging_candidates(
-            judging.CANDIDATE_POOL
+            next_query.CANDIDATE_POOL
         )
         judged, relevant, skipped = collection.judging_counts()
         progress = JudgingProgress(
             judged_queries=judged,
             relevant_queries=relevant,
-            target=judging.FIT_MIN_QUERIES,
+            target=next_query.FIT_MIN_QUERIES,
             remaining=remaining,
             skipped=skipped,
-            can_fit=judged >= judging.FIT_MIN_QUERIES and relevant > 0,
+            can_fit=judged >= next_query.FIT_MIN_QUERIES and relevant > 0,
         )
         profile = self._profile_for(collection)
         if not candidates:
@@ -120,7 +120,7 @@ class JudgingService(Part):
             else (r.hits[0].score if r.hits else 0.0)  # no calibrator: the top cosine
             for r in results
         ]
-        chosen = judging.pick(levels, turn=judged + skipped)
+        chosen = next_query.pick(levels, turn=judged + skipped)
         result = results[chosen]
         return JudgingNext(
             query=candidates[chosen],

@@ -10,14 +10,14 @@ import logging
 
 import numpy as np
 
-from app import limits
-from app.api.schemas.collections import CalibratorRef
-from app.api.schemas.judging import QueryLogSettings
-from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.collections.base import CollectionBackend
 from app.collections.registry import Pool
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
+from app.schemas.collections import CalibratorRef
+from app.schemas.judging import QueryLogSettings
+from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
+from app.services import limits
 from app.services.calibrators import DEFAULT_FIT_K
 from app.services.context import Part
 from calibration.profile import Profile

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.main import EXIT_INPUT, main
 from app.collections.checks import (
     check_file,
     check_meta,
@@ -18,7 +19,6 @@ from app.collections.checks import (
 )
 from app.collections.registry import CollectionRegistry
 from app.collections.store import SCHEMA_VERSION, UnusableStoreError, build_store
-from app.ops.cli import EXIT_INPUT, main
 from tests.collections.conftest import DIM, new_docs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "old_format"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.main import EXIT_BUSY, main
 from app.collections.ownership import (
     LOCK_FILE,
     DataDirBusyError,
@@ -14,7 +15,6 @@ from app.collections.ownership import (
 )
 from app.collections.registry import restore_offline
 from app.collections.store import build_store
-from app.ops.cli import EXIT_BUSY, main
 from tests.collections.conftest import DIM
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.ops.cli import EXIT_API, main
+from app.cli.main import EXIT_API, main
 from tests.app.corpus import CORPUS, QUERIES
 from tests.app.server import ServerProcess
 from tests.conftest import assert_problem
