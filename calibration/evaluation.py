@@ -1,7 +1,7 @@
 """Honest evaluation of the whole fitting procedure (the maths of ``normcal eval``).
 
 Pure functions of labelled :class:`~calibration.profile.QueryEvidence`; reading a
-dataset, embedding and printing tables is ``app.ops.evaluation``. Evaluates:
+dataset, embedding and printing tables is ``app.cli.evaluation``. Evaluates:
 
 * **Retrieval**: nDCG@10 (graded gains, trec_eval's linear gain and log2 discount) and
   Recall@100 over the judged queries with at least one relevant document, per mode

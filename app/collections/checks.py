@@ -15,7 +15,7 @@ served (at start-up) or installed (restore, online or offline) only when
   ``schema_version`` recorded);
 - every meta key is one the server knows and its value decodes through the typed
   model the server reads it with (:class:`StoredMeta`, the query log's settings
-  through :class:`app.api.schemas.judging.QueryLogSettings`);
+  through :class:`app.schemas.judging.QueryLogSettings`);
 - every document's metadata is a JSON object and its vector ``dim`` float32s.
 
 Anything else is an :class:`app.collections.store.UnusableStoreError` naming what is
