@@ -3,24 +3,172 @@
 :class:`CollectionBackend` is the surface ``app.services`` uses. Two classes satisfy it:
 ``app.collections.registry.Collection`` (SQLite + FAISS, one file per collection) and
 ``app.collections.milvus.MilvusCollection`` (one Milvus collection for the documents,
-one for the per-collection state). mypy checks both against it (``_conforming`` here
-and in ``milvus.py``), so a method added to one and not the other fails the type
-check, not a request.
+one for the per-collection state). mypy checks both against it (``_conforming`` in
+``registry.py`` and ``milvus.py``), so a method added to one and not the other fails
+the type check, not a request.
+
+This module also holds the types both backends share (documents, pools, hits,
+calibrators as storage sees them, quarantined collections): it imports no backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.collections.index import IndexType
-from app.collections.registry import Pool, StoredCalibrator, Unavailable
-from app.collections.store import MetadataValue, NewDocument, StoredDocument
+from app.exceptions import CollectionUnavailableError
+from calibration.features import LexicalEvidence
+
+logger = logging.getLogger(__name__)
+
+MetadataValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class NewDocument:
+    """A document ready to be written: text plus its embedding."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any]
+    vector: NDArray[np.float32]
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    """A document as read back (without its vector)."""
+
+    seq: int
+    id: str
+    text: str
+    metadata: dict[str, Any]
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result."""
+
+    document: StoredDocument
+    score: float
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The hybrid candidate pool of one query (``calibration.fusion.candidate_pool``).
+
+    ``hits`` holds the dense top-``n`` (first ``n_dense`` entries, cosine order), then
+    the BM25 top-``n`` not among them (BM25 order), each with its cosine; ``lexical``
+    is the BM25 evidence of every hit (ranks in the BM25 list of depth
+    ``LEXICAL_DEPTH``); ``lexical_order`` the indices into ``hits`` of the BM25
+    top-``n``, best first (kept apart from the ranks, which stop at
+    ``LEXICAL_DEPTH`` while ``n`` may be deeper).
+    """
+
+    hits: list[Hit]
+    n_dense: int
+    lexical: LexicalEvidence
+    lexical_order: list[int]
+
+    def dense_top(self, k: int) -> list[int]:
+        """Indices into ``hits`` of the dense top-``k``, best first."""
+        return list(range(min(k, self.n_dense)))
+
+    def lexical_top(self, k: int) -> list[int]:
+        """Indices into ``hits`` of the BM25 top-``k``, best first."""
+        return self.lexical_order[:k]
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A quarantined collection: its file and why it could not be opened."""
+
+    name: str
+    path: Path
+    reason: str
+
+    def error(self) -> CollectionUnavailableError:
+        """The 503 every request on it gets."""
+        return CollectionUnavailableError(self.name, str(self.path), self.reason)
+
+
+class StoredCalibrator(Protocol):
+    """What storage needs of a calibrator: its id, its method, its JSON."""
+
+    @property
+    def id(self) -> str:
+        """Unique id, the key it is stored and activated under."""
+        ...
+
+    @property
+    def method(self) -> str:
+        """Calibration method, stored beside the JSON for listings."""
+        ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON that ``load_calibrator`` turns back into the object."""
+        ...
+
 
 C = TypeVar("C", bound=StoredCalibrator)
+# Turns a stored calibrator's JSON back into the owner's object.
+CalibratorLoader = Callable[[dict[str, Any]], C]
+
+
+def active_profile(
+    collection: str, active: str | None, load: Callable[[str], C]
+) -> C | None:
+    """The stored active calibrator; None (the owner's default) if it does not decode.
+
+    A profile stored before profiles were checked may not decode today: that is
+    logged and the collection still serves, rather than being quarantined.
+    """
+    if not active:
+        return None
+    try:
+        return load(active)
+    except ValueError as error:
+        logger.warning(
+            "the active calibrator %s of %s does not decode (%s); serving the default",
+            active,
+            collection,
+            getattr(error, "field", None) or "profile",
+        )
+        return None
+
+
+def decodable(
+    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
+) -> list[C]:
+    """The stored calibrators that decode; a row that does not is logged and skipped.
+
+    A profile stored before profiles were checked may not decode today; it must not
+    make every listing of the collection fail (the loader raises ``ValueError``,
+    of which ``calibration``'s format errors are).
+    """
+    out = []
+    for data in stored:
+        try:
+            out.append(load(data))
+        except ValueError as error:
+            logger.warning(
+                "a stored calibrator of %s does not decode (%s); left out",
+                collection,
+                getattr(error, "field", None) or "profile",
+            )
+    return out
 
 
 class CollectionBackend(Protocol[C]):
@@ -221,15 +369,3 @@ class Registry(Protocol[C]):
     def close(self) -> None:
         """Close every collection and the storage."""
         ...
-
-
-if TYPE_CHECKING:
-    from app.collections.registry import Collection, CollectionRegistry
-
-    def _conforming(collection: Collection[C]) -> CollectionBackend[C]:
-        """The type-checked proof that the SQLite + FAISS collection is a backend."""
-        return collection
-
-    def _registry(registry: CollectionRegistry[C]) -> Registry[C]:
-        """The type-checked proof that the local registry is a ``Registry``."""
-        return registry

@@ -50,16 +50,18 @@ from pymilvus import (
 from pymilvus.exceptions import ParamError
 
 from app.collections import lexical
-from app.collections.index import IndexType
-from app.collections.registry import (
+from app.collections.base import (
     C,
     CalibratorLoader,
     Hit,
+    MetadataValue,
+    NewDocument,
     Pool,
+    StoredDocument,
     active_profile,
     decodable,
 )
-from app.collections.store import MetadataValue, NewDocument, StoredDocument
+from app.collections.index import IndexType
 from app.concurrency import RWLock
 from app.exceptions import (
     BackendUnsupportedError,

@@ -26,15 +26,10 @@ import threading
 import time
 from typing import Any, Generic
 
+from app.collections.base import C, CalibratorLoader, Unavailable
 from app.collections.index import IndexType
 from app.collections.milvus import BACKEND, MilvusCollection, MilvusStorage
-from app.collections.registry import (
-    C,
-    CalibratorLoader,
-    CollectionRegistry,
-    Unavailable,
-    check_model,
-)
+from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
 
 logger = logging.getLogger(__name__)

@@ -27,14 +27,25 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.api.schemas.common import COLLECTION_NAME_PATTERN
+from app.collections.base import (
+    C,
+    CalibratorLoader,
+    Hit,
+    MetadataValue,
+    NewDocument,
+    Pool,
+    StoredDocument,
+    Unavailable,
+    active_profile,
+    decodable,
+)
 from app.collections.checks import check_file
 from app.collections.index import IndexType, VectorIndex
 from app.collections.ownership import DIR_MODE, lock_data_dir
@@ -42,10 +53,7 @@ from app.collections.postings import LexicalBuilds
 from app.collections.store import (
     CollectionStore,
     Derive,
-    MetadataValue,
-    NewDocument,
     OpenConnections,
-    StoredDocument,
     UnusableStoreError,
     backup_database,
     build_store,
@@ -53,7 +61,6 @@ from app.collections.store import (
 )
 from app.concurrency import RWLock
 from app.exceptions import (
-    CollectionUnavailableError,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
@@ -75,119 +82,7 @@ RESERVED_NAMES = frozenset(
 )
 
 
-class StoredCalibrator(Protocol):
-    """What storage needs of a calibrator: its id, its method, its JSON."""
-
-    @property
-    def id(self) -> str:
-        """Unique id, the key it is stored and activated under."""
-        ...
-
-    @property
-    def method(self) -> str:
-        """Calibration method, stored beside the JSON for listings."""
-        ...
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON that ``load_calibrator`` turns back into the object."""
-        ...
-
-
-C = TypeVar("C", bound=StoredCalibrator)
 T = TypeVar("T")
-# Turns a stored calibrator's JSON back into the owner's object.
-CalibratorLoader = Callable[[dict[str, Any]], C]
-
-
-def active_profile(
-    collection: str, active: str | None, load: Callable[[str], C]
-) -> C | None:
-    """The stored active calibrator; None (the owner's default) if it does not decode.
-
-    A profile stored before profiles were checked may not decode today: that is
-    logged and the collection still serves, rather than being quarantined.
-    """
-    if not active:
-        return None
-    try:
-        return load(active)
-    except ValueError as error:
-        logger.warning(
-            "the active calibrator %s of %s does not decode (%s); serving the default",
-            active,
-            collection,
-            getattr(error, "field", None) or "profile",
-        )
-        return None
-
-
-def decodable(
-    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
-) -> list[C]:
-    """The stored calibrators that decode; a row that does not is logged and skipped.
-
-    A profile stored before profiles were checked may not decode today; it must not
-    make every listing of the collection fail (the loader raises ``ValueError``,
-    of which ``calibration``'s format errors are).
-    """
-    out = []
-    for data in stored:
-        try:
-            out.append(load(data))
-        except ValueError as error:
-            logger.warning(
-                "a stored calibrator of %s does not decode (%s); left out",
-                collection,
-                getattr(error, "field", None) or "profile",
-            )
-    return out
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result."""
-
-    document: StoredDocument
-    score: float
-
-
-@dataclass(frozen=True)
-class Pool:
-    """The hybrid candidate pool of one query (``calibration.fusion.candidate_pool``).
-
-    ``hits`` holds the dense top-``n`` (first ``n_dense`` entries, cosine order), then
-    the BM25 top-``n`` not among them (BM25 order), each with its cosine; ``lexical``
-    is the BM25 evidence of every hit (ranks in the BM25 list of depth
-    ``LEXICAL_DEPTH``); ``lexical_order`` the indices into ``hits`` of the BM25
-    top-``n``, best first (kept apart from the ranks, which stop at
-    ``LEXICAL_DEPTH`` while ``n`` may be deeper).
-    """
-
-    hits: list[Hit]
-    n_dense: int
-    lexical: LexicalEvidence
-    lexical_order: list[int]
-
-    def dense_top(self, k: int) -> list[int]:
-        """Indices into ``hits`` of the dense top-``k``, best first."""
-        return list(range(min(k, self.n_dense)))
-
-    def lexical_top(self, k: int) -> list[int]:
-        """Indices into ``hits`` of the BM25 top-``k``, best first."""
-        return self.lexical_order[:k]
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    """A quarantined collection: its file and why it could not be opened."""
-
-    name: str
-    path: Path
-    reason: str
-
-    def error(self) -> CollectionUnavailableError:
-        """The 503 every request on it gets."""
-        return CollectionUnavailableError(self.name, str(self.path), self.reason)
 
 
 class Collection(Generic[C]):
@@ -1042,3 +937,15 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+if TYPE_CHECKING:
+    from app.collections.base import CollectionBackend, Registry
+
+    def _conforming(collection: Collection[C]) -> CollectionBackend[C]:
+        """The type-checked proof that the SQLite + FAISS collection is a backend."""
+        return collection
+
+    def _registry(registry: CollectionRegistry[C]) -> Registry[C]:
+        """The type-checked proof that the local registry is a ``Registry``."""
+        return registry

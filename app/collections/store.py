@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
+from app.collections.base import MetadataValue, NewDocument, StoredDocument
 from app.collections.postings import LexicalBuilds, Postings, PostingsBuild, Ranking
 from app.exceptions import InsufficientStorageError, NotFoundError
 
@@ -92,35 +93,8 @@ _ADDED_SCHEMA = (  # version 2
 ADDED_TABLES = ("query_log", "judging_queries", "judging_skips")
 FILE_MODE = 0o600  # -wal and -shm files inherit the database file's mode
 
-MetadataValue = str | int | float | bool | None
 Derive = Callable[[list[int], list[int]], None]
 """Applies a document write to derived state, given its removed and new seqs."""
-
-
-@dataclass(frozen=True)
-class NewDocument:
-    """A document ready to be written: text plus its embedding."""
-
-    id: str
-    text: str
-    metadata: dict[str, Any]
-    vector: NDArray[np.float32]
-    norm: float
-    n_tokens: int
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class StoredDocument:
-    """A document as read back (without its vector)."""
-
-    seq: int
-    id: str
-    text: str
-    metadata: dict[str, Any]
-    norm: float
-    n_tokens: int
-    truncated: bool
 
 
 class UnusableStoreError(Exception):

@@ -15,8 +15,7 @@ from app.api.schemas.documents import (
     DocumentsFound,
     UpsertResponse,
 )
-from app.collections.base import CollectionBackend
-from app.collections.store import NewDocument, StoredDocument
+from app.collections.base import CollectionBackend, NewDocument, StoredDocument
 from app.exceptions import InvalidRequestError
 from app.paging import decode_cursor, encode_cursor
 from app.services.context import DEFAULT_PAGE_SIZE, Part

@@ -14,8 +14,7 @@ from app import limits
 from app.api.schemas.collections import CalibratorRef
 from app.api.schemas.judging import QueryLogSettings
 from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
-from app.collections.base import CollectionBackend
-from app.collections.registry import Pool
+from app.collections.base import CollectionBackend, Pool
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
 from app.services.calibrators import DEFAULT_FIT_K

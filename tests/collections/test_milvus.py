@@ -18,13 +18,13 @@ import pytest
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
 
 from app.collections import milvus
+from app.collections.base import NewDocument
 from app.collections.milvus import (
     MilvusCollection,
     MilvusStorage,
     metadata_filter,
     milvus_name,
 )
-from app.collections.store import NewDocument
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from tests.collections.conftest import DIM, new_docs, unit_vectors
 from tests.milvus_lite import milvus_lite_server

@@ -20,9 +20,10 @@ from numpy.typing import NDArray
 
 from app.collections import lexical
 from app.collections import store as store_module
+from app.collections.base import NewDocument
 from app.collections.postings import Postings, Tokenizer, top_order
 from app.collections.registry import Collection, CollectionRegistry
-from app.collections.store import CollectionStore, NewDocument
+from app.collections.store import CollectionStore
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import candidate_pool, lexical_ranks
 from tests.collections.conftest import DIM, unit_vectors
