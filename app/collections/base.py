@@ -1,6 +1,9 @@
 """The storage seam: what the service needs of one collection, whatever stores it.
 
-:class:`CollectionBackend` is the surface ``app.services`` uses. Two classes satisfy it:
+:class:`CollectionBackend` (documents and hybrid search) and :class:`CollectionState`
+(calibrators, feedback, query log, judging queue: ``collection.state``) are the
+surface ``app.services`` uses. Two classes satisfy the first, each composed with one
+satisfying the second:
 ``app.collections.registry.Collection`` (SQLite + FAISS, one file per collection) and
 ``app.collections.milvus.MilvusCollection`` (one Milvus collection for the documents,
 one for the per-collection state). mypy checks both against it (``_conforming`` in
@@ -17,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,6 +28,9 @@ from numpy.typing import NDArray
 from app.collections.index import IndexType
 from app.exceptions import CollectionUnavailableError
 from calibration.features import LexicalEvidence
+
+if TYPE_CHECKING:  # the one capability only the local backend offers
+    from app.collections.snapshots import Snapshots
 
 logger = logging.getLogger(__name__)
 
@@ -171,14 +177,109 @@ def decodable(
     return out
 
 
+class CollectionState(Protocol[C]):
+    """One collection's state besides its documents, whatever stores it.
+
+    Calibrators (and which one is active), feedback judgments, the opt-in query log
+    and the judging queue. ``app.collections.local_state.LocalState`` (in the
+    collection's SQLite file) and ``app.collections.milvus_state.MilvusState`` (in
+    its Milvus state collection) satisfy it; a collection offers it as ``state``.
+    """
+
+    @property
+    def profile(self) -> C | None:
+        """The active calibrator, decoded; None serves the owner's default."""
+        ...
+
+    # -- feedback -----------------------------------------------------------------------
+    def judgments(self) -> list[tuple[str, str, int]]:
+        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
+        ...
+
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        ...
+
+    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
+        """Store feedback for the next fit; return the new total."""
+        ...
+
+    def judgments_page(
+        self, limit: int, after: int
+    ) -> list[tuple[int, str, str, int, float]]:
+        """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
+        ...
+
+    def delete_judgments(self, query: str | None) -> int:
+        """Delete stored feedback (all, or one query's); return how many."""
+        ...
+
+    # -- query log and judging queue ----------------------------------------------------
+    def log_queries(self, queries: Sequence[str], retention: int) -> None:
+        """Count searched query texts in the opt-in query log."""
+        ...
+
+    def trim_query_log(self, retention: int) -> int:
+        """Apply a new retention now; return how many log entries remain."""
+        ...
+
+    def query_log_size(self) -> int:
+        """Distinct queries in the query log."""
+        ...
+
+    def add_judging_queries(self, queries: Sequence[str]) -> int:
+        """Queue uploaded queries to judge; return how many were new."""
+        ...
+
+    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
+        """``(source, up to limit queries, how many in all)`` still to judge."""
+        ...
+
+    def skip_judging(self, query: str) -> bool:
+        """Never offer ``query`` again; False when it is neither queued nor logged."""
+        ...
+
+    def judging_counts(self) -> tuple[int, int, int]:
+        """``(judged queries, with a relevant judgment, skipped)``."""
+        ...
+
+    # -- calibrators ---------------------------------------------------------------------
+    def calibrator(self, calibrator_id: str) -> C:
+        """Load a stored calibrator (``NotFoundError`` if absent)."""
+        ...
+
+    def calibrators(self) -> list[C]:
+        """Every stored calibrator, oldest first."""
+        ...
+
+    def add_calibrator(self, profile: C, *, activate: bool) -> None:
+        """Store a fitted calibrator, optionally making it the active one."""
+        ...
+
+    def activate(self, calibrator_id: str) -> C:
+        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
+        ...
+
+    def deactivate(self) -> None:
+        """Serve no fitted calibrator: the owner's default applies again."""
+        ...
+
+    def delete_calibrator(self, calibrator_id: str) -> None:
+        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
+        ...
+
+
 class CollectionBackend(Protocol[C]):
-    """One collection's documents, search and state (see the module docstring)."""
+    """One collection's documents and hybrid search (see the module docstring)."""
 
     name: str
     meta: dict[str, Any]
     """Cached meta (``model``, ``dim``, ``active_calibrator``, settings, …)."""
-    profile: C | None
-    """The active calibrator, decoded; None serves the owner's default."""
+
+    @property
+    def state(self) -> CollectionState[C]:
+        """Its calibrators, feedback, query log and judging queue."""
+        ...
 
     @property
     def index_type(self) -> IndexType:
@@ -236,83 +337,6 @@ class CollectionBackend(Protocol[C]):
         """Raw norms and token counts of stored documents (for norm references)."""
         ...
 
-    # -- feedback -----------------------------------------------------------------------
-    def judgments(self) -> list[tuple[str, str, int]]:
-        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
-        ...
-
-    def judgments_count(self) -> int:
-        """How many feedback judgments are stored."""
-        ...
-
-    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
-        """Store feedback for the next fit; return the new total."""
-        ...
-
-    def judgments_page(
-        self, limit: int, after: int
-    ) -> list[tuple[int, str, str, int, float]]:
-        """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
-        ...
-
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete stored feedback (all, or one query's); return how many."""
-        ...
-
-    # -- query log and judging queue ----------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts in the opt-in query log."""
-        ...
-
-    def trim_query_log(self, retention: int) -> int:
-        """Apply a new retention now; return how many log entries remain."""
-        ...
-
-    def query_log_size(self) -> int:
-        """Distinct queries in the query log."""
-        ...
-
-    def add_judging_queries(self, queries: Sequence[str]) -> int:
-        """Queue uploaded queries to judge; return how many were new."""
-        ...
-
-    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
-        """``(source, up to limit queries, how many in all)`` still to judge."""
-        ...
-
-    def skip_judging(self, query: str) -> bool:
-        """Never offer ``query`` again; False when it is neither queued nor logged."""
-        ...
-
-    def judging_counts(self) -> tuple[int, int, int]:
-        """``(judged queries, with a relevant judgment, skipped)``."""
-        ...
-
-    # -- calibrators and meta -----------------------------------------------------------
-    def calibrator(self, calibrator_id: str) -> C:
-        """Load a stored calibrator (``NotFoundError`` if absent)."""
-        ...
-
-    def calibrators(self) -> list[C]:
-        """Every stored calibrator, oldest first."""
-        ...
-
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator, optionally making it the active one."""
-        ...
-
-    def activate(self, calibrator_id: str) -> C:
-        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
-        ...
-
-    def deactivate(self) -> None:
-        """Serve no fitted calibrator: the owner's default applies again."""
-        ...
-
-    def delete_calibrator(self, calibrator_id: str) -> None:
-        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
-        ...
-
     def set_meta(self, **values: Any) -> None:
         """Persist meta keys and refresh the cached copy."""
         ...
@@ -333,6 +357,11 @@ class Registry(Protocol[C]):
 
     backend: str
     """``local`` or ``milvus``: names the backend in messages."""
+
+    @property
+    def snapshots(self) -> Snapshots | None:
+        """The snapshots of its collections (the local backend's files), or None."""
+        ...
 
     def load(self) -> None:
         """Open what is stored (never raises for one bad collection)."""

@@ -475,6 +475,11 @@ class MilvusCollection(Generic[C]):
         self.profile: C | None = active_profile(name, active, self.calibrator)
 
     @property
+    def state(self) -> MilvusCollection[C]:
+        """Its calibrators, feedback, query log and judging queue (for now, itself)."""
+        return self
+
+    @property
     def index_type(self) -> IndexType:
         """The vector index kind chosen at creation (``flat`` or ``hnsw``)."""
         return "hnsw" if self.meta.get("index_type") == "hnsw" else "flat"

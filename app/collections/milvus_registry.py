@@ -39,6 +39,8 @@ class MilvusRegistry(Generic[C]):
     """All normcal collections of one Milvus (see the module docstring)."""
 
     backend = BACKEND
+    snapshots = None
+    """Milvus has its own backups: no snapshots of SQLite files here."""
 
     def __init__(
         self,

@@ -86,7 +86,7 @@ class SearchService(Part):
         if not current.enabled:
             return
         try:
-            await self.pool.run(collection.log_queries, texts, current.retention)
+            await self.pool.run(collection.state.log_queries, texts, current.retention)
         except Exception:  # the search was answered; the log is best effort
             logger.warning(
                 "could not log queries of %s", collection.name, exc_info=True

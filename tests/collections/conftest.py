@@ -11,7 +11,8 @@ import pytest
 from numpy.typing import NDArray
 
 from app.collections.base import NewDocument
-from app.collections.store import CollectionStore, build_store
+from app.collections.store import CollectionStore
+from app.collections.store_files import build_store
 
 DIM = 8
 

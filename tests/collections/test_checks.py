@@ -17,7 +17,7 @@ from app.collections.checks import (
     schema_differences,
 )
 from app.collections.registry import CollectionRegistry
-from app.collections.store import SCHEMA_VERSION, UnusableStoreError, build_store
+from app.collections.store_files import SCHEMA_VERSION, UnusableStoreError, build_store
 from app.ops.cli import EXIT_INPUT, main
 from tests.collections.conftest import DIM, new_docs
 
