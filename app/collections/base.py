@@ -1,14 +1,19 @@
 """The storage seam: what the service needs of one collection, whatever stores it.
 
-:class:`CollectionBackend` (documents and hybrid search) and :class:`CollectionState`
-(calibrators, feedback, query log, judging queue: ``collection.state``) are the
-surface ``app.services`` uses. Two classes satisfy the first, each composed with one
-satisfying the second:
-``app.collections.registry.Collection`` (SQLite + FAISS, one file per collection) and
-``app.collections.milvus.MilvusCollection`` (one Milvus collection for the documents,
-one for the per-collection state). mypy checks both against it (``_conforming`` in
-``registry.py`` and ``milvus.py``), so a method added to one and not the other fails
-the type check, not a request.
+Two contracts, by aggregate: :class:`CollectionBackend` (documents and hybrid search)
+and :class:`CollectionState` (calibrators, feedback, query log, judging queue),
+which a collection offers as ``collection.state``. Each backend implements both, the
+state by composition (it is given the collection's lock and its connection or
+client):
+
+* local: ``app.collections.local_collection.Collection`` (SQLite + FAISS, one file
+  per collection) with ``app.collections.local_state.LocalState``;
+* Milvus: ``app.collections.milvus.MilvusCollection`` (one Milvus collection for the
+  documents) with ``app.collections.milvus_state.MilvusState`` (one for the state).
+
+mypy checks each against its contract (the ``_conforming`` proofs beside them), so
+a method added to one and not the other fails the type check, not a request.
+:class:`Registry` is the set of collections, whichever backend holds them.
 
 This module also holds the types both backends share (documents, pools, hits,
 calibrators as storage sees them, quarantined collections): it imports no backend.

@@ -28,7 +28,8 @@ from typing import Any, Generic
 
 from app.collections.base import C, CalibratorLoader, Unavailable
 from app.collections.index import IndexType
-from app.collections.milvus import BACKEND, MilvusCollection, MilvusStorage
+from app.collections.milvus import MilvusCollection, MilvusStorage
+from app.collections.milvus_client import BACKEND
 from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
 
