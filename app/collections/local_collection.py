@@ -21,7 +21,6 @@ from numpy.typing import NDArray
 from app.collections.base import (
     C,
     CalibratorLoader,
-    Hit,
     MetadataValue,
     NewDocument,
     Pool,
@@ -29,11 +28,12 @@ from app.collections.base import (
 )
 from app.collections.index import IndexType, VectorIndex
 from app.collections.local_state import LocalState
+from app.collections.pool import pool_of
 from app.collections.store import CollectionStore, Derive
 from app.concurrency import RWLock
 from app.exceptions import NotFoundError
-from calibration.features import LEXICAL_DEPTH, LexicalEvidence
-from calibration.fusion import candidate_pool, lexical_ranks
+from calibration.features import LEXICAL_DEPTH
+from calibration.fusion import hybrid_pool
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionBackend
@@ -232,25 +232,20 @@ class Collection(Generic[C]):
         # by lookup (from the store's in-memory postings once they are built).
         ranking = store.lexical_search(text, allowed, depth=max(n, LEXICAL_DEPTH))
         lex_seqs = [int(s) for s in ranking.top.seqs]
-        seqs = candidate_pool(dense, lex_seqs, n)
-        docs = store.get_by_seqs(seqs)
-        extra = [s for s in seqs if s not in cosine]
+        docs = store.get_by_seqs(hybrid_pool(dense, lex_seqs, n).members)
+        # A document deleted since the vector search is left out.
+        shape = hybrid_pool(dense, lex_seqs, n, kept=docs)
+        extra = [s for s in shape.members if s not in cosine]
         for seq, vec in store.vectors_of(extra).items():
             cosine[seq] = float(np.dot(vec, vector))
-        seqs = [s for s in seqs if s in docs]  # a doc deleted since the search is gone
-        in_dense = set(dense)
-        at = {s: i for i, s in enumerate(seqs)}
         top = ranking.top.scores
-        return Pool(
-            hits=[Hit(docs[s], cosine[s]) for s in seqs],
-            n_dense=sum(1 for s in seqs if s in in_dense),
-            lexical_order=[at[s] for s in lex_seqs[:n] if s in at],
-            lexical=LexicalEvidence(
-                bm25=ranking.bm25_of(seqs),
-                rank=lexical_ranks(seqs, lex_seqs),
-                idf_mass=ranking.idf_mass,
-                top=float(top[0]) if top.size else 0.0,
-            ),
+        return pool_of(
+            shape,
+            docs,
+            cosine,
+            ranking.bm25_of(shape.members),
+            idf_mass=ranking.idf_mass,
+            top=float(top[0]) if top.size else 0.0,
         )
 
     def counts(self) -> tuple[int, int, int]:

@@ -39,7 +39,6 @@ from app.collections import lexical
 from app.collections.base import (
     C,
     CalibratorLoader,
-    Hit,
     MetadataValue,
     NewDocument,
     Pool,
@@ -64,6 +63,7 @@ from app.collections.milvus_state import (
     create_state_collection,
     read_meta,
 )
+from app.collections.pool import pool_of
 from app.concurrency import RWLock
 from app.exceptions import (
     BackendUnsupportedError,
@@ -71,8 +71,8 @@ from app.exceptions import (
     InvalidRequestError,
     NotFoundError,
 )
-from calibration.features import LEXICAL_DEPTH, LexicalEvidence
-from calibration.fusion import candidate_pool, lexical_ranks
+from calibration.features import LEXICAL_DEPTH
+from calibration.fusion import hybrid_pool
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionBackend
@@ -459,23 +459,18 @@ class MilvusCollection(Generic[C]):
                 # BM25 is never negative; Milvus Lite reports it as a negative distance.
                 bm25[entity["id"]] = abs(float(hit["distance"]))
                 lex_ids.append(entity["id"])
-        ids = candidate_pool(dense_ids, lex_ids, n)
-        for doc_id in ids:
+        shape = hybrid_pool(dense_ids, lex_ids, n)
+        for doc_id in shape.members:
             if doc_id not in cosine:
                 stored = np.asarray(rows[doc_id]["vector"], dtype=np.float32)
                 cosine[doc_id] = float(np.dot(stored, vector))
-        in_dense = set(dense_ids)
-        at = {d: i for i, d in enumerate(ids)}
-        return Pool(
-            hits=[Hit(_document(rows[d]), cosine[d]) for d in ids],
-            n_dense=sum(1 for d in ids if d in in_dense),
-            lexical_order=[at[d] for d in lex_ids[:n] if d in at],
-            lexical=LexicalEvidence(
-                bm25=np.array([bm25.get(d, 0.0) for d in ids], dtype=np.float64),
-                rank=lexical_ranks(ids, lex_ids),
-                idf_mass=idf_mass,
-                top=bm25[lex_ids[0]] if lex_ids else 0.0,
-            ),
+        return pool_of(
+            shape,
+            {d: _document(rows[d]) for d in shape.members},
+            cosine,
+            np.array([bm25.get(d, 0.0) for d in shape.members], dtype=np.float64),
+            idf_mass=idf_mass,
+            top=bm25[lex_ids[0]] if lex_ids else 0.0,
         )
 
     def _lexical(
