@@ -36,12 +36,13 @@ from app.collections.base import (
     Unavailable,
 )
 from app.collections.checks import check_file
+from app.collections.connections import OpenConnections
 from app.collections.index import IndexType
 from app.collections.local_collection import Collection
 from app.collections.ownership import DIR_MODE, lock_data_dir
 from app.collections.postings import LexicalBuilds
 from app.collections.snapshots import Snapshots
-from app.collections.store import CollectionStore, OpenConnections
+from app.collections.store import CollectionStore
 from app.collections.store_files import (
     UnusableStoreError,
     backup_database,

@@ -17,12 +17,11 @@ import logging
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,49 +41,15 @@ from app.collections.store_files import (
 )
 from app.exceptions import NotFoundError
 
+if TYPE_CHECKING:
+    from app.collections.connections import OpenConnections
+
 logger = logging.getLogger(__name__)
 
 _LEXICAL_BATCH = 5000  # documents indexed per statement when an old file gains FTS
 
 Derive = Callable[[list[int], list[int]], None]
 """Applies a document write to derived state, given its removed and new seqs."""
-
-
-class OpenConnections:
-    """A bounded LRU of open SQLite connections across every collection.
-
-    Each open store holds three file descriptors (database, ``-wal``, ``-shm``); the
-    oldest idle one is closed when more than ``limit`` are open and reopens on its
-    next use. Lock order: a store releases its own mutex before calling here, and
-    this class only *tries* a victim's mutex, so it never waits on a busy store (a
-    busy victim is skipped; the bound is exceeded only while every store is busy).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lru: OrderedDict[CollectionStore, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def used(self, store: CollectionStore) -> None:
-        """Mark ``store`` as most recently used, then close the oldest idle ones."""
-        with self._lock:
-            self._lru[store] = None
-            self._lru.move_to_end(store)
-            for victim in list(self._lru):
-                if len(self._lru) <= self.limit:
-                    return
-                if victim is not store and victim.release_connection():
-                    del self._lru[victim]
-
-    def forget(self, store: CollectionStore) -> None:
-        """Stop tracking a store whose connection is closed."""
-        with self._lock:
-            self._lru.pop(store, None)
-
-    @property
-    def open_count(self) -> int:
-        """How many connections are tracked as open."""
-        return len(self._lru)
 
 
 class CollectionStore:

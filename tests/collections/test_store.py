@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from app.collections.connections import OpenConnections
 from app.collections.local_state import LocalState
-from app.collections.store import CollectionStore, OpenConnections
+from app.collections.store import CollectionStore
 from app.collections.store_files import SCHEMA_VERSION, build_store, inspect_store
 from app.exceptions import NotFoundError
 from app.settings import Limits
