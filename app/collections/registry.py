@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic
 
 from app.api.schemas.common import COLLECTION_NAME_PATTERN
 from app.collections.base import (
@@ -68,9 +68,6 @@ RESERVED_NAMES = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
     | {f"{port}{i}" for port in ("COM", "LPT") for i in range(1, 10)}
 )
-
-
-T = TypeVar("T")
 
 
 class CollectionRegistry(Generic[C]):
@@ -543,3 +540,11 @@ def _remove_files(path: Path) -> None:
     for side in _side_files(path):
         with suppress(OSError):
             side.unlink(missing_ok=True)
+
+
+if TYPE_CHECKING:
+    from app.collections.base import Registry
+
+    def _registry(registry: CollectionRegistry[C]) -> Registry[C]:
+        """The type-checked proof that the local registry is a ``Registry``."""
+        return registry
