@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 
 from calibration.exceptions import SingleClassError
 from calibration.features import ELL_Q, NormReference
+from calibration.fusion import SearchMode, order_by_mode
 from calibration.metrics import (
     BINNING,
     auroc,
@@ -81,7 +82,6 @@ Progress = Callable[[str], None]
 AUTO = "auto"
 AUTO_QUERY_SIDE = "auto/query-side"
 MIN_HELD_OUT_QUERIES = 10
-RRF_K = 60
 BLEND_GRID = np.linspace(0.0, 1.0, 21)
 """Weights of the cosine in the convex blend tried on the training queries."""
 
@@ -189,50 +189,35 @@ class RankingPool:
     judged: Mapping[str, int]
 
 
-def _minmax(v: FloatArray) -> FloatArray:
-    span = float(v.max() - v.min()) if v.size else 0.0
-    return (v - v.min()) / span if span > 0 else np.zeros_like(v)
-
-
 def mode_order(
     pool: RankingPool,
-    mode: str,
+    mode: SearchMode,
     *,
     weight: float = 0.5,
     proba: FloatArray | None = None,
 ) -> list[str]:
-    """The pool's documents ordered by ``mode``.
+    """The pool's documents ordered by ``mode`` (``calibration.fusion.order_by_mode``).
 
-    ``dense``: cosine. ``lexical``: BM25-list rank, then BM25. ``rrf``:
-    ``sum 1 / (60 + rank)`` over the two lists (absent: no term). ``blend``:
-    ``weight * minmax(cosine) + (1 - weight) * minmax(BM25)`` within the pool.
-    ``calibrated``: ``proba``. Ties fall back to the dense order.
+    The BM25-list position is the rank within the lists' depth (``inf`` beyond);
+    ``hybrid`` orders by ``proba``, the calibrated probabilities.
     """
     e = pool.evidence
     n = len(e.scores)
-    cos = np.asarray(e.scores, dtype=np.float64)
-    position = np.arange(1, n + 1, dtype=np.float64)
-    dense_rank = np.where(position <= pool.n_dense, position, np.inf)
     bm25 = np.zeros(n) if e.lexical is None else np.asarray(e.lexical.bm25, float)
     lex_rank = (
         np.full(n, np.inf)
         if e.lexical is None
         else np.where(e.lexical.rank <= pool.depth, e.lexical.rank, np.inf)
     )
-    if mode == "dense":
-        order = np.lexsort((-cos, dense_rank))
-    elif mode == "lexical":
-        order = np.lexsort((dense_rank, -cos, -bm25, lex_rank))
-    else:
-        if mode == "rrf":
-            score = 1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lex_rank)
-        elif mode == "blend":
-            score = weight * _minmax(cos) + (1.0 - weight) * _minmax(bm25)
-        elif mode == "calibrated" and proba is not None:
-            score = np.asarray(proba, dtype=np.float64)
-        else:
-            raise ValueError(f"unknown mode {mode!r} (or no probabilities)")
-        order = np.lexsort((-cos, dense_rank, -score))
+    order = order_by_mode(
+        mode,
+        np.asarray(e.scores),
+        pool.n_dense,
+        lex_rank,
+        bm25,
+        probability=proba,
+        weight=weight,
+    )
     return [pool.docs[i] for i in order]
 
 
@@ -290,7 +275,7 @@ def mode_rankings(
         if method in calibrated:
             out[name] = retrieval_metrics(
                 {
-                    p.query_id: mode_order(p, "calibrated", proba=calibrated[method][i])
+                    p.query_id: mode_order(p, "hybrid", proba=calibrated[method][i])
                     for i, p in enumerate(pools)
                 },
                 qrels,

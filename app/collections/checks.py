@@ -7,7 +7,7 @@ served (at start-up) or installed (restore, online or offline) only when
 - ``PRAGMA integrity_check`` finds nothing;
 - its schema is exactly the one this code creates: every table (its columns, by
   ``PRAGMA table_xinfo``, and its definition), index, trigger and view of a
-  collection built just now by :func:`app.collections.store.build_store`, compared
+  collection built just now by :func:`app.collections.store_files.build_store`, compared
   by their normalised SQL, nothing missing and nothing extra; or exactly the schema
   of an older file: without the judging tables, the lexical index or both (the two
   were added by separate changes), which the first writable open brings up to date
@@ -18,7 +18,7 @@ served (at start-up) or installed (restore, online or offline) only when
   through :class:`app.schemas.judging.QueryLogSettings`);
 - every document's metadata is a JSON object and its vector ``dim`` float32s.
 
-Anything else is an :class:`app.collections.store.UnusableStoreError` naming what is
+Anything else is an :class:`app.collections.store_files.UnusableStoreError` naming what is
 wrong: a 422 on restore, a quarantined collection at start-up.
 """
 
@@ -37,14 +37,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from app.collections import lexical
 from app.collections.index import IndexType
-from app.collections.store import (
-    _ADDED_SCHEMA,
-    _SCHEMA,
+from app.collections.store_files import (
+    ADDED_SCHEMA,
     DEFAULT_STEMMER,
+    SCHEMA,
     SCHEMA_VERSION,
     UnusableStoreError,
-    _uri,
     build_store,
+    file_uri,
 )
 from app.schemas.judging import QueryLogSettings
 
@@ -103,7 +103,7 @@ def check_file(path: Path) -> dict[str, Any]:
     if path.stat().st_size == 0:
         raise UnusableStoreError("empty file (0 bytes)")
     try:
-        conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
     except sqlite3.Error as error:
         raise UnusableStoreError(f"cannot open: {error}") from error
     try:
@@ -210,14 +210,14 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
             path = Path(tmp) / "expected.sqlite3"
             meta = {"name": "expected", "model": "-", "dim": 1, "created_at": 0.0}
             build_store(path, {**meta, "stemmer": stemmer}, synchronous="OFF")
-            conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
+            conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
             try:
                 return read_schema(conn)
             finally:
                 conn.close()
-    statements = list(_SCHEMA)
+    statements = list(SCHEMA)
     if shape == "no lexical index":
-        statements += _ADDED_SCHEMA
+        statements += ADDED_SCHEMA
     if shape == "no judging tables":
         statements += lexical.schema(stemmer)
     conn = sqlite3.connect(":memory:")

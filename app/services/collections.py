@@ -6,7 +6,7 @@ from pathlib import Path
 
 from app.collections.base import CollectionBackend
 from app.collections.snapshots import Snapshot, Snapshots
-from app.collections.store import DEFAULT_STEMMER
+from app.collections.store_files import DEFAULT_STEMMER
 from app.exceptions import BackendUnsupportedError, NotFoundError
 from app.schemas.collections import CollectionInfo
 from app.schemas.snapshots import SnapshotInfo

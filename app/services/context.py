@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.collections.base import CollectionBackend, Registry
-from app.collections.registry import CollectionRegistry
 from app.collections.snapshots import Snapshots
 from app.concurrency import CpuPool
 from app.embedding import Embedder
@@ -47,11 +46,7 @@ class Context:
     job_error: Describe = field(kw_only=True)
 
     def __post_init__(self) -> None:
-        self.snapshots = (
-            Snapshots(self.registry)
-            if isinstance(self.registry, CollectionRegistry)
-            else None
-        )
+        self.snapshots = self.registry.snapshots
         self.fit_jobs = FitJobs(
             self.settings.data_dir / JOBS_FILE, self.settings.limits, self.job_error
         )
@@ -128,8 +123,8 @@ class Part:
         return self.context.no_default_reason
 
     def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
-        if collection.profile is not None:
-            return collection.profile
+        if collection.state.profile is not None:
+            return collection.state.profile
         return self._default_for(collection)
 
     def _default_for(self, collection: CollectionBackend[Profile]) -> Profile | None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from app.collections.base import CollectionBackend
-from app.collections.store import NewDocument, StoredDocument
+from app.collections.base import CollectionBackend, NewDocument, StoredDocument
 from app.exceptions import InvalidRequestError
 from app.schemas.documents import (
     DocumentIn,

@@ -98,9 +98,9 @@ def test_every_mode_orders_the_same_pool_as_computed_by_hand() -> None:
     assert mode_order(pool, "blend", weight=1.0) == ["a", "b", "c", "d"]
     assert mode_order(pool, "blend", weight=0.0) == ["c", "d", "a", "b"]
     proba = np.array([0.1, 0.2, 0.3, 0.9])
-    assert mode_order(pool, "calibrated", proba=proba) == ["d", "c", "b", "a"]
+    assert mode_order(pool, "hybrid", proba=proba) == ["d", "c", "b", "a"]
     with pytest.raises(ValueError):
-        mode_order(pool, "calibrated")
+        mode_order(pool, "hybrid")
 
 
 def test_blend_weight_is_tuned_on_other_queries_only() -> None:

@@ -18,7 +18,7 @@ from app.collections.checks import (
     schema_differences,
 )
 from app.collections.registry import CollectionRegistry
-from app.collections.store import SCHEMA_VERSION, UnusableStoreError, build_store
+from app.collections.store_files import SCHEMA_VERSION, UnusableStoreError, build_store
 from tests.collections.conftest import DIM, new_docs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "old_format"

@@ -14,7 +14,7 @@ from app.collections.ownership import (
     lock_data_dir,
 )
 from app.collections.registry import restore_offline
-from app.collections.store import build_store
+from app.collections.store_files import build_store
 from tests.collections.conftest import DIM
 
 
