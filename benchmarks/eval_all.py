@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.ops.evaluation import MODES, summary_table
+from app.cli.evaluation import MODES, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -52,7 +52,7 @@ def run(name: str, extra: list[str], data: Path, draws: int, cache: Path) -> Non
     cmd = [
         sys.executable,
         "-m",
-        "app.ops.cli",
+        "app.cli",
         "eval",
         str(data / dataset),
         "--json",

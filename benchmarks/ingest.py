@@ -42,9 +42,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from normcal_client import NormcalClient  # noqa: E402
 
-from app.ops.beir import read_corpus  # noqa: E402
-from app.ops.cli import ingest_documents  # noqa: E402
-from app.ops.process import ServerProcess  # noqa: E402
+from app.cli.beir import read_corpus  # noqa: E402
+from app.cli.main import ingest_documents  # noqa: E402
+from app.cli.process import ServerProcess  # noqa: E402
 from app.settings import default_model_path  # noqa: E402
 from benchmarks.servers import mode_env, process_cpu_seconds, uses_onnx  # noqa: E402
 

@@ -44,7 +44,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.ops.process import ServerProcess  # noqa: E402
+from app.cli.process import ServerProcess  # noqa: E402
 from benchmarks.servers import mode_env, uses_onnx  # noqa: E402
 
 # The same data directory as benchmarks/ingest.py (a worktree has no ../shared).

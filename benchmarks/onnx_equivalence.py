@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from app.api.lifespan import load_embedder  # noqa: E402
+from app.cli.beir import read_corpus  # noqa: E402
 from app.embedding.base import EmbeddingBatch  # noqa: E402
 from app.embedding.onnx_export import export_onnx  # noqa: E402
 from app.embedding.precision import Agreement  # noqa: E402
-from app.ops.beir import read_corpus  # noqa: E402
 from app.profiles import load_default_profile  # noqa: E402
 from app.settings import Settings, default_model_path  # noqa: E402
 

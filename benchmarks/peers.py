@@ -60,7 +60,7 @@ def _cpu() -> float:
 
 
 def _texts(n: int) -> tuple[list[dict], list[str]]:
-    from app.ops.beir import read_corpus
+    from app.cli.beir import read_corpus
 
     docs = list(read_corpus(DATA / "scifact", n))
     with (DATA / "scifact" / "queries.jsonl").open() as fh:
@@ -190,7 +190,7 @@ class Normcal:
     def __init__(self, mode: str, tmp: Path) -> None:
         import httpx
 
-        from app.ops.process import ServerProcess
+        from app.cli.process import ServerProcess
         from benchmarks.servers import mode_env
 
         onnx = tmp.parent / "onnx" if "onnx" in mode.split("/") else None

@@ -29,7 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.ops.process import ServerProcess  # noqa: E402
+from app.cli.process import ServerProcess  # noqa: E402
 from benchmarks.load import COLLECTION, corpus, ingest  # noqa: E402
 
 MODES = ("dense", "lexical", "hybrid")

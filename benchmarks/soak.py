@@ -38,7 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.ops.process import ServerProcess
+from app.cli.process import ServerProcess
 
 COLLECTIONS = ("soak-a", "soak-b")
 TOPICS = {

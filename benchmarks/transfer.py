@@ -70,7 +70,7 @@ def _cache_file(cache: Path, model: str, name: str) -> Path:
 
 def build_cache(embedder: Any, name: str, data: Path, cache: Path) -> Path:
     """Embed one set with ``embedder`` and cache its top-``K`` evidence."""
-    from app.ops.beir import embed_corpus, read_qrels, read_queries, retrieve
+    from app.cli.beir import embed_corpus, read_qrels, read_queries, retrieve
 
     path = _cache_file(cache, embedder.model_name, name)
     if path.exists():

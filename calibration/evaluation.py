@@ -1,7 +1,7 @@
 """Honest evaluation of the whole fitting procedure (the maths of ``normcal eval``).
 
 Pure functions of labelled :class:`~calibration.profile.QueryEvidence`; reading a
-dataset, embedding and printing tables is ``app.ops.evaluation``. Evaluates:
+dataset, embedding and printing tables is ``app.cli.evaluation``. Evaluates:
 
 * **Retrieval**: nDCG@10 (graded gains, trec_eval's linear gain and log2 discount) and
   Recall@100 over the judged queries with at least one relevant document, per mode
@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 
 from calibration.exceptions import SingleClassError
 from calibration.features import ELL_Q, NormReference
+from calibration.fusion import SearchMode, order_by_mode
 from calibration.metrics import (
     BINNING,
     auroc,
@@ -67,7 +68,12 @@ from calibration.query import (
     query_table,
 )
 from calibration.report import to_jsonable
-from calibration.selection import METHODS, make_calibrator, select_calibrator
+from calibration.selection import (
+    METHODS,
+    SelectionResult,
+    make_calibrator,
+    select_calibrator,
+)
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -76,7 +82,6 @@ Progress = Callable[[str], None]
 AUTO = "auto"
 AUTO_QUERY_SIDE = "auto/query-side"
 MIN_HELD_OUT_QUERIES = 10
-RRF_K = 60
 BLEND_GRID = np.linspace(0.0, 1.0, 21)
 """Weights of the cosine in the convex blend tried on the training queries."""
 
@@ -184,50 +189,35 @@ class RankingPool:
     judged: Mapping[str, int]
 
 
-def _minmax(v: FloatArray) -> FloatArray:
-    span = float(v.max() - v.min()) if v.size else 0.0
-    return (v - v.min()) / span if span > 0 else np.zeros_like(v)
-
-
 def mode_order(
     pool: RankingPool,
-    mode: str,
+    mode: SearchMode,
     *,
     weight: float = 0.5,
     proba: FloatArray | None = None,
 ) -> list[str]:
-    """The pool's documents ordered by ``mode``.
+    """The pool's documents ordered by ``mode`` (``calibration.fusion.order_by_mode``).
 
-    ``dense``: cosine. ``lexical``: BM25-list rank, then BM25. ``rrf``:
-    ``sum 1 / (60 + rank)`` over the two lists (absent: no term). ``blend``:
-    ``weight * minmax(cosine) + (1 - weight) * minmax(BM25)`` within the pool.
-    ``calibrated``: ``proba``. Ties fall back to the dense order.
+    The BM25-list position is the rank within the lists' depth (``inf`` beyond);
+    ``hybrid`` orders by ``proba``, the calibrated probabilities.
     """
     e = pool.evidence
     n = len(e.scores)
-    cos = np.asarray(e.scores, dtype=np.float64)
-    position = np.arange(1, n + 1, dtype=np.float64)
-    dense_rank = np.where(position <= pool.n_dense, position, np.inf)
     bm25 = np.zeros(n) if e.lexical is None else np.asarray(e.lexical.bm25, float)
     lex_rank = (
         np.full(n, np.inf)
         if e.lexical is None
         else np.where(e.lexical.rank <= pool.depth, e.lexical.rank, np.inf)
     )
-    if mode == "dense":
-        order = np.lexsort((-cos, dense_rank))
-    elif mode == "lexical":
-        order = np.lexsort((dense_rank, -cos, -bm25, lex_rank))
-    else:
-        if mode == "rrf":
-            score = 1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lex_rank)
-        elif mode == "blend":
-            score = weight * _minmax(cos) + (1.0 - weight) * _minmax(bm25)
-        elif mode == "calibrated" and proba is not None:
-            score = np.asarray(proba, dtype=np.float64)
-        else:
-            raise ValueError(f"unknown mode {mode!r} (or no probabilities)")
-        order = np.lexsort((-cos, dense_rank, -score))
+    order = order_by_mode(
+        mode,
+        np.asarray(e.scores),
+        pool.n_dense,
+        lex_rank,
+        bm25,
+        probability=proba,
+        weight=weight,
+    )
     return [pool.docs[i] for i in order]
 
 
@@ -285,7 +275,7 @@ def mode_rankings(
         if method in calibrated:
             out[name] = retrieval_metrics(
                 {
-                    p.query_id: mode_order(p, "calibrated", proba=calibrated[method][i])
+                    p.query_id: mode_order(p, "hybrid", proba=calibrated[method][i])
                     for i, p in enumerate(pools)
                 },
                 qrels,
@@ -796,6 +786,85 @@ def zero_label(evidence: Sequence[QueryEvidence], profile: Profile) -> dict[str,
     }
 
 
+@dataclass(frozen=True)
+class _HeldOut:
+    """Probabilities of the evaluated pairs from models that never saw their labels."""
+
+    protocol: str
+    fit_pool: list[QueryEvidence]  # the queries the models are fitted on
+    proba: dict[str, FloatArray]  # by method
+    confidence: FloatArray | None  # query confidence (fit-split mode only)
+    rank_proba: dict[str, list[FloatArray]]  # by method, per query of the ranking
+    chosen: list[str]  # auto's choice, per fit
+    chosen_query_side: list[str]
+
+
+def _held_out(
+    evidence: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    opts: EvalOptions,
+    fit_evidence: Sequence[QueryEvidence] | None,
+    progress: Progress | None,
+    rank_evidence: Sequence[QueryEvidence],
+) -> _HeldOut:
+    """Nested CV on ``evidence``, or a fit on ``fit_evidence`` scored on it."""
+    if fit_evidence is None:
+        cv = _nested_cv(evidence, doc_ref, opts, progress, rank_evidence)
+        return _HeldOut(
+            protocol=f"{opts.n_splits}-fold nested cross-validation grouped by query",
+            fit_pool=list(evidence),
+            proba=cv.proba,
+            confidence=None,
+            rank_proba=cv.rank_proba,
+            chosen=cv.chosen,
+            chosen_query_side=cv.chosen_query_side,
+        )
+    fit_pool = [e for e in fit_evidence if len(e.scores)]
+    if progress is not None:
+        progress("fitting on the fitting split")
+    fitted = _fit_predict(
+        fit_pool, evidence, doc_ref, opts, with_confidence=True, rank_test=rank_evidence
+    )
+    bounds = _offsets(rank_evidence)
+    return _HeldOut(
+        protocol="fit on the fitting split, evaluated on the test split",
+        fit_pool=fit_pool,
+        proba=fitted.proba,
+        confidence=fitted.confidence,
+        rank_proba={
+            m: [p[bounds[q] : bounds[q + 1]] for q in range(len(rank_evidence))]
+            for m, p in fitted.rank_proba.items()
+        },
+        chosen=[fitted.chosen],
+        chosen_query_side=(
+            [] if fitted.chosen_query_side is None else [fitted.chosen_query_side]
+        ),
+    )
+
+
+def _selection_on_all(
+    fit_pool: Sequence[QueryEvidence],
+    doc_ref: NormReference,
+    opts: EvalOptions,
+    progress: Progress | None,
+) -> tuple[SelectionResult, SelectionResult | None]:
+    """``auto`` on every fitting query (norm lift, choice), and query-side only."""
+    if progress is not None:
+        progress("norm lift on all fitting data")
+    X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
+    select = functools.partial(
+        select_calibrator,
+        X_all,
+        y_all,
+        g_all,
+        method=AUTO,
+        n_splits=min(opts.n_splits, len(fit_pool)),
+        prior=opts.prior,
+    )
+    sel = select(query_side_only=False)
+    return sel, select(query_side_only=True) if opts.query_side else None
+
+
 def _evaluate_calibration(
     evidence: Sequence[QueryEvidence],
     doc_norms: FloatArray,
@@ -819,58 +888,13 @@ def _evaluate_calibration(
     )
     # ell_q per pair from a label-free reference on all evaluated queries (terciles only)
     ell_q = build_features(evidence, query_reference(evidence), doc_ref)[0][:, ELL_Q]
-    confidence = None
-    if fit_evidence is None:
-        protocol = f"{opts.n_splits}-fold nested cross-validation grouped by query"
-        cv = _nested_cv(evidence, doc_ref, opts, progress, rank_evidence)
-        proba, chosen_folds, chosen_query_side_folds = (
-            cv.proba,
-            cv.chosen,
-            cv.chosen_query_side,
-        )
-        rank_proba = cv.rank_proba
-        fit_pool = list(evidence)
-    else:
-        fit_pool = [e for e in fit_evidence if len(e.scores)]
-        protocol = "fit on the fitting split, evaluated on the test split"
-        if progress is not None:
-            progress("fitting on the fitting split")
-        fitted = _fit_predict(
-            fit_pool,
-            evidence,
-            doc_ref,
-            opts,
-            with_confidence=True,
-            rank_test=rank_evidence,
-        )
-        proba, confidence = fitted.proba, fitted.confidence
-        bounds = _offsets(rank_evidence)
-        rank_proba = {
-            m: [p[bounds[q] : bounds[q + 1]] for q in range(len(rank_evidence))]
-            for m, p in fitted.rank_proba.items()
-        }
-        chosen_folds = [fitted.chosen]
-        chosen_query_side_folds = (
-            [] if fitted.chosen_query_side is None else [fitted.chosen_query_side]
-        )
+    held = _held_out(evidence, doc_ref, opts, fit_evidence, progress, rank_evidence)
+    proba = held.proba
     methods = {m: _metrics(y, p) for m, p in proba.items()}
 
-    if progress is not None:
-        progress("norm lift on all fitting data")
-    X_all, y_all, g_all = _pairs(fit_pool, query_reference(fit_pool), doc_ref)
-    select = functools.partial(
-        select_calibrator,
-        X_all,
-        y_all,
-        g_all,
-        method=AUTO,
-        n_splits=min(opts.n_splits, len(fit_pool)),
-        prior=opts.prior,
-    )
-    sel = select(query_side_only=False)
+    sel, sel_r = _selection_on_all(held.fit_pool, doc_ref, opts, progress)
     lift: dict[str, Any] = to_jsonable(sel.norm_lift)
-    if opts.query_side:
-        sel_r = select(query_side_only=True)
+    if sel_r is not None:
         lift["query_side"] = to_jsonable(sel_r.norm_lift)
 
     terciles = {
@@ -881,7 +905,7 @@ def _evaluate_calibration(
         t.pop("curves", None)
 
     few = few_label_curve(
-        fit_pool,
+        held.fit_pool,
         doc_ref,
         opts,
         test=None if fit_evidence is None else evidence,
@@ -896,23 +920,23 @@ def _evaluate_calibration(
             "retrieval": mode_rankings(
                 pools,
                 _query_folds(len(pools), opts.n_splits, opts.seed),
-                rank_proba,
+                held.rank_proba,
             )
         }
     )
     return {
         **retrieval,
-        "protocol": protocol,
+        "protocol": held.protocol,
         "k": opts.k,
         "n_queries": len(evidence),
         "n_pairs": len(y),
         "n_positive": int(y.sum()),
-        "n_fit_queries": len(fit_pool),
+        "n_fit_queries": len(held.fit_pool),
         "methods": methods,
         "chosen": sel.method,
-        "chosen_per_fold": chosen_folds,
-        "chosen_query_side": None if not opts.query_side else sel_r.method,
-        "chosen_query_side_per_fold": chosen_query_side_folds,
+        "chosen_per_fold": held.chosen,
+        "chosen_query_side": None if sel_r is None else sel_r.method,
+        "chosen_query_side_per_fold": held.chosen_query_side,
         "ece_noise_floor": {m: ece_noise_floor(proba[m]) for m in ("platt", AUTO)},
         "auto_vs_platt": {
             "brier_change_pct": 100.0 * (methods[AUTO]["brier"] / platt_brier - 1.0),
@@ -923,6 +947,6 @@ def _evaluate_calibration(
         "reliability_by_norm_tercile": terciles,
         "few_label": few,
         "query_level": _query_level(
-            proba[AUTO], groups, ell_q, y, opts, confidence=confidence
+            proba[AUTO], groups, ell_q, y, opts, confidence=held.confidence
         ),
     }

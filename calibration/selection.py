@@ -657,6 +657,58 @@ def select_calibrator(
         )
     if n_splits < 2:
         raise InvalidInputError("n_splits must be at least 2.", field="n_splits")
+    data = _pairs(X, y, groups, n_splits)
+    notes: list[str] = []
+    if not data.has_norms:
+        notes.append("Norm columns are all zero (unit-norm model?): no norm terms.")
+    fits = _fit_candidates(
+        data, methods, prior, probe_rho=probe_rho, query_side_only=query_side_only
+    )
+    notes += [n for v in fits.best.values() if (n := _VARIANTS[v].note)]
+    lifts = _lift_reports(data, fits, notes)
+    if method == "auto":
+        method = _auto(
+            methods, lifts.served, fits.scores, fits.oof, data.y, data.codes, notes
+        )
+        key = lifts.served[method]
+    else:
+        key = fits.best[method]
+    norm_est = lifts.norm.estimator
+    if norm_est is not None and key == lifts.norm_key:
+        est: _Calibrator = norm_est
+    else:
+        est = _refit(fits.templates[key], data.X, data.y, data.codes)
+    return SelectionResult(
+        estimator=est,
+        method=method,
+        uses_norms=_VARIANTS[key].norm_terms,
+        cv={m: _rename(fits.scores[fits.best[m]], m) for m in methods},
+        norm_lift=lifts.norm.result,
+        n_queries=data.n_queries,
+        n_pairs=int(data.X.shape[0]),
+        n_splits=n_splits,
+        reliability=BINNING.curve(data.y, fits.oof[key]),
+        oof_proba=fits.oof[key],
+        notes=tuple(notes),
+        evidence_lift=lifts.evidence,
+    )
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """The validated judged pairs of a selection, with their grouped folds."""
+
+    X: FloatArray
+    y: FloatArray
+    codes: IntArray
+    n_queries: int
+    folds: list[tuple[IntArray, IntArray]]
+    has_norms: bool
+    has_lexical: bool
+
+
+def _pairs(X: ArrayLike, y: ArrayLike, groups: ArrayLike, n_splits: int) -> _Pairs:
+    """Check the pairs (shapes, labels, enough queries) and fold them by query."""
     Xa = as_float_2d(X, "X", min_columns=len(FEATURES))
     yv = as_labels(y, Xa.shape[0])
     if groups is None:
@@ -664,39 +716,80 @@ def select_calibrator(
     codes = as_groups(groups, Xa.shape[0])
     n_queries = int(codes.max()) + 1
     require_queries(n_queries, n_splits, f"{n_splits}-fold grouped cross-validation")
-    folds = _folds(Xa, yv, codes, n_splits)
-    notes: list[str] = []
-    has_norms = bool(np.any(Xa[:, [ELL_Q, ELL_D]] != 0.0))
-    has_lexical = bool(np.any(np.ptp(Xa[:, LEX:], axis=0) > 0.0))
+    return _Pairs(
+        X=Xa,
+        y=yv,
+        codes=codes,
+        n_queries=n_queries,
+        folds=_folds(Xa, yv, codes, n_splits),
+        has_norms=bool(np.any(Xa[:, [ELL_Q, ELL_D]] != 0.0)),
+        has_lexical=bool(np.any(np.ptp(Xa[:, LEX:], axis=0) > 0.0)),
+    )
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Every available variant cross-validated, and the best variant of each family."""
+
+    variants: list[Variant]
+    templates: dict[str, _Calibrator]
+    oof: dict[str, FloatArray]  # out-of-fold probabilities, by variant
+    scores: dict[str, MethodScores]  # by variant
+    best: dict[str, str]  # family -> its best variant
+    reorder: bool  # hits may be reordered (not query-side only)
+
+
+def _fit_candidates(
+    data: _Pairs,
+    methods: tuple[str, ...],
+    prior: CrossDomainPrior | None,
+    *,
+    probe_rho: float | None,
+    query_side_only: bool,
+) -> _Candidates:
+    """Cross-validate each variant the data allows, and pick each family's best."""
     reorder = not query_side_only
     kw: dict[str, Any] = {"probe_rho": probe_rho, "query_side_only": query_side_only}
-    if not has_norms:
-        notes.append("Norm columns are all zero (unit-norm model?): no norm terms.")
     variants = [
         v
         for v in VARIANTS
-        if v.available(has_norms, has_lexical, n_queries, reorder)
+        if v.available(data.has_norms, data.has_lexical, data.n_queries, reorder)
         and v.family in methods
     ]
     payload = None if prior is None else prior.to_dict()
     templates = {v.name: v.template(payload, **kw) for v in variants}
-    oof = {k: _oof(t, Xa, yv, codes, folds) for k, t in templates.items()}
-    scores = {k: _scores(k, yv, p) for k, p in oof.items()}
-
-    chosen_variant = {
-        m: _best(m, variants, scores, reorder) or _NORM_FREE[m] for m in methods
+    oof = {
+        k: _oof(t, data.X, data.y, data.codes, data.folds) for k, t in templates.items()
     }
-    notes += [n for v in chosen_variant.values() if (n := _VARIANTS[v].note)]
-    cv = {m: _rename(scores[chosen_variant[m]], m) for m in methods}
+    scores = {k: _scores(k, data.y, p) for k, p in oof.items()}
+    best = {m: _best(m, variants, scores, reorder) or _NORM_FREE[m] for m in methods}
+    return _Candidates(variants, templates, oof, scores, best, reorder)
 
-    # Norm lift: best norm-aware family vs its norm-free counterpart.
+
+@dataclass(frozen=True)
+class _Lifts:
+    """What the norm and each evidence group earned, and the variants served."""
+
+    norm: _Lift
+    norm_key: str  # the norm-aware variant the norm lift measured
+    evidence: tuple[GroupLift, ...]
+    served: dict[str, str]  # family -> variant, after the norm and lexical fallbacks
+
+
+def _lift_reports(data: _Pairs, fits: _Candidates, notes: list[str]) -> _Lifts:
+    """The norm lift, the evidence ladder, and the fallbacks they imply.
+
+    The norm lift compares the best norm-aware family with its norm-free counterpart;
+    each fallback is also said in ``notes``.
+    """
+    scores, reorder = fits.scores, fits.reorder
     norm_key = {
-        m: _best(m, variants, scores, reorder, norms=True) or chosen_variant[m]
+        m: _best(m, fits.variants, scores, reorder, norms=True) or fits.best[m]
         for m in _NORM_FAMILIES
     }
     fam = (
         min(_NORM_FAMILIES, key=lambda m: scores[norm_key[m]].nll)
-        if has_norms
+        if data.has_norms
         else _NORM_FAMILIES[-1]
     )
     with_key = norm_key[fam]
@@ -706,29 +799,28 @@ def select_calibrator(
         with_key,
         free_key,
         scores,
-        oof,
-        has_norms,
-        n_queries,
-        templates,
-        Xa,
-        yv,
-        codes,
+        fits.oof,
+        data.has_norms,
+        data.n_queries,
+        fits.templates,
+        data.X,
+        data.y,
+        data.codes,
     )
-    norm_est = lift.estimator
-
-    lifts = evidence_lift(oof, yv, codes, _unmeasured(has_norms, has_lexical))
+    lifts = evidence_lift(
+        fits.oof, data.y, data.codes, _unmeasured(data.has_norms, data.has_lexical)
+    )
     lexical = next(g for g in lifts if g.group == "lexical")
     lexical_pays = lexical.verdict == "pays"
-    # Served variant per method after the norm and lexical fallbacks.
     served = {
         m: _VARIANTS[k].without(
             norms=not lift.result.norm_signal, lexical=not lexical_pays
         )
-        for m, k in chosen_variant.items()
+        for m, k in fits.best.items()
     }
-    if not lift.result.norm_signal and has_norms:
+    if not lift.result.norm_signal and data.has_norms:
         notes.append(f"Norm fallback: {lift.result.reason}")
-    if has_lexical and not lexical_pays and reorder:
+    if data.has_lexical and not lexical_pays and reorder:
         notes.append(
             f"Lexical fallback: {lexical.reason} The lexical-free model is served."
         )
@@ -737,29 +829,7 @@ def select_calibrator(
             f"{lexical.reason} Lexical terms reorder hits: fit with reordering "
             "allowed to serve them."
         )
-    if method == "auto":
-        method = _auto(methods, served, scores, oof, yv, codes, notes)
-        key = served[method]
-    else:
-        key = chosen_variant[method]
-    if norm_est is not None and key == with_key:
-        est: _Calibrator = norm_est
-    else:
-        est = _refit(templates[key], Xa, yv, codes)
-    return SelectionResult(
-        estimator=est,
-        method=method,
-        uses_norms=_VARIANTS[key].norm_terms,
-        cv=cv,
-        norm_lift=lift.result,
-        n_queries=n_queries,
-        n_pairs=int(Xa.shape[0]),
-        n_splits=n_splits,
-        reliability=BINNING.curve(yv, oof[key]),
-        oof_proba=oof[key],
-        notes=tuple(notes),
-        evidence_lift=lifts,
-    )
+    return _Lifts(lift, with_key, lifts, served)
 
 
 def _auto(

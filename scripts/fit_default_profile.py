@@ -43,7 +43,7 @@ K = 20
 def hybrid_sets(data: Path, cache: Path) -> dict[str, tuple[list[Any], Any]]:
     """Per set: labelled hybrid-pool evidence and the embedded corpus."""
     from app.api.lifespan import load_embedder
-    from app.ops.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
+    from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
     from app.settings import Settings
     from benchmarks.transfer import SETS
     from calibration.features import LEXICAL_DEPTH

@@ -30,7 +30,7 @@ from app.api.routers import (
     ui,
 )
 from app.embedding import Embedder
-from app.ops.observability import AccessLogMiddleware, Metrics, RouteTemplates
+from app.observability import AccessLogMiddleware, Metrics, RouteTemplates
 from app.settings import Settings
 
 

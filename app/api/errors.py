@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import exceptions as exc
+from app.schemas.jobs import FitJobError
 from calibration import exceptions as cal
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,25 @@ def lookup(error: Exception) -> ProblemType | None:
         if isinstance(error, cls):
             return problem
     return None
+
+
+def job_error(error: BaseException) -> FitJobError:
+    """The problem a failed fit job records: the one this table gives its error.
+
+    The same title, status and detail the synchronous fit would have answered. An
+    unexpected error is logged and recorded without its internals, as a 500 is.
+    """
+    problem = lookup(error) if isinstance(error, Exception) else None
+    if problem is None:
+        logger.error("a fit job failed", exc_info=error)
+        return FitJobError(
+            title=INTERNAL.title,
+            detail="the fit failed; see the server logs",
+            status=INTERNAL.status,
+        )
+    return FitJobError(
+        title=problem.title, detail=public_detail(error), status=problem.status
+    )
 
 
 async def _domain_handler(request: Request, error: Exception) -> JSONResponse:

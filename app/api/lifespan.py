@@ -9,10 +9,11 @@ from typing import TypedDict
 
 from fastapi import FastAPI
 
+from app.api.errors import job_error
 from app.collections.backends import open_registry
 from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
-from app.ops.observability import Metrics
+from app.observability import Metrics
 from app.profiles import load_default_profile
 from app.services import NO_DEFAULT_REASON, Context, Service
 from app.settings import Settings
@@ -101,6 +102,7 @@ def make_lifespan(
             default_profile=None if isinstance(default, str) else default,
             no_default_reason=no_default,
             metrics=metrics,
+            job_error=job_error,
         )
         context.fit_jobs.open()  # fails the jobs a previous process left unfinished
         try:

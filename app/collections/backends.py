@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.collections.base import Registry
-from app.collections.registry import C, CalibratorLoader, CollectionRegistry
+from app.collections.base import C, CalibratorLoader, Registry
+from app.collections.registry import CollectionRegistry
 from app.settings import Settings
 
 MILVUS_EXTRA = "milvus"

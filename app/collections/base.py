@@ -1,36 +1,290 @@
 """The storage seam: what the service needs of one collection, whatever stores it.
 
-:class:`CollectionBackend` is the surface ``app.services`` uses. Two classes satisfy it:
-``app.collections.registry.Collection`` (SQLite + FAISS, one file per collection) and
-``app.collections.milvus.MilvusCollection`` (one Milvus collection for the documents,
-one for the per-collection state). mypy checks both against it (``_conforming`` here
-and in ``milvus.py``), so a method added to one and not the other fails the type
-check, not a request.
+Two contracts, by aggregate: :class:`CollectionBackend` (documents and hybrid search)
+and :class:`CollectionState` (calibrators, feedback, query log, judging queue),
+which a collection offers as ``collection.state``. Each backend implements both, the
+state by composition (it is given the collection's lock and its connection or
+client):
+
+* local: ``app.collections.local_collection.Collection`` (SQLite + FAISS, one file
+  per collection) with ``app.collections.local_state.LocalState``;
+* Milvus: ``app.collections.milvus.MilvusCollection`` (one Milvus collection for the
+  documents) with ``app.collections.milvus_state.MilvusState`` (one for the state).
+
+mypy checks each against its contract (the ``_conforming`` proofs beside them), so
+a method added to one and not the other fails the type check, not a request.
+:class:`Registry` is the set of collections, whichever backend holds them.
+
+This module also holds the types both backends share (documents, pools, hits,
+calibrators as storage sees them, quarantined collections): it imports no backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.collections.index import IndexType
-from app.collections.registry import Pool, StoredCalibrator, Unavailable
-from app.collections.store import MetadataValue, NewDocument, StoredDocument
+from app.exceptions import CollectionUnavailableError
+from calibration.features import LexicalEvidence
+
+if TYPE_CHECKING:  # the one capability only the local backend offers
+    from app.collections.snapshots import Snapshots
+
+logger = logging.getLogger(__name__)
+
+MetadataValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class NewDocument:
+    """A document ready to be written: text plus its embedding."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any]
+    vector: NDArray[np.float32]
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    """A document as read back (without its vector)."""
+
+    seq: int
+    id: str
+    text: str
+    metadata: dict[str, Any]
+    norm: float
+    n_tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result."""
+
+    document: StoredDocument
+    score: float
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The hybrid candidate pool of one query (``calibration.fusion.candidate_pool``).
+
+    ``hits`` holds the dense top-``n`` (first ``n_dense`` entries, cosine order), then
+    the BM25 top-``n`` not among them (BM25 order), each with its cosine; ``lexical``
+    is the BM25 evidence of every hit (ranks in the BM25 list of depth
+    ``LEXICAL_DEPTH``); ``lexical_order`` the indices into ``hits`` of the BM25
+    top-``n``, best first (kept apart from the ranks, which stop at
+    ``LEXICAL_DEPTH`` while ``n`` may be deeper).
+    """
+
+    hits: list[Hit]
+    n_dense: int
+    lexical: LexicalEvidence
+    lexical_order: list[int]
+
+    def dense_top(self, k: int) -> list[int]:
+        """Indices into ``hits`` of the dense top-``k``, best first."""
+        return list(range(min(k, self.n_dense)))
+
+    def lexical_top(self, k: int) -> list[int]:
+        """Indices into ``hits`` of the BM25 top-``k``, best first."""
+        return self.lexical_order[:k]
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A quarantined collection: its file and why it could not be opened."""
+
+    name: str
+    path: Path
+    reason: str
+
+    def error(self) -> CollectionUnavailableError:
+        """The 503 every request on it gets."""
+        return CollectionUnavailableError(self.name, str(self.path), self.reason)
+
+
+class StoredCalibrator(Protocol):
+    """What storage needs of a calibrator: its id, its method, its JSON."""
+
+    @property
+    def id(self) -> str:
+        """Unique id, the key it is stored and activated under."""
+        ...
+
+    @property
+    def method(self) -> str:
+        """Calibration method, stored beside the JSON for listings."""
+        ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON that ``load_calibrator`` turns back into the object."""
+        ...
+
 
 C = TypeVar("C", bound=StoredCalibrator)
+# Turns a stored calibrator's JSON back into the owner's object.
+CalibratorLoader = Callable[[dict[str, Any]], C]
+
+
+def active_profile(
+    collection: str, active: str | None, load: Callable[[str], C]
+) -> C | None:
+    """The stored active calibrator; None (the owner's default) if it does not decode.
+
+    A profile stored before profiles were checked may not decode today: that is
+    logged and the collection still serves, rather than being quarantined.
+    """
+    if not active:
+        return None
+    try:
+        return load(active)
+    except ValueError as error:
+        logger.warning(
+            "the active calibrator %s of %s does not decode (%s); serving the default",
+            active,
+            collection,
+            getattr(error, "field", None) or "profile",
+        )
+        return None
+
+
+def decodable(
+    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
+) -> list[C]:
+    """The stored calibrators that decode; a row that does not is logged and skipped.
+
+    A profile stored before profiles were checked may not decode today; it must not
+    make every listing of the collection fail (the loader raises ``ValueError``,
+    of which ``calibration``'s format errors are).
+    """
+    out = []
+    for data in stored:
+        try:
+            out.append(load(data))
+        except ValueError as error:
+            logger.warning(
+                "a stored calibrator of %s does not decode (%s); left out",
+                collection,
+                getattr(error, "field", None) or "profile",
+            )
+    return out
+
+
+class CollectionState(Protocol[C]):
+    """One collection's state besides its documents, whatever stores it.
+
+    Calibrators (and which one is active), feedback judgments, the opt-in query log
+    and the judging queue. ``app.collections.local_state.LocalState`` (in the
+    collection's SQLite file) and ``app.collections.milvus_state.MilvusState`` (in
+    its Milvus state collection) satisfy it; a collection offers it as ``state``.
+    """
+
+    @property
+    def profile(self) -> C | None:
+        """The active calibrator, decoded; None serves the owner's default."""
+        ...
+
+    # -- feedback -----------------------------------------------------------------------
+    def judgments(self) -> list[tuple[str, str, int]]:
+        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
+        ...
+
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        ...
+
+    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
+        """Store feedback for the next fit; return the new total."""
+        ...
+
+    def judgments_page(
+        self, limit: int, after: int
+    ) -> list[tuple[int, str, str, int, float]]:
+        """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
+        ...
+
+    def delete_judgments(self, query: str | None) -> int:
+        """Delete stored feedback (all, or one query's); return how many."""
+        ...
+
+    # -- query log and judging queue ----------------------------------------------------
+    def log_queries(self, queries: Sequence[str], retention: int) -> None:
+        """Count searched query texts in the opt-in query log."""
+        ...
+
+    def trim_query_log(self, retention: int) -> int:
+        """Apply a new retention now; return how many log entries remain."""
+        ...
+
+    def query_log_size(self) -> int:
+        """Distinct queries in the query log."""
+        ...
+
+    def add_judging_queries(self, queries: Sequence[str]) -> int:
+        """Queue uploaded queries to judge; return how many were new."""
+        ...
+
+    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
+        """``(source, up to limit queries, how many in all)`` still to judge."""
+        ...
+
+    def skip_judging(self, query: str) -> bool:
+        """Never offer ``query`` again; False when it is neither queued nor logged."""
+        ...
+
+    def judging_counts(self) -> tuple[int, int, int]:
+        """``(judged queries, with a relevant judgment, skipped)``."""
+        ...
+
+    # -- calibrators ---------------------------------------------------------------------
+    def calibrator(self, calibrator_id: str) -> C:
+        """Load a stored calibrator (``NotFoundError`` if absent)."""
+        ...
+
+    def calibrators(self) -> list[C]:
+        """Every stored calibrator, oldest first."""
+        ...
+
+    def add_calibrator(self, profile: C, *, activate: bool) -> None:
+        """Store a fitted calibrator, optionally making it the active one."""
+        ...
+
+    def activate(self, calibrator_id: str) -> C:
+        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
+        ...
+
+    def deactivate(self) -> None:
+        """Serve no fitted calibrator: the owner's default applies again."""
+        ...
+
+    def delete_calibrator(self, calibrator_id: str) -> None:
+        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
+        ...
 
 
 class CollectionBackend(Protocol[C]):
-    """One collection's documents, search and state (see the module docstring)."""
+    """One collection's documents and hybrid search (see the module docstring)."""
 
     name: str
     meta: dict[str, Any]
     """Cached meta (``model``, ``dim``, ``active_calibrator``, settings, …)."""
-    profile: C | None
-    """The active calibrator, decoded; None serves the owner's default."""
+
+    @property
+    def state(self) -> CollectionState[C]:
+        """Its calibrators, feedback, query log and judging queue."""
+        ...
 
     @property
     def index_type(self) -> IndexType:
@@ -88,83 +342,6 @@ class CollectionBackend(Protocol[C]):
         """Raw norms and token counts of stored documents (for norm references)."""
         ...
 
-    # -- feedback -----------------------------------------------------------------------
-    def judgments(self) -> list[tuple[str, str, int]]:
-        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
-        ...
-
-    def judgments_count(self) -> int:
-        """How many feedback judgments are stored."""
-        ...
-
-    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
-        """Store feedback for the next fit; return the new total."""
-        ...
-
-    def judgments_page(
-        self, limit: int, after: int
-    ) -> list[tuple[int, str, str, int, float]]:
-        """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
-        ...
-
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete stored feedback (all, or one query's); return how many."""
-        ...
-
-    # -- query log and judging queue ----------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts in the opt-in query log."""
-        ...
-
-    def trim_query_log(self, retention: int) -> int:
-        """Apply a new retention now; return how many log entries remain."""
-        ...
-
-    def query_log_size(self) -> int:
-        """Distinct queries in the query log."""
-        ...
-
-    def add_judging_queries(self, queries: Sequence[str]) -> int:
-        """Queue uploaded queries to judge; return how many were new."""
-        ...
-
-    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
-        """``(source, up to limit queries, how many in all)`` still to judge."""
-        ...
-
-    def skip_judging(self, query: str) -> bool:
-        """Never offer ``query`` again; False when it is neither queued nor logged."""
-        ...
-
-    def judging_counts(self) -> tuple[int, int, int]:
-        """``(judged queries, with a relevant judgment, skipped)``."""
-        ...
-
-    # -- calibrators and meta -----------------------------------------------------------
-    def calibrator(self, calibrator_id: str) -> C:
-        """Load a stored calibrator (``NotFoundError`` if absent)."""
-        ...
-
-    def calibrators(self) -> list[C]:
-        """Every stored calibrator, oldest first."""
-        ...
-
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator, optionally making it the active one."""
-        ...
-
-    def activate(self, calibrator_id: str) -> C:
-        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
-        ...
-
-    def deactivate(self) -> None:
-        """Serve no fitted calibrator: the owner's default applies again."""
-        ...
-
-    def delete_calibrator(self, calibrator_id: str) -> None:
-        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
-        ...
-
     def set_meta(self, **values: Any) -> None:
         """Persist meta keys and refresh the cached copy."""
         ...
@@ -185,6 +362,11 @@ class Registry(Protocol[C]):
 
     backend: str
     """``local`` or ``milvus``: names the backend in messages."""
+
+    @property
+    def snapshots(self) -> Snapshots | None:
+        """The snapshots of its collections (the local backend's files), or None."""
+        ...
 
     def load(self) -> None:
         """Open what is stored (never raises for one bad collection)."""
@@ -221,15 +403,3 @@ class Registry(Protocol[C]):
     def close(self) -> None:
         """Close every collection and the storage."""
         ...
-
-
-if TYPE_CHECKING:
-    from app.collections.registry import Collection, CollectionRegistry
-
-    def _conforming(collection: Collection[C]) -> CollectionBackend[C]:
-        """The type-checked proof that the SQLite + FAISS collection is a backend."""
-        return collection
-
-    def _registry(registry: CollectionRegistry[C]) -> Registry[C]:
-        """The type-checked proof that the local registry is a ``Registry``."""
-        return registry

@@ -7,17 +7,18 @@ served (at start-up) or installed (restore, online or offline) only when
 - ``PRAGMA integrity_check`` finds nothing;
 - its schema is exactly the one this code creates: every table (its columns, by
   ``PRAGMA table_xinfo``, and its definition), index, trigger and view of a
-  collection built just now by :func:`app.collections.store.build_store`, compared
+  collection built just now by :func:`app.collections.store_files.build_store`, compared
   by their normalised SQL, nothing missing and nothing extra; or exactly the schema
-  of an older version (1: no judging tables and no lexical index; 2: no lexical
-  index), which the first writable open brings up to date (``store._upgrade``, which
-  goes by the tables present, not by the ``schema_version`` recorded);
+  of an older file: without the judging tables, the lexical index or both (the two
+  were added by separate changes), which the first writable open brings up to date
+  (``store._upgrade``, which goes by the tables present, not by the
+  ``schema_version`` recorded);
 - every meta key is one the server knows and its value decodes through the typed
   model the server reads it with (:class:`StoredMeta`, the query log's settings
-  through :class:`app.api.schemas.judging.QueryLogSettings`);
+  through :class:`app.schemas.judging.QueryLogSettings`);
 - every document's metadata is a JSON object and its vector ``dim`` float32s.
 
-Anything else is an :class:`app.collections.store.UnusableStoreError` naming what is
+Anything else is an :class:`app.collections.store_files.UnusableStoreError` naming what is
 wrong: a 422 on restore, a quarantined collection at start-up.
 """
 
@@ -34,18 +35,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.api.schemas.judging import QueryLogSettings
 from app.collections import lexical
 from app.collections.index import IndexType
-from app.collections.store import (
-    _ADDED_SCHEMA,
-    _SCHEMA,
+from app.collections.store_files import (
+    ADDED_SCHEMA,
     DEFAULT_STEMMER,
+    SCHEMA,
     SCHEMA_VERSION,
     UnusableStoreError,
-    _uri,
     build_store,
+    file_uri,
 )
+from app.schemas.judging import QueryLogSettings
 
 REQUIRED_META = ("name", "model", "dim", "created_at")
 
@@ -102,7 +103,7 @@ def check_file(path: Path) -> dict[str, Any]:
     if path.stat().st_size == 0:
         raise UnusableStoreError("empty file (0 bytes)")
     try:
-        conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
     except sqlite3.Error as error:
         raise UnusableStoreError(f"cannot open: {error}") from error
     try:
@@ -116,8 +117,8 @@ def check_file(path: Path) -> dict[str, Any]:
         typed = check_meta(meta)
         problems = min(
             (
-                schema_differences(schema, expected_schema(version, typed.stemmer))
-                for version in range(SCHEMA_VERSION, 0, -1)
+                schema_differences(schema, expected_schema(shape, typed.stemmer))
+                for shape in SHAPES
             ),
             key=len,
         )
@@ -193,25 +194,32 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
     return schema
 
 
-@cache
-def expected_schema(version: int, stemmer: lexical.Stemmer) -> Schema:
-    """The schema this code gives a collection of ``version``, built once per process.
+SHAPES = ("current", "no judging tables", "no lexical index", "neither")
 
-    The current version is a collection made by :func:`build_store` in a temporary
-    directory; the older ones (which ``_upgrade`` brings up to date) their
-    statements, which the current schema begins with.
+
+@cache
+def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
+    """The schema this code gives a collection of ``shape``, built once per process.
+
+    The current one is a collection made by :func:`build_store` in a temporary
+    directory; the older ones (which ``_upgrade`` brings up to date) leave out the
+    judging tables, the lexical index or both.
     """
-    if version == SCHEMA_VERSION:
+    if shape == "current":
         with tempfile.TemporaryDirectory(prefix="normcal-schema-") as tmp:
             path = Path(tmp) / "expected.sqlite3"
             meta = {"name": "expected", "model": "-", "dim": 1, "created_at": 0.0}
             build_store(path, {**meta, "stemmer": stemmer}, synchronous="OFF")
-            conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
+            conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
             try:
                 return read_schema(conn)
             finally:
                 conn.close()
-    statements = _SCHEMA if version == 1 else (*_SCHEMA, *_ADDED_SCHEMA)
+    statements = list(SCHEMA)
+    if shape == "no lexical index":
+        statements += ADDED_SCHEMA
+    if shape == "no judging tables":
+        statements += lexical.schema(stemmer)
     conn = sqlite3.connect(":memory:")
     try:
         for statement in statements:

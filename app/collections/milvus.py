@@ -1,36 +1,29 @@
 """A normcal collection stored in Milvus: the second backend behind ``CollectionBackend``.
 
-Each normcal collection is two Milvus collections (names from :func:`milvus_name`):
+Each normcal collection is two Milvus collections (names from
+:func:`~app.collections.milvus_client.milvus_name`):
 
-* documents (``ncd_…``): the unit vector (``FLOAT_VECTOR``, inner product = cosine),
-  the raw norm, token count, truncation flag, text, metadata (JSON), a ``seq`` for
-  keyset paging, and the BM25 sparse vector Milvus derives from the text itself
-  (a schema ``Function``), so one search returns everything the calibrators need;
+* documents (``ncd_…``, here): the unit vector (``FLOAT_VECTOR``, inner product =
+  cosine), the raw norm, token count, truncation flag, text, metadata (JSON), a
+  ``seq`` for keyset paging, and the BM25 sparse vector Milvus derives from the text
+  itself (a schema ``Function``), so one search returns everything the calibrators
+  need;
 * state (``ncs_…``): meta, calibrators, judgments, query log and judging queue as
-  JSON rows (with the dummy 2-dim vector Milvus requires of every collection), so
-  that several normcal replicas can share one Milvus with no local state.
+  JSON rows, :class:`~app.collections.milvus_state.MilvusState` (``state``).
 
 Atomicity: Milvus has no multi-row transactions. One ``upsert`` call per batch is
 idempotent by id (a retried batch converges to the same rows) but a failure or crash
 in the middle may leave part of a batch applied, and a concurrent search may see part
 of it. Reads use the ``Strong`` consistency level, so a write is visible to the next
-read of any client once acknowledged. State updates that read then write (query log
-counts, "activate unless deleted") are serialised within one process only.
+read of any client once acknowledged.
 
-Outages: every call into pymilvus goes through one :class:`Guarded` client, which
-turns a failure of Milvus (unreachable, timed out, or failing server-side) into
-:class:`~app.exceptions.StorageUnavailableError` (HTTP 503 with ``Retry-After``), and
-reloads a collection a restarted server left released. pymilvus reconnects by
-itself, so the same process serves again once Milvus is back.
-
-Filters are built from typed values by :func:`metadata_filter`, never by pasting a
-user's string: strings become escaped literals, and every row read back is checked
-against ``where`` in Python too, so a filter can only ever narrow a result.
+Outages and filters: every call goes through one guarded client, and filters are
+built from typed values and checked again in Python
+(:mod:`app.collections.milvus_client`), so a filter can only ever narrow a result.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -40,235 +33,57 @@ from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 from numpy.typing import NDArray
-from pymilvus import (
-    DataType,
-    Function,
-    FunctionType,
-    MilvusClient,
-    MilvusException,
-)
-from pymilvus.exceptions import ParamError
+from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
 
 from app.collections import lexical
-from app.collections.index import IndexType
-from app.collections.registry import (
+from app.collections.base import (
     C,
     CalibratorLoader,
-    Hit,
+    MetadataValue,
+    NewDocument,
     Pool,
-    active_profile,
-    decodable,
+    StoredDocument,
 )
-from app.collections.store import MetadataValue, NewDocument, StoredDocument
+from app.collections.index import IndexType
+from app.collections.milvus_client import (
+    BACKEND,
+    DOCS,
+    SEQS,
+    STATE,
+    Guarded,
+    chunks,
+    matches,
+    metadata_filter,
+    milvus_name,
+    query_all,
+    string_literal,
+)
+from app.collections.milvus_state import (
+    MilvusState,
+    create_state_collection,
+    read_meta,
+)
+from app.collections.pool import pool_of
 from app.concurrency import RWLock
 from app.exceptions import (
     BackendUnsupportedError,
     ConflictError,
     InvalidRequestError,
-    NormcalError,
     NotFoundError,
-    StorageUnavailableError,
 )
-from calibration.features import LEXICAL_DEPTH, LexicalEvidence
-from calibration.fusion import candidate_pool, lexical_ranks
+from calibration.features import LEXICAL_DEPTH
+from calibration.fusion import hybrid_pool
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionBackend
 
-BACKEND = "milvus"
-_DOCS, _STATE = "ncd_", "ncs_"
 _DOC_FIELDS = ["id", "seq", "text", "metadata", "norm", "n_tokens", "truncated"]
-_STATE_FIELDS = ["pk", "kind", "key", "n", "data"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
 _MAX_TEXT_BYTES = 65_535  # Milvus's VARCHAR maximum
-_QUERY_BATCH = 1000  # rows per query-iterator page and per get/delete by ids
 _QUERY_WINDOW = 16_384  # Milvus's cap on offset + limit of one query
 _PAGE_ROUNDS = 32  # narrowing rounds of one page before falling back to a full scan
 _DF_TTL = 60.0  # seconds a cached document frequency may miss other replicas' writes
 _NORM_SAMPLE = 5000
-_DUMMY = [1.0, 0.0]  # the state collection's vector: Milvus requires one
-_INT64 = (-(2**63), 2**63 - 1)
-_RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
-_NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
-_NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
-
-
-def milvus_name(name: str, kind: str = _DOCS) -> str:
-    """The Milvus collection name of normcal collection ``name`` (injective).
-
-    Milvus allows letters, digits and ``_``; normcal names have ``-`` too. Letters
-    and digits stay, ``_`` becomes ``_u``, ``-`` ``_d`` and any other character
-    ``_x`` + 6 hex digits: a prefix-free code, so two names never collide, and the
-    prefix (``ncd_`` documents, ``ncs_`` state) keeps the two kinds apart.
-    """
-    out = [kind]
-    for ch in name:
-        if ch.isascii() and ch.isalnum():
-            out.append(ch)
-        else:
-            out.append({"_": "_u", "-": "_d"}.get(ch, f"_x{ord(ch):06x}"))
-    return "".join(out)
-
-
-def _string(value: str) -> str:
-    r"""A Milvus expression string literal denoting exactly ``value``.
-
-    The expression grammar knows the escapes ``\\ \" \n \r \t``; any other
-    control character could not be written back, so it is refused rather than
-    passed through.
-    """
-    for ch in value:
-        if (ord(ch) < 0x20 and ch not in "\n\r\t") or ord(ch) == 0x7F:
-            raise InvalidRequestError(
-                f"filter values for the {BACKEND} backend cannot contain control "
-                f"character U+{ord(ch):04X}",
-                field="where",
-            )
-    escaped = (
-        value.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
-    )
-    return f'"{escaped}"'
-
-
-def _literal(value: str | int | float | bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, int):
-        if not _INT64[0] <= value <= _INT64[1]:
-            raise InvalidRequestError(
-                f"filter value {value} is outside the 64-bit range of the "
-                f"{BACKEND} backend",
-                field="where",
-            )
-        return str(value)
-    if not math.isfinite(value):
-        raise InvalidRequestError("filter values must be finite", field="where")
-    return repr(float(value))
-
-
-def metadata_filter(where: dict[str, MetadataValue]) -> str:
-    """A Milvus filter true when metadata equals ``where`` on every key ("" = all)."""
-    clauses = []
-    for key, value in where.items():
-        field = f"metadata[{_string(key)}]"
-        if value is None:
-            clauses.append(f"{field} is null")
-        else:
-            clauses.append(f"{field} == {_literal(value)}")
-    return " and ".join(clauses)
-
-
-def matches(metadata: dict[str, Any], where: dict[str, MetadataValue]) -> bool:
-    """Whether ``metadata`` equals ``where`` on every key, JSON types kept apart.
-
-    The SQLite store's semantics (``true`` is not ``1``, ``"1"`` is not ``1``, a null
-    needs the key present); applied to every row Milvus returns for a filter.
-    """
-    for key, value in where.items():
-        if key not in metadata:
-            return False
-        have = metadata[key]
-        if value is None or isinstance(value, bool | str):
-            if type(have) is not type(value) or have != value:
-                return False
-        elif isinstance(have, bool) or not isinstance(have, int | float):
-            return False
-        elif have != value:
-            return False
-    return True
-
-
-class _SeqClock:
-    """Increasing int64 seqs: microseconds since the epoch, never repeated here.
-
-    Shared by every collection of the process. Across replicas the order follows
-    the clocks: paging misses nothing as long as they agree to within the time
-    between a write and a page that should see it.
-    """
-
-    def __init__(self) -> None:
-        self._last = 0
-        self._lock = threading.Lock()
-
-    def take(self, count: int) -> int:
-        """The first of ``count`` consecutive new seqs."""
-        with self._lock:
-            first = max(time.time_ns() // 1000, self._last + 1)
-            self._last = first + count - 1
-            return first
-
-
-SEQS = _SeqClock()
-
-
-class Guarded:
-    """A ``MilvusClient`` whose every call reports Milvus's failures as normcal's.
-
-    The one place pymilvus errors are translated (see the module docstring):
-
-    * an error pymilvus or the server puts on the request itself (``ParamError``,
-      ``is_input_error``) is normcal's to interpret and passes unchanged: normcal
-      checks users' input before any call, so one reaching Milvus is a bug or a
-      missing engine feature (``create`` turns that into a 422);
-    * a collection not found is a 404 when the wrapped client serves one normcal
-      collection (``collection``), e.g. after another replica dropped it;
-    * a released collection is loaded and the call retried once;
-    * anything else (no connection, timeout, server failure) is a 503 naming Milvus
-      and its URI, never the token; nothing was written that a retry would not
-      converge (upserts are idempotent by id).
-    """
-
-    def __init__(self, client: Any, uri: str, collection: str | None = None) -> None:
-        self.raw = client
-        self._uri = uri
-        self._collection = collection
-
-    def for_collection(self, name: str) -> Guarded:
-        """The same client, reporting a missing Milvus collection as ``name``'s 404."""
-        return Guarded(self.raw, self._uri, name)
-
-    def __getattr__(self, method: str) -> Any:
-        call = getattr(self.raw, method)
-
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                result = self._call(call, args, kwargs)
-            except MilvusException as error:
-                ours = self._translate(error)
-                if ours is None:
-                    raise
-                raise ours from error
-            if method.endswith("_iterator"):  # its next() calls Milvus too
-                return Guarded(result, self._uri, self._collection)
-            return result
-
-        return guarded
-
-    def _call(self, call: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        try:
-            return call(*args, **kwargs)
-        except MilvusException as error:
-            if error.code != _NOT_LOADED or not args:
-                raise
-            self.raw.load_collection(args[0])  # args[0]: the collection's name
-            return call(*args, **kwargs)
-
-    def _translate(self, error: MilvusException) -> NormcalError | None:
-        """The error to report for ``error``; None: the caller's to interpret."""
-        if isinstance(error, ParamError) or error.is_input_error:
-            return None
-        if error.code == _NOT_FOUND and self._collection is not None:
-            return NotFoundError("collection", self._collection)
-        return StorageUnavailableError(
-            f"Milvus at {self._uri} is unavailable: {error.message or error}",
-            retry_after=_RETRY_AFTER,
-        )
 
 
 class MilvusStorage(Generic[C]):
@@ -297,29 +112,28 @@ class MilvusStorage(Generic[C]):
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
         """Create both Milvus collections of ``name`` (``ConflictError`` if taken)."""
-        docs, state = milvus_name(name, _DOCS), milvus_name(name, _STATE)
+        docs, state = milvus_name(name, DOCS), milvus_name(name, STATE)
         if self.client.has_collection(docs) or self.client.has_collection(state):
             raise ConflictError(f"collection {name!r} already exists")
         self._create_documents(docs, int(meta["dim"]))
-        self._create_state(state)
+        create_state_collection(self.client, state)
         collection = MilvusCollection(name, self, self._load_calibrator, {})
         collection.set_meta(**{**meta, "name": name, "index_type": self._index_type})
         return collection
 
     def open(self, name: str) -> MilvusCollection[C]:
         """Open a stored collection (``NotFoundError`` if absent)."""
-        state = milvus_name(name, _STATE)
+        state = milvus_name(name, STATE)
         if not self.client.has_collection(state):
             raise NotFoundError("collection", name)
-        rows = _all(self.client, state, 'kind == "meta"', _STATE_FIELDS)
-        meta = {r["key"]: r["data"]["value"] for r in rows}
+        meta = read_meta(self.client, state)
         return MilvusCollection(name, self, self._load_calibrator, meta)
 
     def names(self) -> list[str]:
         """Names of the normcal collections stored, sorted."""
         found: list[str] = []
         for milvus in self.client.list_collections():
-            if milvus.startswith(_STATE):
+            if milvus.startswith(STATE):
                 rows = self.client.query(
                     milvus,
                     filter='kind == "meta" and key == "name"',
@@ -330,7 +144,7 @@ class MilvusStorage(Generic[C]):
 
     def drop(self, name: str) -> None:
         """Drop both Milvus collections of ``name`` (``NotFoundError`` if absent)."""
-        kinds = [milvus_name(name, k) for k in (_DOCS, _STATE)]
+        kinds = [milvus_name(name, k) for k in (DOCS, STATE)]
         present = [m for m in kinds if self.client.has_collection(m)]
         if not present:
             raise NotFoundError("collection", name)
@@ -390,41 +204,6 @@ class MilvusStorage(Generic[C]):
                 f"{error.message}",
             ) from error
 
-    def _create_state(self, milvus: str) -> None:
-        schema = MilvusClient.create_schema(auto_id=False)
-        schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=80)
-        schema.add_field("kind", DataType.VARCHAR, max_length=16)
-        schema.add_field("key", DataType.VARCHAR, max_length=_MAX_TEXT_BYTES)
-        schema.add_field("n", DataType.INT64)
-        schema.add_field("data", DataType.JSON)
-        schema.add_field("v", DataType.FLOAT_VECTOR, dim=len(_DUMMY))
-        index = self.client.prepare_index_params()
-        index.add_index("v", index_type="FLAT", metric_type="IP")
-        self.client.create_collection(
-            milvus, schema=schema, index_params=index, consistency_level="Strong"
-        )
-
-
-def _all(
-    client: Guarded, milvus: str, filter_: str, fields: list[str]
-) -> list[dict[str, Any]]:
-    """Every row matching ``filter_`` (a query iterator: no result-size cap)."""
-    iterator = client.query_iterator(
-        milvus, batch_size=_QUERY_BATCH, filter=filter_, output_fields=fields
-    )
-    rows: list[dict[str, Any]] = []
-    try:
-        while batch := iterator.next():
-            rows.extend(batch)
-    finally:
-        iterator.close()
-    return rows
-
-
-def _chunks(items: Sequence[Any]) -> Iterator[list[Any]]:
-    for start in range(0, len(items), _QUERY_BATCH):
-        yield list(items[start : start + _QUERY_BATCH])
-
 
 def _document(row: dict[str, Any]) -> StoredDocument:
     return StoredDocument(
@@ -436,10 +215,6 @@ def _document(row: dict[str, Any]) -> StoredDocument:
         n_tokens=int(row["n_tokens"]),
         truncated=bool(row["truncated"]),
     )
-
-
-def _pk(kind: str, key: str) -> str:
-    return f"{kind}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 class MilvusCollection(Generic[C]):
@@ -458,10 +233,8 @@ class MilvusCollection(Generic[C]):
     ) -> None:
         self.name = name
         self._client = storage.client.for_collection(name)
-        self._docs = milvus_name(name, _DOCS)
-        self._state = milvus_name(name, _STATE)
+        self._docs = milvus_name(name, DOCS)
         self._ef_search = storage.ef_search
-        self._load_calibrator = load_calibrator
         self.lock = RWLock()
         self.closed = False
         self.meta: dict[str, Any] = meta
@@ -469,8 +242,14 @@ class MilvusCollection(Generic[C]):
         self._df: dict[str, int] = {}
         self._df_at = 0.0
         self._df_lock = threading.Lock()
-        active = meta.get("active_calibrator")
-        self.profile: C | None = active_profile(name, active, self.calibrator)
+        self.state = MilvusState(
+            name,
+            self._client,
+            milvus_name(name, STATE),
+            (self._reading, self._writing),
+            load_calibrator,
+            meta,
+        )
 
     @property
     def index_type(self) -> IndexType:
@@ -540,7 +319,7 @@ class MilvusCollection(Generic[C]):
         """The stored documents among ``ids``, by id."""
         out: dict[str, StoredDocument] = {}
         with self._reading():
-            for chunk in _chunks(sorted(set(ids))):
+            for chunk in chunks(sorted(set(ids))):
                 for row in self._client.get(
                     self._docs, ids=chunk, output_fields=_DOC_FIELDS
                 ):
@@ -588,7 +367,7 @@ class MilvusCollection(Generic[C]):
                 break
             expr = narrower
         return sorted(
-            int(r["seq"]) for r in _all(self._client, self._docs, expr, ["seq"])
+            int(r["seq"]) for r in query_all(self._client, self._docs, expr, ["seq"])
         )[:limit]
 
     def delete_where(self, where: dict[str, MetadataValue]) -> int:
@@ -599,9 +378,9 @@ class MilvusCollection(Generic[C]):
         """
         expr = metadata_filter(where)
         with self._writing():
-            rows = _all(self._client, self._docs, expr, ["id", "metadata"])
+            rows = query_all(self._client, self._docs, expr, ["id", "metadata"])
             ids = [r["id"] for r in rows if matches(r["metadata"], where)]
-            for chunk in _chunks(ids):
+            for chunk in chunks(ids):
                 self._client.delete(self._docs, ids=chunk)
             self._forget_frequencies()
         return len(ids)
@@ -611,10 +390,10 @@ class MilvusCollection(Generic[C]):
         with self._writing():
             found = [
                 str(row["id"])
-                for chunk in _chunks(sorted(set(ids)))
+                for chunk in chunks(sorted(set(ids)))
                 for row in self._client.get(self._docs, ids=chunk, output_fields=["id"])
             ]
-            for chunk in _chunks(found):
+            for chunk in chunks(found):
                 self._client.delete(self._docs, ids=chunk)
         return len(found)
 
@@ -680,23 +459,18 @@ class MilvusCollection(Generic[C]):
                 # BM25 is never negative; Milvus Lite reports it as a negative distance.
                 bm25[entity["id"]] = abs(float(hit["distance"]))
                 lex_ids.append(entity["id"])
-        ids = candidate_pool(dense_ids, lex_ids, n)
-        for doc_id in ids:
+        shape = hybrid_pool(dense_ids, lex_ids, n)
+        for doc_id in shape.members:
             if doc_id not in cosine:
                 stored = np.asarray(rows[doc_id]["vector"], dtype=np.float32)
                 cosine[doc_id] = float(np.dot(stored, vector))
-        in_dense = set(dense_ids)
-        at = {d: i for i, d in enumerate(ids)}
-        return Pool(
-            hits=[Hit(_document(rows[d]), cosine[d]) for d in ids],
-            n_dense=sum(1 for d in ids if d in in_dense),
-            lexical_order=[at[d] for d in lex_ids[:n] if d in at],
-            lexical=LexicalEvidence(
-                bm25=np.array([bm25.get(d, 0.0) for d in ids], dtype=np.float64),
-                rank=lexical_ranks(ids, lex_ids),
-                idf_mass=idf_mass,
-                top=bm25[lex_ids[0]] if lex_ids else 0.0,
-            ),
+        return pool_of(
+            shape,
+            {d: _document(rows[d]) for d in shape.members},
+            cosine,
+            np.array([bm25.get(d, 0.0) for d in shape.members], dtype=np.float64),
+            idf_mass=idf_mass,
+            top=bm25[lex_ids[0]] if lex_ids else 0.0,
         )
 
     def _lexical(
@@ -751,7 +525,9 @@ class MilvusCollection(Generic[C]):
                 self._df[""] = self._count("")
             for term in dict.fromkeys(t for ts in terms for t in ts):
                 if term not in self._df:
-                    self._df[term] = self._count(f"text_match(text, {_string(term)})")
+                    self._df[term] = self._count(
+                        f"text_match(text, {string_literal(term)})"
+                    )
             df = dict(self._df)
         total = df[""]
         if total == 0:
@@ -795,278 +571,13 @@ class MilvusCollection(Generic[C]):
             np.array([r["n_tokens"] for r in rows], dtype=np.int64),
         )
 
-    # -- state rows ---------------------------------------------------------------------
-    def _rows(self, kind: str) -> list[dict[str, Any]]:
-        return _all(
-            self._client, self._state, f"kind == {_string(kind)}", _STATE_FIELDS
-        )
-
-    def _put(self, kind: str, items: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
-        if items:
-            self._client.upsert(
-                self._state,
-                [
-                    {
-                        "pk": _pk(kind, key),
-                        "kind": kind,
-                        "key": key,
-                        "n": n,
-                        "data": data,
-                        "v": _DUMMY,
-                    }
-                    for key, n, data in items
-                ],
-            )
-
-    def _remove(self, kind: str, keys: Sequence[str]) -> None:
-        for chunk in _chunks([_pk(kind, k) for k in keys]):
-            self._client.delete(self._state, ids=chunk)
-
     def set_meta(self, **values: Any) -> None:
-        """Persist meta keys (one state row each) and refresh the cached copy."""
-        with self._reading():
-            self._put("meta", [(k, 0, {"value": v}) for k, v in values.items()])
-        self.meta.update(values)
-
-    # -- feedback -----------------------------------------------------------------------
-    def _judgment_rows(self) -> list[dict[str, Any]]:
-        return sorted(self._rows("judgment"), key=lambda r: int(r["n"]))
-
-    def judgments(self) -> list[tuple[str, str, int]]:
-        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
-        with self._reading():
-            rows = self._judgment_rows()
-        return [
-            (
-                str(r["data"]["query"]),
-                str(r["data"]["document_id"]),
-                int(r["data"]["relevance"]),
-            )
-            for r in rows
-        ]
-
-    def judgments_count(self) -> int:
-        """How many feedback judgments are stored."""
-        with self._reading():
-            return len(self._rows("judgment"))
-
-    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
-        """Store feedback for the next fit; return the new total."""
-        now = time.time()
-        first = SEQS.take(len(rows))
-        with self._writing():
-            self._put(
-                "judgment",
-                [
-                    (
-                        str(first + i),
-                        first + i,
-                        {
-                            "query": q,
-                            "document_id": d,
-                            "relevance": int(r),
-                            "created_at": now,
-                        },
-                    )
-                    for i, (q, d, r) in enumerate(rows)
-                ],
-            )
-            return len(self._rows("judgment"))
-
-    def judgments_page(
-        self, limit: int, after: int
-    ) -> list[tuple[int, str, str, int, float]]:
-        """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
-        with self._reading():
-            rows = [r for r in self._judgment_rows() if int(r["n"]) > after][:limit]
-        return [
-            (
-                int(r["n"]),
-                str(r["data"]["query"]),
-                str(r["data"]["document_id"]),
-                int(r["data"]["relevance"]),
-                float(r["data"]["created_at"]),
-            )
-            for r in rows
-        ]
-
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete stored feedback (all, or one query's); return how many."""
-        with self._writing():
-            keys = [
-                r["key"]
-                for r in self._rows("judgment")
-                if query is None or r["data"]["query"] == query
-            ]
-            self._remove("judgment", keys)
-        return len(keys)
-
-    # -- query log and judging queue ----------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts, keeping the ``retention`` most recent."""
-        now = time.time()
-        with self._writing():
-            known = {r["key"]: r["data"] for r in self._rows("log")}
-            for query in queries:
-                entry = known.get(query) or {"first_seen": now, "count": 0}
-                known[query] = {**entry, "last_seen": now, "count": entry["count"] + 1}
-            self._put("log", [(q, 0, known[q]) for q in dict.fromkeys(queries)])
-            self._trim(retention)
-
-    def _trim(self, retention: int) -> int:
-        rows = sorted(self._rows("log"), key=lambda r: -r["data"]["last_seen"])
-        self._remove("log", [r["key"] for r in rows[retention:]])
-        return min(len(rows), retention)
-
-    def trim_query_log(self, retention: int) -> int:
-        """Apply a new retention now; return how many log entries remain."""
-        with self._writing():
-            return self._trim(retention)
-
-    def query_log_size(self) -> int:
-        """Distinct queries in the query log."""
-        with self._reading():
-            return len(self._rows("log"))
-
-    def add_judging_queries(self, queries: Sequence[str]) -> int:
-        """Queue uploaded queries to judge; return how many were new."""
-        with self._writing():
-            queued = {r["key"] for r in self._rows("queue")}
-            new = [q for q in dict.fromkeys(queries) if q not in queued]
-            first = SEQS.take(len(new))
-            self._put("queue", [(q, first + i, {}) for i, q in enumerate(new)])
-        return len(new)
-
-    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
-        """Uploaded queries first, in upload order; then the log, most searched first."""
-        with self._reading():
-            done = {r["data"]["query"] for r in self._rows("judgment")}
-            done |= {r["key"] for r in self._rows("skip")}
-            queue = sorted(self._rows("queue"), key=lambda r: int(r["n"]))
-            log = sorted(
-                self._rows("log"),
-                key=lambda r: (-r["data"]["count"], -r["data"]["last_seen"], r["key"]),
-            )
-        for source, rows in (("uploaded", queue), ("log", log)):
-            todo = [str(r["key"]) for r in rows if r["key"] not in done]
-            if todo:
-                return source, todo[:limit], len(todo)
-        return "none", [], 0
-
-    def skip_judging(self, query: str) -> bool:
-        """Never offer ``query`` again; False when it is neither queued nor logged."""
-        with self._writing():
-            known = self._client.get(
-                self._state,
-                ids=[_pk("queue", query), _pk("log", query)],
-                output_fields=["pk"],
-            )
-            if not known:
-                return False
-            self._put("skip", [(query, 0, {"skipped_at": time.time()})])
-        return True
-
-    def judging_counts(self) -> tuple[int, int, int]:
-        """``(judged queries, with a relevant judgment, skipped)``."""
-        with self._reading():
-            judged = [r["data"] for r in self._rows("judgment")]
-            skipped = len(self._rows("skip"))
-        relevant = {j["query"] for j in judged if j["relevance"] > 0}
-        return len({j["query"] for j in judged}), len(relevant), skipped
-
-    # -- calibrators --------------------------------------------------------------------
-    def _stored_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
-        rows = self._client.get(
-            self._state, ids=[_pk("calibrator", calibrator_id)], output_fields=["data"]
-        )
-        return dict(rows[0]["data"]["profile"]) if rows else None
-
-    def calibrator(self, calibrator_id: str) -> C:
-        """Load a stored calibrator (``NotFoundError`` if absent)."""
-        with self._reading():
-            data = self._stored_calibrator(calibrator_id)
-        if data is None:
-            raise NotFoundError("calibrator", calibrator_id)
-        return self._load_calibrator(data)
-
-    def calibrators(self) -> list[C]:
-        """Every stored calibrator, oldest first."""
-        with self._reading():
-            rows = sorted(
-                self._rows("calibrator"), key=lambda r: (int(r["n"]), r["key"])
-            )
-        return decodable(
-            self.name, [dict(r["data"]["profile"]) for r in rows], self._load_calibrator
-        )
-
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator, then (a second write) activate it."""
-        data = {"method": profile.method, "profile": profile.to_json()}
-        with self._writing():
-            self._put("calibrator", [(profile.id, SEQS.take(1), data)])
-            if activate:
-                self._put("meta", [("active_calibrator", 0, {"value": profile.id})])
-        if activate:
-            self.meta["active_calibrator"] = profile.id
-            self.profile = profile
-
-    def activate(self, calibrator_id: str) -> C:
-        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
-        with self._writing():
-            data = self._stored_calibrator(calibrator_id)
-            if data is None:
-                raise NotFoundError("calibrator", calibrator_id)
-            self._put("meta", [("active_calibrator", 0, {"value": calibrator_id})])
-        profile = self._load_calibrator(data)
-        self.meta["active_calibrator"] = calibrator_id
-        self.profile = profile
-        return profile
-
-    def deactivate(self) -> None:
-        """Serve no fitted calibrator: the owner's default applies again."""
-        with self._writing():
-            self._remove("meta", ["active_calibrator"])
-        self.meta.pop("active_calibrator", None)
-        self.profile = None
-
-    def delete_calibrator(self, calibrator_id: str) -> None:
-        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
-        with self._writing():
-            active = self._client.get(
-                self._state,
-                ids=[_pk("meta", "active_calibrator")],
-                output_fields=["data"],
-            )
-            if active and active[0]["data"]["value"] == calibrator_id:
-                raise ConflictError(
-                    f"calibrator {calibrator_id!r} is the active one of collection "
-                    f"{self.name!r}; activate another calibrator, or the default, "
-                    "before deleting it"
-                )
-            if self._stored_calibrator(calibrator_id) is None:
-                raise NotFoundError("calibrator", calibrator_id)
-            self._remove("calibrator", [calibrator_id])
+        """Persist meta keys (state rows) and refresh the cached copy."""
+        self.state.set_meta(**values)
 
     def refresh(self) -> None:
-        """Follow the active calibrator another replica may have set: one point query.
-
-        ``meta`` and ``profile`` are cached per process; the registry calls this on
-        every lookup (about 2 ms on Milvus Lite), so a replica serves another's
-        activation from its next request on. A collection another replica dropped
-        is a ``NotFoundError`` here.
-        """
-        key = [_pk("meta", "active_calibrator")]
-        with self._reading():
-            rows = self._client.get(self._state, ids=key, output_fields=["data"])
-        active = rows[0]["data"]["value"] if rows else None
-        if active == self.meta.get("active_calibrator"):
-            return
-        profile = self.calibrator(active) if active else None
-        if active:
-            self.meta["active_calibrator"] = active
-        else:
-            self.meta.pop("active_calibrator", None)
-        self.profile = profile
+        """Follow the active calibrator another replica may have set (the registry's)."""
+        self.state.refresh()
 
     def close(self) -> None:
         """Wait for in-flight work; later calls get 404 (the client is the storage's)."""

@@ -26,15 +26,11 @@ import threading
 import time
 from typing import Any, Generic
 
+from app.collections.base import C, CalibratorLoader, Unavailable
 from app.collections.index import IndexType
-from app.collections.milvus import BACKEND, MilvusCollection, MilvusStorage
-from app.collections.registry import (
-    C,
-    CalibratorLoader,
-    CollectionRegistry,
-    Unavailable,
-    check_model,
-)
+from app.collections.milvus import MilvusCollection, MilvusStorage
+from app.collections.milvus_client import BACKEND
+from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +40,8 @@ class MilvusRegistry(Generic[C]):
     """All normcal collections of one Milvus (see the module docstring)."""
 
     backend = BACKEND
+    snapshots = None
+    """Milvus has its own backups: no snapshots of SQLite files here."""
 
     def __init__(
         self,

@@ -1,17 +1,16 @@
-"""Collections: a SQLite store plus its derived FAISS index, and the registry of them.
+"""The local registry: every collection file under the data dir (``NORMCAL_STORAGE=local``).
 
-A collection's writers (upsert, delete) hold its write lock across the SQLite commit
-*and* the index update, readers (search) hold the read lock, so a search never sees a
-half-applied upsert and SQLite and FAISS always agree when the lock is free. Dropping
-takes the write lock too: in-flight work finishes first, later calls get 404.
+Each collection is a :class:`~app.collections.local_collection.Collection` (a SQLite
+store plus its derived FAISS index). Dropping closes it under its write lock:
+in-flight work finishes first, later calls get 404.
 
 A file that cannot be opened at start-up is *quarantined*: left untouched, reported
 as unavailable (503 on every use), and removed only by an explicit drop.
 
 Calibrators are stored as JSON; storage knows nothing of how they are fitted or
 scored. The registry's owner passes ``load_calibrator`` (``Profile.from_json``), so a
-collection's methods return the owner's calibrator type, typed, and keep the active
-one decoded in memory for search.
+collection's state returns the owner's calibrator type, typed, and keeps the active
+one decoded in memory for search (:mod:`app.collections.local_state`).
 """
 
 from __future__ import annotations
@@ -25,42 +24,38 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic
 
-import numpy as np
-from numpy.typing import NDArray
-
-from app.api.schemas.common import COLLECTION_NAME_PATTERN
+from app.collections.base import (
+    C,
+    CalibratorLoader,
+    Unavailable,
+)
 from app.collections.checks import check_file
-from app.collections.index import IndexType, VectorIndex
+from app.collections.connections import OpenConnections
+from app.collections.index import IndexType
+from app.collections.local_collection import Collection
 from app.collections.ownership import DIR_MODE, lock_data_dir
 from app.collections.postings import LexicalBuilds
-from app.collections.store import (
-    CollectionStore,
-    Derive,
-    MetadataValue,
-    NewDocument,
-    OpenConnections,
-    StoredDocument,
+from app.collections.snapshots import Snapshots
+from app.collections.store import CollectionStore
+from app.collections.store_files import (
     UnusableStoreError,
     backup_database,
     build_store,
+    fsync_dir,
     storage_errors,
 )
-from app.concurrency import RWLock
 from app.exceptions import (
-    CollectionUnavailableError,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
     StorageUnavailableError,
 )
-from calibration.features import LEXICAL_DEPTH, LexicalEvidence
-from calibration.fusion import candidate_pool, lexical_ranks
+from app.schemas.common import COLLECTION_NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
@@ -73,488 +68,6 @@ RESERVED_NAMES = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
     | {f"{port}{i}" for port in ("COM", "LPT") for i in range(1, 10)}
 )
-
-
-class StoredCalibrator(Protocol):
-    """What storage needs of a calibrator: its id, its method, its JSON."""
-
-    @property
-    def id(self) -> str:
-        """Unique id, the key it is stored and activated under."""
-        ...
-
-    @property
-    def method(self) -> str:
-        """Calibration method, stored beside the JSON for listings."""
-        ...
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON that ``load_calibrator`` turns back into the object."""
-        ...
-
-
-C = TypeVar("C", bound=StoredCalibrator)
-T = TypeVar("T")
-# Turns a stored calibrator's JSON back into the owner's object.
-CalibratorLoader = Callable[[dict[str, Any]], C]
-
-
-def active_profile(
-    collection: str, active: str | None, load: Callable[[str], C]
-) -> C | None:
-    """The stored active calibrator; None (the owner's default) if it does not decode.
-
-    A profile stored before profiles were checked may not decode today: that is
-    logged and the collection still serves, rather than being quarantined.
-    """
-    if not active:
-        return None
-    try:
-        return load(active)
-    except ValueError as error:
-        logger.warning(
-            "the active calibrator %s of %s does not decode (%s); serving the default",
-            active,
-            collection,
-            getattr(error, "field", None) or "profile",
-        )
-        return None
-
-
-def decodable(
-    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
-) -> list[C]:
-    """The stored calibrators that decode; a row that does not is logged and skipped.
-
-    A profile stored before profiles were checked may not decode today; it must not
-    make every listing of the collection fail (the loader raises ``ValueError``,
-    of which ``calibration``'s format errors are).
-    """
-    out = []
-    for data in stored:
-        try:
-            out.append(load(data))
-        except ValueError as error:
-            logger.warning(
-                "a stored calibrator of %s does not decode (%s); left out",
-                collection,
-                getattr(error, "field", None) or "profile",
-            )
-    return out
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result."""
-
-    document: StoredDocument
-    score: float
-
-
-@dataclass(frozen=True)
-class Pool:
-    """The hybrid candidate pool of one query (``calibration.fusion.candidate_pool``).
-
-    ``hits`` holds the dense top-``n`` (first ``n_dense`` entries, cosine order), then
-    the BM25 top-``n`` not among them (BM25 order), each with its cosine; ``lexical``
-    is the BM25 evidence of every hit (ranks in the BM25 list of depth
-    ``LEXICAL_DEPTH``); ``lexical_order`` the indices into ``hits`` of the BM25
-    top-``n``, best first (kept apart from the ranks, which stop at
-    ``LEXICAL_DEPTH`` while ``n`` may be deeper).
-    """
-
-    hits: list[Hit]
-    n_dense: int
-    lexical: LexicalEvidence
-    lexical_order: list[int]
-
-    def dense_top(self, k: int) -> list[int]:
-        """Indices into ``hits`` of the dense top-``k``, best first."""
-        return list(range(min(k, self.n_dense)))
-
-    def lexical_top(self, k: int) -> list[int]:
-        """Indices into ``hits`` of the BM25 top-``k``, best first."""
-        return self.lexical_order[:k]
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    """A quarantined collection: its file and why it could not be opened."""
-
-    name: str
-    path: Path
-    reason: str
-
-    def error(self) -> CollectionUnavailableError:
-        """The 503 every request on it gets."""
-        return CollectionUnavailableError(self.name, str(self.path), self.reason)
-
-
-class Collection(Generic[C]):
-    """One collection: durable store, derived index, and the lock that binds them.
-
-    Every method holds the lock and checks ``closed`` under it, so a call racing a
-    drop either completes before the store closes or raises ``NotFoundError``.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        store: CollectionStore,
-        index: VectorIndex,
-        load_calibrator: CalibratorLoader[C],
-    ) -> None:
-        self.name = name
-        self._store = store
-        self.index = index
-        self._load_calibrator = load_calibrator
-        self.lock = RWLock()
-        self.closed = False
-        self.meta: dict[str, Any] = store.get_meta()
-        store.start_lexical()  # in the background; FTS5 answers searches meanwhile
-        active = self.meta.get("active_calibrator")
-        # Replaced by one assignment on activation: a search reads it once, so it
-        # sees either the old calibrator or the new one, never a mix.
-        self.profile: C | None = active_profile(name, active, self.calibrator)
-
-    @classmethod
-    def open(
-        cls,
-        name: str,
-        store: CollectionStore,
-        load_calibrator: CalibratorLoader[C],
-        *,
-        kind: IndexType,
-        **index_args: int,
-    ) -> Collection[C]:
-        """Open a stored collection and rebuild its index from SQLite."""
-        meta = store.get_meta()
-        index = VectorIndex(int(meta["dim"]), kind=kind, **index_args)
-        return cls(name, store, _index_of(store, index), load_calibrator)
-
-    @property
-    def index_type(self) -> IndexType:
-        """The kind of FAISS index serving the collection (``flat`` or ``hnsw``)."""
-        return self.index.kind
-
-    @contextmanager
-    def _reading(self) -> Iterator[CollectionStore]:
-        with self.lock.read():
-            self._check_open()
-            yield self._store
-
-    @contextmanager
-    def _writing(self) -> Iterator[CollectionStore]:
-        with self.lock.write():
-            self._check_open()
-            yield self._store
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise NotFoundError("collection", self.name)
-
-    def upsert(self, docs: Sequence[NewDocument]) -> None:
-        """Write documents and update the index as one unit (see :meth:`_unit`)."""
-        vectors = np.stack([d.vector for d in docs])
-
-        def index_write(removed: list[int], new: list[int]) -> None:
-            self.index.remove(removed)
-            self.index.add(np.asarray(new, dtype=np.int64), vectors)
-
-        with self._writing() as store:
-            self._unit(store, lambda derive: store.upsert(docs, derive), index_write)
-
-    def delete(self, doc_id: str) -> None:
-        """Delete one document (``NotFoundError`` if absent)."""
-        with self._writing() as store:
-            seq = self._unit(
-                store, lambda derive: store.delete(doc_id, derive), self._index_remove
-            )
-        if seq is None:
-            raise NotFoundError("document", doc_id)
-
-    def _index_remove(self, removed: list[int], _: list[int]) -> None:
-        self.index.remove(removed)
-
-    def _unit(
-        self,
-        store: CollectionStore,
-        write: Callable[[Derive], T],
-        index_write: Derive,
-    ) -> T:
-        """Run a store write with ``index_write`` inside its transaction, as one unit.
-
-        The store calls ``index_write`` before COMMIT (and keeps its postings in
-        step: ``CollectionStore._write_documents``). When anything fails after the
-        index was changed (the rest of the index write, COMMIT), the transaction is
-        rolled back and the index rebuilt from the file, which holds the state from
-        before: a write that fails leaves SQLite, FTS5, the postings and FAISS as
-        they were. The rebuild reads every vector (a failure path only). Under the
-        write lock, so no search sees the index in between.
-        """
-        touched = False
-
-        def derive(removed: list[int], new: list[int]) -> None:
-            nonlocal touched
-            touched = True
-            index_write(removed, new)
-
-        try:
-            return write(derive)
-        except BaseException:
-            if touched:
-                self.index = _index_of(store, self.index.emptied())
-            raise
-
-    def get(self, doc_id: str) -> StoredDocument:
-        """Read one document (``NotFoundError`` if absent)."""
-        with self._reading() as store:
-            doc = store.get(doc_id)
-        if doc is None:
-            raise NotFoundError("document", doc_id)
-        return doc
-
-    def page(self, after: int, limit: int) -> list[StoredDocument]:
-        """Up to ``limit`` documents with a seq above ``after``, in seq order."""
-        with self._reading() as store:
-            return store.page(after, limit)
-
-    def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
-        """The stored documents among ``ids``, by id."""
-        with self._reading() as store:
-            return store.get_many(ids)
-
-    def delete_where(self, where: dict[str, MetadataValue]) -> int:
-        """Delete every document matching ``where`` (all when empty); return how many."""
-        return self._delete_many(lambda store, d: store.delete_where(where, d))
-
-    def delete_ids(self, ids: Sequence[str]) -> int:
-        """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
-        return self._delete_many(lambda store, d: store.delete_ids(ids, d))
-
-    def _delete_many(
-        self, delete: Callable[[CollectionStore, Derive], list[int]]
-    ) -> int:
-        """Run ``delete`` (returning the deleted seqs) and drop them from the index.
-
-        One unit (:meth:`_unit`) under the write lock: a search sees all of them or
-        none gone.
-        """
-        with self._writing() as store:
-            seqs = self._unit(
-                store, lambda derive: delete(store, derive), self._index_remove
-            )
-        return len(seqs)
-
-    def search(
-        self,
-        vectors: NDArray[np.float32],
-        texts: Sequence[str],
-        n: int,
-        where: dict[str, MetadataValue] | None = None,
-    ) -> list[Pool]:
-        """The hybrid pool of depth ``n`` of each query, restricted by ``where``.
-
-        One read lock covers FAISS and SQLite (documents and lexical index), so every
-        pool sees one state of the collection.
-        """
-        with self._reading() as store:
-            allowed = store.filter_seqs(where) if where else None
-            scores, seqs = self.index.search(vectors, n, allowed)
-            return [
-                self._pool(store, vectors[i], texts[i], n, allowed, row_s, row_c)
-                for i, (row_c, row_s) in enumerate(zip(scores, seqs, strict=True))
-            ]
-
-    def _pool(
-        self,
-        store: CollectionStore,
-        vector: NDArray[np.float32],
-        text: str,
-        n: int,
-        allowed: NDArray[np.int64] | None,
-        dense_seqs: NDArray[np.int64],
-        dense_scores: NDArray[np.float32],
-    ) -> Pool:
-        dense = [int(s) for s in dense_seqs if s >= 0]
-        cosine = {
-            int(s): float(c) for s, c in zip(dense_seqs, dense_scores, strict=True)
-        }
-        # The BM25 top the pool and the ranks use, and the BM25 of the dense hits
-        # by lookup (from the store's in-memory postings once they are built).
-        ranking = store.lexical_search(text, allowed, depth=max(n, LEXICAL_DEPTH))
-        lex_seqs = [int(s) for s in ranking.top.seqs]
-        seqs = candidate_pool(dense, lex_seqs, n)
-        docs = store.get_by_seqs(seqs)
-        extra = [s for s in seqs if s not in cosine]
-        for seq, vec in store.vectors_of(extra).items():
-            cosine[seq] = float(np.dot(vec, vector))
-        seqs = [s for s in seqs if s in docs]  # a doc deleted since the search is gone
-        in_dense = set(dense)
-        at = {s: i for i, s in enumerate(seqs)}
-        top = ranking.top.scores
-        return Pool(
-            hits=[Hit(docs[s], cosine[s]) for s in seqs],
-            n_dense=sum(1 for s in seqs if s in in_dense),
-            lexical_order=[at[s] for s in lex_seqs[:n] if s in at],
-            lexical=LexicalEvidence(
-                bm25=ranking.bm25_of(seqs),
-                rank=lexical_ranks(seqs, lex_seqs),
-                idf_mass=ranking.idf_mass,
-                top=float(top[0]) if top.size else 0.0,
-            ),
-        )
-
-    def counts(self) -> tuple[int, int, int]:
-        """Documents in SQLite, in the lexical index and vectors in FAISS.
-
-        Read under one lock, so they agree whenever no write is in flight.
-        """
-        with self._reading() as store:
-            return store.count(), store.lexical_count(), self.index.size
-
-    def missing(self, ids: Sequence[str]) -> list[str]:
-        """The ids among ``ids`` that are not stored, sorted and deduplicated."""
-        wanted = sorted(set(ids))
-        with self._reading() as store:
-            known = store.seqs_of(wanted)
-        return [i for i in wanted if i not in known]
-
-    def judgments(self) -> list[tuple[str, str, int]]:
-        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
-        with self._reading() as store:
-            return store.judgments()
-
-    def judgments_count(self) -> int:
-        """How many feedback judgments are stored."""
-        with self._reading() as store:
-            return store.judgments_count()
-
-    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
-        """Store feedback for the next fit; return the new total."""
-        with self._reading() as store:
-            return store.add_judgments(rows)
-
-    # The judging loop's queries. Like feedback, these writes take the read lock: they
-    # touch no document, and the store serialises its own transactions.
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts in the opt-in query log."""
-        with self._reading() as store:
-            store.log_queries(queries, retention)
-
-    def trim_query_log(self, retention: int) -> int:
-        """Apply a new retention now; return how many log entries remain."""
-        with self._reading() as store:
-            return store.trim_query_log(retention)
-
-    def query_log_size(self) -> int:
-        """Distinct queries in the query log."""
-        with self._reading() as store:
-            return store.query_log_size()
-
-    def add_judging_queries(self, queries: Sequence[str]) -> int:
-        """Queue uploaded queries to judge; return how many were new."""
-        with self._reading() as store:
-            return store.add_judging_queries(queries)
-
-    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
-        """``(source, up to limit queries, how many in all)`` still to judge."""
-        with self._reading() as store:
-            return store.judging_candidates(limit)
-
-    def skip_judging(self, query: str) -> bool:
-        """Never offer ``query`` again; False when it is neither queued nor logged."""
-        with self._reading() as store:
-            return store.skip_judging(query)
-
-    def judging_counts(self) -> tuple[int, int, int]:
-        """``(judged queries, with a relevant judgment, skipped)``."""
-        with self._reading() as store:
-            return store.judging_counts()
-
-    def norm_sample(self) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
-        """Raw norms and token counts of stored documents (for norm references)."""
-        with self._reading() as store:
-            return store.norm_sample()
-
-    def calibrator(self, calibrator_id: str) -> C:
-        """Load a stored calibrator (``NotFoundError`` if absent)."""
-        with self._reading() as store:
-            data = store.load_calibrator(calibrator_id)
-        if data is None:
-            raise NotFoundError("calibrator", calibrator_id)
-        return self._load_calibrator(data)
-
-    def calibrators(self) -> list[C]:
-        """Every stored calibrator, oldest first."""
-        with self._reading() as store:
-            stored = store.list_calibrators()
-        return decodable(self.name, stored, self._load_calibrator)
-
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator; activating it is part of the same commit."""
-        with self._reading() as store:
-            store.save_calibrator(
-                profile.id, profile.method, profile.to_json(), active=activate
-            )
-        if activate:
-            self.meta["active_calibrator"] = profile.id
-            self.profile = profile
-
-    def activate(self, calibrator_id: str) -> C:
-        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
-        with self._reading() as store:
-            data = store.activate_calibrator(calibrator_id)
-        if data is None:
-            raise NotFoundError("calibrator", calibrator_id)
-        profile = self._load_calibrator(data)
-        self.meta["active_calibrator"] = calibrator_id
-        self.profile = profile
-        return profile
-
-    def deactivate(self) -> None:
-        """Serve no fitted calibrator: the owner's default applies again."""
-        with self._reading() as store:
-            store.clear_active_calibrator()
-        self.meta.pop("active_calibrator", None)
-        self.profile = None
-
-    def delete_calibrator(self, calibrator_id: str) -> None:
-        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
-        with self._reading() as store:
-            outcome = store.delete_calibrator(calibrator_id)
-        if outcome is None:
-            raise NotFoundError("calibrator", calibrator_id)
-        if outcome == "active":
-            raise ConflictError(
-                f"calibrator {calibrator_id!r} is the active one of collection "
-                f"{self.name!r}; activate another calibrator, or the default, "
-                "before deleting it"
-            )
-
-    def judgments_page(
-        self, limit: int, after: int
-    ) -> list[tuple[int, str, str, int, float]]:
-        """A page of stored feedback after cursor ``after`` (see the store)."""
-        with self._reading() as store:
-            return store.judgments_page(limit, after)
-
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete stored feedback (all, or one query's); return how many."""
-        with self._reading() as store:
-            return store.delete_judgments(query)
-
-    def set_meta(self, **values: Any) -> None:
-        """Persist meta keys and refresh the cached copy."""
-        with self._reading() as store:
-            store.set_meta(**values)
-        self.meta.update(values)
-
-    def close(self) -> None:
-        """Wait for in-flight work, then close the store; later calls get 404."""
-        with self.lock.write():
-            self.closed = True
-            self._store.close()
 
 
 class CollectionRegistry(Generic[C]):
@@ -600,6 +113,7 @@ class CollectionRegistry(Generic[C]):
         self._collections: dict[str, Collection[C]] = {}
         self._unavailable: dict[str, Unavailable] = {}
         self._lock = threading.Lock()
+        self.snapshots = Snapshots(self)
 
     def load(self) -> None:
         """Open every collection file in ``data_dir``; quarantine the broken ones.
@@ -661,7 +175,7 @@ class CollectionRegistry(Generic[C]):
                 try:
                     build_store(building, meta, synchronous=self._synchronous)
                     os.rename(building, path)
-                    _fsync_dir(self.data_dir)
+                    fsync_dir(self.data_dir)
                 finally:
                     _remove_files(building)
             collection = Collection.open(
@@ -802,7 +316,7 @@ class CollectionRegistry(Generic[C]):
                 "the snapshot is not a usable collection", error
             ) from error.__cause__
         try:
-            trial.calibrators()
+            trial.state.calibrators()
         except Exception as error:
             raise InvalidRequestError(
                 "the snapshot is not a usable collection: a stored calibrator "
@@ -910,13 +424,6 @@ class CollectionRegistry(Generic[C]):
             )
 
 
-def _index_of(store: CollectionStore, index: VectorIndex) -> VectorIndex:
-    """``index`` (empty) filled with every vector of the store's file."""
-    for seqs, vectors in store.iter_vectors():
-        index.add(seqs, vectors)
-    return index
-
-
 def check_model(
     name: str, meta: dict[str, Any], model_name: str, model_id: str | None
 ) -> None:
@@ -1016,7 +523,7 @@ def _replace_file(staged: Path, path: Path, data_dir: Path) -> None:
     for side in _side_files(path)[1:]:
         side.unlink(missing_ok=True)
     os.rename(staged, path)
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
 
 def _building_path(data_dir: Path, name: str) -> Path:
@@ -1035,10 +542,9 @@ def _remove_files(path: Path) -> None:
             side.unlink(missing_ok=True)
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+if TYPE_CHECKING:
+    from app.collections.base import Registry
+
+    def _registry(registry: CollectionRegistry[C]) -> Registry[C]:
+        """The type-checked proof that the local registry is a ``Registry``."""
+        return registry

@@ -1,7 +1,7 @@
 """Snapshots of collections: online backups under ``<data_dir>/snapshots/<collection>``.
 
 A snapshot is a plain SQLite file, ``<id>.sqlite3``, copied with SQLite's online
-backup API (:func:`app.collections.store.backup_database`): one committed state of
+backup API (:func:`app.collections.store_files.backup_database`): one committed state of
 the collection, taken while writers go on. It is written under a temporary name,
 fsynced and renamed, so a crash leaves a whole snapshot or none. Ids are made here,
 never taken from a request unchecked (:data:`SNAPSHOT_ID_PATTERN`), so a path built
@@ -23,16 +23,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.collections.ownership import DIR_MODE
-from app.collections.registry import (
-    Collection,
-    CollectionRegistry,
-    _fsync_dir,
+from app.collections.store_files import (
+    backup_database,
+    count_documents,
+    fsync_dir,
+    storage_errors,
 )
-from app.collections.store import backup_database, count_documents, storage_errors
 from app.exceptions import NotFoundError
+
+if TYPE_CHECKING:
+    from app.collections.local_collection import Collection
+    from app.collections.registry import CollectionRegistry
 
 SNAPSHOT_ID_PATTERN = r"^[0-9]{8}T[0-9]{9}Z-[0-9a-f]{8}$"
 SNAPSHOTS_DIR = "snapshots"
@@ -81,7 +85,7 @@ class Snapshots:
                 try:
                     backup_database(source, partial)
                     partial.rename(path)
-                    _fsync_dir(folder)
+                    fsync_dir(folder)
                 finally:
                     partial.unlink(missing_ok=True)
         return _describe(name, path)

@@ -1,282 +1,55 @@
-"""SQLite persistence of one collection: the durable truth the FAISS index derives from.
+"""SQLite persistence of one collection's documents: the truth the FAISS index derives from.
 
-One file per collection, WAL journal. A write returns only after its transaction has
-committed, so an acknowledged upsert survives a crash of the process (and, with
-``synchronous=FULL``, of the machine). A new file is built complete (schema and meta
-in one transaction) by :func:`build_store` before it gets its final name, and an
-existing one is checked in full, read-only, by :func:`app.collections.checks.check_file`
-before it is opened for writing, so a broken file is reported and never modified.
+One file per collection, WAL journal (its format: :mod:`app.collections.store_files`).
+A write returns only after its transaction has committed, so an acknowledged upsert
+survives a crash of the process (and, with ``synchronous=FULL``, of the machine). A
+new file is built complete by :func:`~app.collections.store_files.build_store` before
+it gets its final name, and an existing one is checked in full, read-only, by
+:func:`app.collections.checks.check_file` before it is opened for writing, so a broken
+file is reported and never modified. The per-collection state (calibrators, feedback,
+query log, judging queue) shares the connection: :mod:`app.collections.local_state`.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
+from app.collections.base import MetadataValue, NewDocument, StoredDocument
 from app.collections.postings import LexicalBuilds, Postings, PostingsBuild, Ranking
-from app.exceptions import InsufficientStorageError, NotFoundError
+from app.collections.store_files import (
+    ADDED_SCHEMA,
+    ADDED_TABLES,
+    DEFAULT_STEMMER,
+    SCHEMA_VERSION,
+    Transaction,
+    file_uri,
+    storage_errors,
+    write_meta,
+)
+from app.exceptions import NotFoundError
+
+if TYPE_CHECKING:
+    from app.collections.connections import OpenConnections
 
 logger = logging.getLogger(__name__)
 
-# 3 added the lexical index (FTS5, ``app.collections.lexical``); 2 the judging tables
-# (query log, uploaded queries, skips). An older file gets them on its first writable
-# open; ``app.collections.checks`` accepts exactly these three schemas.
-SCHEMA_VERSION = 3
-DEFAULT_STEMMER: lexical.Stemmer = "porter"
 _LEXICAL_BATCH = 5000  # documents indexed per statement when an old file gains FTS
 
-# One statement per entry, so that a new file gets its schema and its meta in a single
-# transaction (``executescript`` would commit in between).
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE documents (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- FAISS id, never reused
-    id TEXT NOT NULL UNIQUE,
-    text TEXT NOT NULL,
-    metadata TEXT NOT NULL,
-    vector BLOB NOT NULL,                    -- float32 unit vector
-    norm REAL NOT NULL,                      -- raw norm before normalisation
-    n_tokens INTEGER NOT NULL,
-    truncated INTEGER NOT NULL,
-    updated_at REAL NOT NULL
-)""",
-    """CREATE TABLE calibrators (
-    id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    method TEXT NOT NULL,
-    profile TEXT NOT NULL                    -- calibration.profile.Profile.to_json()
-)""",
-    """CREATE TABLE judgments (      -- feedback kept for the next fit
-    n INTEGER PRIMARY KEY AUTOINCREMENT,
-    query TEXT NOT NULL,
-    document_id TEXT NOT NULL,
-    relevance INTEGER NOT NULL,
-    created_at REAL NOT NULL
-)""",
-)
-TABLES = ("meta", "documents", "calibrators", "judgments")
-_ADDED_SCHEMA = (  # version 2
-    """CREATE TABLE IF NOT EXISTS query_log (  -- opt-in log of searched query texts
-    query TEXT PRIMARY KEY,
-    first_seen REAL NOT NULL,
-    last_seen REAL NOT NULL,
-    count INTEGER NOT NULL
-)""",
-    "CREATE INDEX IF NOT EXISTS query_log_last_seen ON query_log(last_seen)",
-    """CREATE TABLE IF NOT EXISTS judging_queries (  -- uploaded queries to judge
-    n INTEGER PRIMARY KEY AUTOINCREMENT,
-    query TEXT NOT NULL UNIQUE,
-    added_at REAL NOT NULL
-)""",
-    """CREATE TABLE IF NOT EXISTS judging_skips (
-    query TEXT PRIMARY KEY,
-    skipped_at REAL NOT NULL
-)""",
-)
-ADDED_TABLES = ("query_log", "judging_queries", "judging_skips")
-FILE_MODE = 0o600  # -wal and -shm files inherit the database file's mode
-
-MetadataValue = str | int | float | bool | None
 Derive = Callable[[list[int], list[int]], None]
 """Applies a document write to derived state, given its removed and new seqs."""
-
-
-@dataclass(frozen=True)
-class NewDocument:
-    """A document ready to be written: text plus its embedding."""
-
-    id: str
-    text: str
-    metadata: dict[str, Any]
-    vector: NDArray[np.float32]
-    norm: float
-    n_tokens: int
-    truncated: bool
-
-
-@dataclass(frozen=True)
-class StoredDocument:
-    """A document as read back (without its vector)."""
-
-    seq: int
-    id: str
-    text: str
-    metadata: dict[str, Any]
-    norm: float
-    n_tokens: int
-    truncated: bool
-
-
-class UnusableStoreError(Exception):
-    """A collection file that is not a complete normcal database (``reason`` says why)."""
-
-
-@contextmanager
-def storage_errors() -> Iterator[None]:
-    """Report a full disk as :class:`InsufficientStorageError` (HTTP 507).
-
-    SQLite rolls the failed transaction back, so nothing was half-written.
-    """
-    try:
-        yield
-    except sqlite3.Error as error:
-        if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-            raise InsufficientStorageError(
-                "the disk holding the data dir is full; nothing was written"
-            ) from error
-        raise
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise InsufficientStorageError(
-                "the disk holding the data dir is full; nothing was written"
-            ) from error
-        raise
-
-
-def build_store(path: Path, meta: dict[str, Any], *, synchronous: str) -> None:
-    """Write a complete new collection file at ``path`` (which must not exist).
-
-    The file is created 0600, then schema and meta are written in ONE transaction and
-    the file is fsynced, so whoever renames it into place renames a whole collection.
-    """
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute(f"PRAGMA synchronous={synchronous}")
-        conn.execute("PRAGMA journal_mode=WAL")
-        stemmer = meta.setdefault("stemmer", DEFAULT_STEMMER)
-        with _Transaction(conn):
-            for statement in (*_SCHEMA, *_ADDED_SCHEMA, *lexical.schema(stemmer)):
-                conn.execute(statement)
-            _write_meta(conn, {**meta, "schema_version": SCHEMA_VERSION})
-    finally:
-        conn.close()  # checkpoints the WAL into the file and removes it
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def backup_database(source: Path, target: Path) -> None:
-    """Copy the database at ``source`` into a new file ``target`` (which must not exist).
-
-    SQLite's online backup API in ONE step copies every page inside one read
-    transaction of a separate read-only connection: the copy is one committed state
-    even while other connections write, and writers are never blocked (WAL). The copy
-    is switched to a rollback journal, so it is one self-contained file, created
-    0600 and fsynced before whoever renames it into place does so.
-    """
-    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
-    src = sqlite3.connect(f"{_uri(source)}?mode=ro", uri=True)
-    try:
-        dst = sqlite3.connect(target, isolation_level=None)
-        try:
-            src.backup(dst, pages=-1)
-            dst.execute("PRAGMA journal_mode=DELETE")
-        finally:
-            dst.close()
-    finally:
-        src.close()
-    fd = os.open(target, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def count_documents(path: Path) -> int:
-    """Documents in a (checked) collection file, read read-only."""
-    conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
-    finally:
-        conn.close()
-
-
-def inspect_store(path: Path) -> dict[str, Any]:
-    """Return the meta of a collection file, reading it strictly read-only.
-
-    Raises :class:`UnusableStoreError` when it is not a regular, intact SQLite file
-    with every normcal table. A quick look (tools, tests); the server serves and
-    restores only what :func:`app.collections.checks.check_file` accepts. A plain open would already write into a broken file
-    (``journal_mode=WAL`` turns a 0-byte file into a database), hence ``mode=ro``.
-    """
-    if not path.is_file():
-        raise UnusableStoreError("not a regular file")
-    if path.stat().st_size == 0:
-        raise UnusableStoreError("empty file (0 bytes)")
-    try:
-        conn = sqlite3.connect(f"{_uri(path)}?mode=ro", uri=True)
-    except sqlite3.Error as error:
-        raise UnusableStoreError(f"cannot open: {error}") from error
-    try:
-        check = conn.execute("PRAGMA quick_check").fetchall()
-        if check != [("ok",)]:
-            raise UnusableStoreError(f"damaged: {check[0][0]}")
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-        missing = [t for t in TABLES if t not in tables]
-        if missing:
-            raise UnusableStoreError(f"missing tables: {', '.join(missing)}")
-        rows = conn.execute("SELECT key, value FROM meta").fetchall()
-        return {k: json.loads(v) for k, v in rows}
-    except (sqlite3.Error, ValueError) as error:
-        raise UnusableStoreError(f"not a normcal database: {error}") from error
-    finally:
-        conn.close()
-
-
-class OpenConnections:
-    """A bounded LRU of open SQLite connections across every collection.
-
-    Each open store holds three file descriptors (database, ``-wal``, ``-shm``); the
-    oldest idle one is closed when more than ``limit`` are open and reopens on its
-    next use. Lock order: a store releases its own mutex before calling here, and
-    this class only *tries* a victim's mutex, so it never waits on a busy store (a
-    busy victim is skipped; the bound is exceeded only while every store is busy).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lru: OrderedDict[CollectionStore, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def used(self, store: CollectionStore) -> None:
-        """Mark ``store`` as most recently used, then close the oldest idle ones."""
-        with self._lock:
-            self._lru[store] = None
-            self._lru.move_to_end(store)
-            for victim in list(self._lru):
-                if len(self._lru) <= self.limit:
-                    return
-                if victim is not store and victim.release_connection():
-                    del self._lru[victim]
-
-    def forget(self, store: CollectionStore) -> None:
-        """Stop tracking a store whose connection is closed."""
-        with self._lock:
-            self._lru.pop(store, None)
-
-    @property
-    def open_count(self) -> int:
-        """How many connections are tracked as open."""
-        return len(self._lru)
 
 
 class CollectionStore:
@@ -327,7 +100,7 @@ class CollectionStore:
         self._failed_version: int | None = None  # a build failed at this version
 
     @contextmanager
-    def _use(self) -> Iterator[sqlite3.Connection]:
+    def connection(self) -> Iterator[sqlite3.Connection]:
         """The open connection, held under the mutex; a full disk becomes a 507."""
         with self._mutex, storage_errors():
             if self._closed:
@@ -340,7 +113,7 @@ class CollectionStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            f"{_uri(self.path)}?mode=rw",
+            f"{file_uri(self.path)}?mode=rw",
             uri=True,
             check_same_thread=False,
             isolation_level=None,
@@ -358,16 +131,16 @@ class CollectionStore:
         return conn
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[sqlite3.Connection]:
         """The connection inside ``BEGIN IMMEDIATE`` … ``COMMIT``."""
-        with self._use() as conn, _Transaction(conn):
+        with self.connection() as conn, Transaction(conn):
             yield conn
 
     @contextmanager
     def _write_documents(
         self, derive: Derive | None
     ) -> Iterator[tuple[sqlite3.Connection, _Changes]]:
-        """:meth:`_write` for ``documents``, with what derives from them, as one unit.
+        """:meth:`transaction` for ``documents``, with what derives from them, as one unit.
 
         Before COMMIT, after the caller's statements: the new texts are tokenised
         for the postings, then ``derive(removed, new seqs)`` runs (the caller's
@@ -379,8 +152,8 @@ class CollectionStore:
         next search rebuilds them from the file) and the committed write stands.
         """
         changes = _Changes([], [])
-        with self._use() as conn:
-            with _Transaction(conn):
+        with self.connection() as conn:
+            with Transaction(conn):
                 yield conn, changes
                 postings = self._postings
                 tokens = (
@@ -439,7 +212,7 @@ class CollectionStore:
                     "SELECT value FROM meta WHERE key = 'stemmer'"
                 ).fetchone()
                 stemmer = json.loads(row[0]) if row else DEFAULT_STEMMER
-                conn = build.open(f"{_uri(self.path)}?mode=ro")
+                conn = build.open(f"{file_uri(self.path)}?mode=ro")
                 Postings.prepare(conn)
                 conn.execute("BEGIN")
                 conn.execute("SELECT 1 FROM documents LIMIT 1").fetchall()  # snapshot
@@ -492,7 +265,7 @@ class CollectionStore:
 
     def start_lexical(self) -> None:
         """Start building the in-memory postings in the background, if they need it."""
-        with self._use() as conn:
+        with self.connection() as conn:
             self._fresh_postings(conn)
 
     def wait_lexical(self, timeout: float) -> bool:
@@ -502,7 +275,7 @@ class CollectionStore:
         """
         deadline = time.monotonic() + timeout
         while True:
-            with self._use() as conn:
+            with self.connection() as conn:
                 if self._fresh_postings(conn) is not None:
                     return True
                 build = self._build
@@ -530,14 +303,14 @@ class CollectionStore:
     # -- metadata -------------------------------------------------------------------
     def get_meta(self) -> dict[str, Any]:
         """Return every meta key with its JSON-decoded value."""
-        with self._use() as conn:
+        with self.connection() as conn:
             rows = conn.execute("SELECT key, value FROM meta").fetchall()
         return {k: json.loads(v) for k, v in rows}
 
     def set_meta(self, **values: Any) -> None:
         """Set meta keys atomically."""
-        with self._write() as conn:
-            _write_meta(conn, values)
+        with self.transaction() as conn:
+            write_meta(conn, values)
 
     # -- documents ------------------------------------------------------------------
     def upsert(
@@ -589,7 +362,7 @@ class CollectionStore:
 
     def get(self, doc_id: str) -> StoredDocument | None:
         """Read one document by id."""
-        with self._use() as conn:
+        with self.connection() as conn:
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM documents WHERE id = ?", (doc_id,)
             ).fetchone()
@@ -597,7 +370,7 @@ class CollectionStore:
 
     def get_by_seqs(self, seqs: Sequence[int]) -> dict[int, StoredDocument]:
         """Read documents by seq (unknown seqs are absent from the result)."""
-        with self._use() as conn:
+        with self.connection() as conn:
             docs = [
                 _to_document(row)
                 for row in _in_chunks(
@@ -608,7 +381,7 @@ class CollectionStore:
 
     def seqs_of(self, ids: Sequence[str]) -> dict[str, int]:
         """Map document ids to seqs (unknown ids are absent)."""
-        with self._use() as conn:
+        with self.connection() as conn:
             return _seqs_by_id(conn, ids)
 
     def lexical_search(
@@ -621,14 +394,14 @@ class CollectionStore:
         several tokens (a phrase), FTS5 answers itself, where only the first
         ``depth`` hits are those of the full query (``lexical.search_with_mass``).
         """
-        with self._use() as conn:
+        with self.connection() as conn:
             postings = self._fresh_postings(conn)
             if postings is None:
                 return self._fts5_ranking(conn, text, allowed, depth)
         found = postings.rank(text, allowed, depth)
         if found is not None:
             return found
-        with self._use() as conn:
+        with self.connection() as conn:
             return self._fts5_ranking(conn, text, allowed, depth)
 
     @staticmethod
@@ -643,7 +416,7 @@ class CollectionStore:
 
     def vectors_of(self, seqs: Sequence[int]) -> dict[int, NDArray[np.float32]]:
         """Unit vectors of the given seqs (unknown seqs are absent)."""
-        with self._use() as conn:
+        with self.connection() as conn:
             return {
                 int(seq): np.frombuffer(blob, dtype=np.float32)
                 for seq, blob in _in_chunks(
@@ -653,7 +426,7 @@ class CollectionStore:
 
     def lexical_count(self) -> int:
         """Documents in the lexical index (its own count, not the content table's)."""
-        with self._use() as conn:
+        with self.connection() as conn:
             row = conn.execute(
                 f"SELECT count(*) FROM {lexical.FTS_TABLE}_docsize"
             ).fetchone()
@@ -661,13 +434,13 @@ class CollectionStore:
 
     def count(self) -> int:
         """Number of documents."""
-        with self._use() as conn:
+        with self.connection() as conn:
             return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def filter_seqs(self, where: dict[str, MetadataValue]) -> NDArray[np.int64]:
         """Seqs of documents whose metadata equals ``where`` on every key."""
         condition, params = _metadata_condition(where)
-        with self._use() as conn:
+        with self.connection() as conn:
             rows = conn.execute(
                 f"SELECT seq FROM documents WHERE {condition}", params
             ).fetchall()
@@ -679,7 +452,7 @@ class CollectionStore:
         Keyset paging on the never-reused ``seq``: a page is one indexed range read,
         whatever the depth, and writes between pages shift nothing already passed.
         """
-        with self._use() as conn:
+        with self.connection() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
                 (after, limit),
@@ -688,7 +461,7 @@ class CollectionStore:
 
     def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
         """Read documents by id (unknown ids are absent from the result)."""
-        with self._use() as conn:
+        with self.connection() as conn:
             docs = [
                 _to_document(row)
                 for row in _in_chunks(
@@ -730,7 +503,7 @@ class CollectionStore:
         """Yield ``(seqs, unit vectors)`` in chunks, for (re)building the index."""
         last = -1
         while True:
-            with self._use() as conn:
+            with self.connection() as conn:
                 rows = conn.execute(
                     "SELECT seq, vector FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
                     (last, batch),
@@ -746,7 +519,7 @@ class CollectionStore:
         self, limit: int = 5000
     ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
         """Raw norms and token counts of up to ``limit`` documents (for norm references)."""
-        with self._use() as conn:
+        with self.connection() as conn:
             rows = conn.execute(
                 "SELECT norm, n_tokens FROM documents ORDER BY seq LIMIT ?", (limit,)
             ).fetchall()
@@ -754,216 +527,6 @@ class CollectionStore:
             np.array([r[0] for r in rows], dtype=np.float64),
             np.array([r[1] for r in rows], dtype=np.int64),
         )
-
-    # -- calibrators and judgments ------------------------------------------------------
-    def save_calibrator(
-        self, calibrator_id: str, method: str, profile: dict[str, Any], *, active: bool
-    ) -> None:
-        """Store a fitted profile, and make it the active one in the same transaction."""
-        with self._write() as conn:
-            conn.execute(
-                "INSERT INTO calibrators(id, created_at, method, profile) VALUES (?, ?, ?, ?)",
-                (calibrator_id, time.time(), method, json.dumps(profile)),
-            )
-            if active:
-                _write_meta(conn, {"active_calibrator": calibrator_id})
-
-    def load_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
-        """The stored profile JSON of a calibrator, or None."""
-        with self._use() as conn:
-            row = conn.execute(
-                "SELECT profile FROM calibrators WHERE id = ?", (calibrator_id,)
-            ).fetchone()
-        return None if row is None else dict(json.loads(row[0]))
-
-    def list_calibrators(self) -> list[dict[str, Any]]:
-        """Every stored profile JSON, oldest first."""
-        with self._use() as conn:
-            rows = conn.execute(
-                "SELECT profile FROM calibrators ORDER BY created_at, id"
-            ).fetchall()
-        return [dict(json.loads(r[0])) for r in rows]
-
-    def activate_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
-        """Make a stored calibrator the active one; its JSON, or None if absent.
-
-        One transaction: a concurrent delete cannot leave ``active_calibrator``
-        naming a calibrator that no longer exists.
-        """
-        with self._write() as conn:
-            row = conn.execute(
-                "SELECT profile FROM calibrators WHERE id = ?", (calibrator_id,)
-            ).fetchone()
-            if row is not None:
-                _write_meta(conn, {"active_calibrator": calibrator_id})
-        return None if row is None else dict(json.loads(row[0]))
-
-    def clear_active_calibrator(self) -> None:
-        """No fitted calibrator is active any more (the shipped default serves)."""
-        with self._write() as conn:
-            conn.execute("DELETE FROM meta WHERE key = 'active_calibrator'")
-
-    def delete_calibrator(
-        self, calibrator_id: str
-    ) -> Literal["deleted", "active", None]:
-        """Delete a calibrator unless it is the active one.
-
-        Returns ``"deleted"``, ``"active"`` (refused, nothing changed) or None when
-        there is no such calibrator; the check and the delete are one transaction.
-        """
-        with self._write() as conn:
-            row = conn.execute(
-                "SELECT value FROM meta WHERE key = 'active_calibrator'"
-            ).fetchone()
-            if row is not None and json.loads(row[0]) == calibrator_id:
-                return "active"
-            gone = conn.execute(
-                "DELETE FROM calibrators WHERE id = ?", (calibrator_id,)
-            ).rowcount
-        return "deleted" if gone else None
-
-    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
-        """Append ``(query, document_id, relevance)`` rows; return the new total."""
-        now = time.time()
-        with self._write() as conn:
-            conn.executemany(
-                "INSERT INTO judgments(query, document_id, relevance, created_at)"
-                " VALUES (?, ?, ?, ?)",
-                [(q, d, int(r), now) for q, d, r in rows],
-            )
-            return int(conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0])
-
-    def judgments(self) -> list[tuple[str, str, int]]:
-        """All stored feedback judgments, oldest first."""
-        with self._use() as conn:
-            rows = conn.execute(
-                "SELECT query, document_id, relevance FROM judgments ORDER BY n"
-            ).fetchall()
-        return [(str(q), str(d), int(r)) for q, d, r in rows]
-
-    def judgments_count(self) -> int:
-        """How many feedback judgments are stored."""
-        with self._use() as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM judgments").fetchone()[0])
-
-    def judgments_page(
-        self, limit: int, after: int
-    ) -> list[tuple[int, str, str, int, float]]:
-        """Up to ``limit`` judgments after cursor ``after``, in ``n`` order.
-
-        Rows are ``(n, query, document_id, relevance, created_at)``.
-
-        ``n`` is AUTOINCREMENT, never reused: a page boundary stays put while others
-        add or delete feedback.
-        """
-        with self._use() as conn:
-            rows = conn.execute(
-                "SELECT n, query, document_id, relevance, created_at FROM judgments"
-                " WHERE n > ? ORDER BY n LIMIT ?",
-                (after, limit),
-            ).fetchall()
-        return [(int(n), str(q), str(d), int(r), float(t)) for n, q, d, r, t in rows]
-
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete every judgment, or those of one query text; return how many."""
-        with self._write() as conn:
-            if query is None:
-                cursor = conn.execute("DELETE FROM judgments")
-            else:
-                cursor = conn.execute("DELETE FROM judgments WHERE query = ?", (query,))
-            return int(cursor.rowcount)
-
-    # -- query log and judging queue ------------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts, keeping the ``retention`` most recent ones."""
-        now = time.time()
-        with self._write() as conn:
-            conn.executemany(
-                "INSERT INTO query_log(query, first_seen, last_seen, count)"
-                " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
-                " last_seen = excluded.last_seen, count = count + 1",
-                [(q, now, now) for q in queries],
-            )
-            _trim_query_log(conn, retention)
-
-    def trim_query_log(self, retention: int) -> int:
-        """Drop all but the ``retention`` most recent entries; return how many remain."""
-        with self._write() as conn:
-            _trim_query_log(conn, retention)
-            return int(conn.execute("SELECT COUNT(*) FROM query_log").fetchone()[0])
-
-    def query_log_size(self) -> int:
-        """Distinct queries in the query log."""
-        with self._use() as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM query_log").fetchone()[0])
-
-    def add_judging_queries(self, queries: Sequence[str]) -> int:
-        """Queue queries to judge (already queued ones are kept once); return added."""
-        now = time.time()
-        with self._write() as conn:
-            before = conn.total_changes
-            conn.executemany(
-                "INSERT OR IGNORE INTO judging_queries(query, added_at) VALUES (?, ?)",
-                [(q, now) for q in queries],
-            )
-            return conn.total_changes - before
-
-    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
-        """Up to ``limit`` queries still to judge, and how many there are in all.
-
-        Uploaded queries in upload order come first; only when none is left, the
-        query log, most searched first. A query with stored feedback or a skip is
-        never a candidate. Returns ``(source, queries, total)``.
-        """
-        done = (
-            "query NOT IN (SELECT query FROM judgments)"
-            " AND query NOT IN (SELECT query FROM judging_skips)"
-        )
-        sources = (
-            ("uploaded", "judging_queries", "n"),
-            ("log", "query_log", "count DESC, last_seen DESC, query"),
-        )
-        with self._use() as conn:
-            for source, table, order in sources:
-                total = int(
-                    conn.execute(
-                        f"SELECT COUNT(*) FROM {table} WHERE {done}"
-                    ).fetchone()[0]
-                )
-                if total:
-                    rows = conn.execute(
-                        f"SELECT query FROM {table} WHERE {done} ORDER BY {order}"
-                        " LIMIT ?",
-                        (limit,),
-                    ).fetchall()
-                    return source, [str(r[0]) for r in rows], total
-        return "none", [], 0
-
-    def skip_judging(self, query: str) -> bool:
-        """Never offer ``query`` again; False when it is neither queued nor logged."""
-        with self._write() as conn:
-            known = conn.execute(
-                "SELECT 1 FROM judging_queries WHERE query = ?"
-                " UNION ALL SELECT 1 FROM query_log WHERE query = ?",
-                (query, query),
-            ).fetchone()
-            if known is None:
-                return False
-            conn.execute(
-                "INSERT OR IGNORE INTO judging_skips(query, skipped_at) VALUES (?, ?)",
-                (query, time.time()),
-            )
-            return True
-
-    def judging_counts(self) -> tuple[int, int, int]:
-        """``(judged queries, of them with a relevant judgment, skipped queries)``."""
-        with self._use() as conn:
-            judged, relevant = conn.execute(
-                "SELECT COUNT(DISTINCT query),"
-                " COUNT(DISTINCT CASE WHEN relevance > 0 THEN query END) FROM judgments"
-            ).fetchone()
-            skipped = conn.execute("SELECT COUNT(*) FROM judging_skips").fetchone()[0]
-        return int(judged), int(relevant), int(skipped)
 
     def close(self) -> None:
         """Close the connection (checkpointing the WAL) for good.
@@ -993,41 +556,7 @@ class _Changes:
     added: list[tuple[int, str]]
 
 
-class _Transaction:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception.
-
-    SQLite may already have rolled back by itself (a full disk, for one), hence the
-    ``in_transaction`` checks.
-    """
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def __enter__(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is None:
-            try:
-                self._conn.execute("COMMIT")
-                return
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
-
-
 _COLUMNS = "seq, id, text, metadata, norm, n_tokens, truncated"
-
-
-def _write_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
-    conn.executemany(
-        "INSERT INTO meta(key, value) VALUES(?, ?) "
-        "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-        [(k, json.dumps(v)) for k, v in values.items()],
-    )
 
 
 def _upgrade(conn: sqlite3.Connection) -> None:
@@ -1040,12 +569,12 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     if all(t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)):
         return
-    with _Transaction(conn):
-        for statement in _ADDED_SCHEMA:
+    with Transaction(conn):
+        for statement in ADDED_SCHEMA:
             conn.execute(statement)
         if lexical.FTS_TABLE not in tables:
             _build_lexical_index(conn)
-        _write_meta(conn, {"schema_version": SCHEMA_VERSION})
+        write_meta(conn, {"schema_version": SCHEMA_VERSION})
 
 
 def _build_lexical_index(conn: sqlite3.Connection) -> None:
@@ -1070,17 +599,9 @@ def _build_lexical_index(conn: sqlite3.Connection) -> None:
         )
         done, last = done + len(rows), int(rows[-1][0])
         logger.info("lexical index of %s: %d of %d documents", path, done, total)
-    _write_meta(conn, {"stemmer": stemmer})
+    write_meta(conn, {"stemmer": stemmer})
     logger.info(
         "built the lexical index of %s in %.1fs", path, time.perf_counter() - started
-    )
-
-
-def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
-    conn.execute(
-        "DELETE FROM query_log WHERE query IN (SELECT query FROM query_log"
-        " ORDER BY last_seen DESC, rowid DESC LIMIT -1 OFFSET ?)",
-        (retention,),
     )
 
 
@@ -1126,10 +647,6 @@ def _seqs_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:
 def _data_version(conn: sqlite3.Connection) -> int:
     """Moves whenever another connection commits to the file (per connection)."""
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
-
-
-def _uri(path: Path) -> str:
-    return "file:" + quote(str(path.absolute()))
 
 
 def _to_document(row: tuple[Any, ...]) -> StoredDocument:

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from app import limits
-from app.api.schemas.calibrators import (
+from app.collections.base import CollectionBackend
+from app.exceptions import ConflictError, InvalidRequestError
+from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
     CalibratorProfile,
@@ -28,14 +29,13 @@ from app.api.schemas.calibrators import (
     MethodMetrics,
     StoredJudgment,
 )
-from app.api.schemas.jobs import FitJob
-from app.collections.base import CollectionBackend
-from app.exceptions import ConflictError, InvalidRequestError
-from app.jobs import Progress
-from app.judging import FIT_MIN_QUERIES
-from app.ops.report import reliability_png
-from app.paging import decode_cursor, encode_cursor
+from app.schemas.jobs import FitJob
+from app.services import limits
 from app.services.context import DEFAULT_PAGE_SIZE, Context, Part
+from app.services.jobs import Progress
+from app.services.next_query import FIT_MIN_QUERIES
+from app.services.paging import decode_cursor, encode_cursor
+from app.ui.report import reliability_png
 from calibration.exceptions import (
     InsufficientDataError,
     UnsupportedFormatError,
@@ -114,8 +114,8 @@ class CalibratorsService(Part):
                     "or delete feedback)",
                 )
 
-            check_total(collection.judgments_count())  # before reading them all
-            judged += collection.judgments()
+            check_total(collection.state.judgments_count())  # before reading them all
+            judged += collection.state.judgments()
             check_total(len(judged) - sent)  # feedback added in between
         if not judged:
             raise InvalidRequestError(
@@ -207,7 +207,9 @@ class CalibratorsService(Part):
         if self.metrics is not None:
             self.metrics.observe_fit(seconds, method=profile.method)
         progress("storing")
-        await self.pool.run(collection.add_calibrator, profile, activate=body.activate)
+        await self.pool.run(
+            collection.state.add_calibrator, profile, activate=body.activate
+        )
         return self._info(collection, profile, dropped=dropped)
 
     def get_fit_job(self, name: str, job_id: str) -> FitJob:
@@ -232,7 +234,7 @@ class CalibratorsService(Part):
         default = self._default_for(collection)
         shipped = [] if default is None else [default]
         infos = []
-        for profile in [*shipped, *collection.calibrators()]:
+        for profile in [*shipped, *collection.state.calibrators()]:
             try:
                 infos.append(self._info(collection, profile))
             except (ValueError, TypeError, KeyError, AttributeError):
@@ -258,7 +260,7 @@ class CalibratorsService(Part):
         default = self._default_for(collection)
         if default is not None and calibrator_id == default.id:
             return default
-        return collection.calibrator(calibrator_id)
+        return collection.state.calibrator(calibrator_id)
 
     async def reliability_png(self, name: str, calibrator_id: str) -> bytes:
         """A calibrator's reliability diagram, drawn once and cached.
@@ -285,9 +287,9 @@ class CalibratorsService(Part):
         collection = self.registry.get_compatible(name)
         default = self._default_for(collection)
         if default is not None and calibrator_id == default.id:
-            await self.pool.run(collection.deactivate)
+            await self.pool.run(collection.state.deactivate)
             return self._info(collection, default)
-        profile = await self.pool.run(collection.activate, calibrator_id)
+        profile = await self.pool.run(collection.state.activate, calibrator_id)
         return self._info(collection, profile)
 
     async def delete_calibrator(self, name: str, calibrator_id: str) -> None:
@@ -299,7 +301,7 @@ class CalibratorsService(Part):
                 f"calibrator {calibrator_id!r} is the shipped default of model "
                 f"{default.model!r}; it ships with the service and cannot be deleted"
             )
-        await self.pool.run(collection.delete_calibrator, calibrator_id)
+        await self.pool.run(collection.state.delete_calibrator, calibrator_id)
 
     def export_calibrator(self, name: str, calibrator_id: str) -> CalibratorProfile:
         """A calibrator (the default too) as portable profile JSON."""
@@ -344,7 +346,9 @@ class CalibratorsService(Part):
                 "not a valid calibration profile: its report cannot be described",
                 field="profile.report",
             ) from error
-        await self.pool.run(collection.add_calibrator, imported, activate=body.activate)
+        await self.pool.run(
+            collection.state.add_calibrator, imported, activate=body.activate
+        )
         return info.model_copy(update={"active": body.activate})
 
     def add_feedback(self, name: str, judgments: list[Judgment]) -> tuple[int, int]:
@@ -361,7 +365,7 @@ class CalibratorsService(Part):
         collection = self.registry.get(name)
         self._check_documents_exist(collection, [j.document_id for j in judgments])
         with self._feedback_lock:
-            stored = collection.judgments_count()
+            stored = collection.state.judgments_count()
             limits.check_value(
                 "judgments",
                 stored + len(judgments),
@@ -369,7 +373,7 @@ class CalibratorsService(Part):
                 rule=f"{len(judgments)} sent plus {stored} stored; "
                 "limits.max_judgments_per_collection (delete feedback to make room)",
             )
-            total = collection.add_judgments(
+            total = collection.state.add_judgments(
                 [(j.query, j.document_id, j.relevance) for j in judgments]
             )
         return len(judgments), total
@@ -379,7 +383,7 @@ class CalibratorsService(Part):
     ) -> FeedbackPage:
         """A page of stored feedback after ``cursor``, oldest first.
 
-        The cursor is that of document listings (``app.paging``) over the
+        The cursor is that of document listings (``app.services.paging``) over the
         judgments' ``n``, a position later additions and deletions cannot move.
         """
         largest = self.settings.limits.max_page_size
@@ -387,7 +391,7 @@ class CalibratorsService(Part):
         limits.check_value("limit", size, largest)
         after = decode_cursor(cursor) if cursor is not None else 0
         # One more than asked tells whether another page follows.
-        rows = self.registry.get(name).judgments_page(size + 1, after)
+        rows = self.registry.get(name).state.judgments_page(size + 1, after)
         more = len(rows) > size
         data = [
             StoredJudgment(query=q, document_id=d, relevance=r, created_at=t)
@@ -403,7 +407,7 @@ class CalibratorsService(Part):
     def delete_feedback(self, name: str, query: str | None) -> FeedbackDeleted:
         """Delete stored feedback: all of it, or one query's judgments."""
         collection = self.registry.get(name)
-        return FeedbackDeleted(deleted=collection.delete_judgments(query))
+        return FeedbackDeleted(deleted=collection.state.delete_judgments(query))
 
     def _check_documents_exist(
         self, collection: CollectionBackend[Profile], ids: list[str]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.api.schemas.collections import CollectionInfo
-from app.api.schemas.snapshots import SnapshotInfo
 from app.collections.base import CollectionBackend
 from app.collections.snapshots import Snapshot, Snapshots
-from app.collections.store import DEFAULT_STEMMER
+from app.collections.store_files import DEFAULT_STEMMER
 from app.exceptions import BackendUnsupportedError, NotFoundError
+from app.schemas.collections import CollectionInfo
+from app.schemas.snapshots import SnapshotInfo
 from app.services.context import Part
 from calibration.profile import Profile
 

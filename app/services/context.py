@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.api.schemas.collections import CalibratorRef, Guarantee
 from app.collections.base import CollectionBackend, Registry
-from app.collections.registry import CollectionRegistry
 from app.collections.snapshots import Snapshots
 from app.concurrency import CpuPool
 from app.embedding import Embedder
 from app.embedding.batching import EmbedBatcher, lanes_for
-from app.jobs import JOBS_FILE, FitJobs
-from app.ops.observability import Metrics
+from app.observability import Metrics
+from app.schemas.collections import CalibratorRef, Guarantee
+from app.services.jobs import JOBS_FILE, Describe, FitJobs
 from app.settings import Settings
 from calibration.profile import Profile
 
@@ -43,15 +42,13 @@ class Context:
     # Every embedding goes through it, so concurrent requests share forward passes.
     batcher: EmbedBatcher = field(init=False)
     fit_jobs: FitJobs = field(init=False)
+    # How a failed fit job is recorded: the HTTP layer's error table renders it.
+    job_error: Describe = field(kw_only=True)
 
     def __post_init__(self) -> None:
-        self.snapshots = (
-            Snapshots(self.registry)
-            if isinstance(self.registry, CollectionRegistry)
-            else None
-        )
+        self.snapshots = self.registry.snapshots
         self.fit_jobs = FitJobs(
-            self.settings.data_dir / JOBS_FILE, self.settings.limits
+            self.settings.data_dir / JOBS_FILE, self.settings.limits, self.job_error
         )
         self.batcher = EmbedBatcher(
             self.embedder,
@@ -126,8 +123,8 @@ class Part:
         return self.context.no_default_reason
 
     def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
-        if collection.profile is not None:
-            return collection.profile
+        if collection.state.profile is not None:
+            return collection.state.profile
         return self._default_for(collection)
 
     def _default_for(self, collection: CollectionBackend[Profile]) -> Profile | None:

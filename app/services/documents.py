@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from app import limits
-from app.api.schemas.documents import (
+from app.collections.base import CollectionBackend, NewDocument, StoredDocument
+from app.exceptions import InvalidRequestError
+from app.schemas.documents import (
     DocumentIn,
     DocumentOut,
     DocumentPage,
@@ -15,11 +16,9 @@ from app.api.schemas.documents import (
     DocumentsFound,
     UpsertResponse,
 )
-from app.collections.base import CollectionBackend
-from app.collections.store import NewDocument, StoredDocument
-from app.exceptions import InvalidRequestError
-from app.paging import decode_cursor, encode_cursor
+from app.services import limits
 from app.services.context import DEFAULT_PAGE_SIZE, Part
+from app.services.paging import decode_cursor, encode_cursor
 from calibration.profile import Profile
 
 EXPORT_CHUNK = 500  # documents read (and sent) per chunk of an export

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 
-from app import judging, limits
-from app.api.schemas.judging import (
+from app.exceptions import NotFoundError
+from app.schemas.judging import (
     JudgingHit,
     JudgingNext,
     JudgingProgress,
     QueryLogInfo,
     QueryLogSettings,
 )
-from app.api.schemas.search import SearchRequest
-from app.exceptions import NotFoundError
+from app.schemas.search import SearchRequest
+from app.services import limits, next_query
 from app.services.context import Context, Part
 from app.services.search import POOL_DEPTH, query_log_settings, search_results
 
@@ -30,7 +30,9 @@ class JudgingService(Part):
         """The collection's query log settings and size (off unless enabled)."""
         collection = self.registry.get(name)
         current = query_log_settings(collection)
-        return QueryLogInfo(**current.model_dump(), entries=collection.query_log_size())
+        return QueryLogInfo(
+            **current.model_dump(), entries=collection.state.query_log_size()
+        )
 
     def set_query_log(self, name: str, body: QueryLogSettings) -> QueryLogInfo:
         """Turn the query log on or off and set its retention (applied at once).
@@ -41,7 +43,7 @@ class JudgingService(Part):
         limits.check_value("retention", body.retention, retention_limit)
         collection = self.registry.get(name)
         collection.set_meta(query_log=body.model_dump())
-        entries = collection.trim_query_log(body.retention)
+        entries = collection.state.trim_query_log(body.retention)
         return QueryLogInfo(**body.model_dump(), entries=entries)
 
     def add_judging_queries(self, name: str, queries: list[str]) -> int:
@@ -58,7 +60,7 @@ class JudgingService(Part):
         collection = self.registry.get(name)
         sent = len(set(queries))
         with self._queue_lock:
-            source, _, remaining = collection.judging_candidates(0)
+            source, _, remaining = collection.state.judging_candidates(0)
             waiting = remaining if source == "uploaded" else 0
             limits.check_value(
                 "queries",
@@ -67,28 +69,28 @@ class JudgingService(Part):
                 rule=f"{sent} sent plus {waiting} waiting to be judged; "
                 "limits.max_judging_queue (judge or skip some first)",
             )
-            return collection.add_judging_queries(queries)
+            return collection.state.add_judging_queries(queries)
 
     def skip_judging(self, name: str, query: str) -> None:
         """Never offer ``query`` for judging again (404 if it is not a candidate)."""
-        if not self.registry.get(name).skip_judging(query):
+        if not self.registry.get(name).state.skip_judging(query):
             raise NotFoundError("judging query", query)
 
     async def next_to_judge(self, name: str, k: int) -> JudgingNext:
-        """The next query to judge with its top ``k`` hits (see ``app.judging``)."""
+        """The next query to judge with its top ``k`` hits (see ``app.services.next_query``)."""
         limits.check_value("k", k, self.settings.limits.max_k)
         collection = self.registry.get_compatible(name)
-        source, candidates, remaining = collection.judging_candidates(
-            judging.CANDIDATE_POOL
+        source, candidates, remaining = collection.state.judging_candidates(
+            next_query.CANDIDATE_POOL
         )
-        judged, relevant, skipped = collection.judging_counts()
+        judged, relevant, skipped = collection.state.judging_counts()
         progress = JudgingProgress(
             judged_queries=judged,
             relevant_queries=relevant,
-            target=judging.FIT_MIN_QUERIES,
+            target=next_query.FIT_MIN_QUERIES,
             remaining=remaining,
             skipped=skipped,
-            can_fit=judged >= judging.FIT_MIN_QUERIES and relevant > 0,
+            can_fit=judged >= next_query.FIT_MIN_QUERIES and relevant > 0,
         )
         profile = self._profile_for(collection)
         if not candidates:
@@ -120,7 +122,7 @@ class JudgingService(Part):
             else (r.hits[0].score if r.hits else 0.0)  # no calibrator: the top cosine
             for r in results
         ]
-        chosen = judging.pick(levels, turn=judged + skipped)
+        chosen = next_query.pick(levels, turn=judged + skipped)
         result = results[chosen]
         return JudgingNext(
             query=candidates[chosen],

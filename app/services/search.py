@@ -10,16 +10,16 @@ import logging
 
 import numpy as np
 
-from app import limits
-from app.api.schemas.collections import CalibratorRef
-from app.api.schemas.judging import QueryLogSettings
-from app.api.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
-from app.collections.base import CollectionBackend
-from app.collections.registry import Pool
+from app.collections.base import CollectionBackend, Pool
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
+from app.schemas.collections import CalibratorRef
+from app.schemas.judging import QueryLogSettings
+from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
+from app.services import limits
 from app.services.calibrators import DEFAULT_FIT_K
 from app.services.context import Part
+from calibration.fusion import SearchMode, order_by_mode
 from calibration.profile import Profile
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class SearchService(Part):
         if not current.enabled:
             return
         try:
-            await self.pool.run(collection.log_queries, texts, current.retention)
+            await self.pool.run(collection.state.log_queries, texts, current.retention)
         except Exception:  # the search was answered; the log is best effort
             logger.warning(
                 "could not log queries of %s", collection.name, exc_info=True
@@ -126,56 +126,22 @@ def _result(
     request: SearchRequest,
     k: int,
 ) -> SearchResult:
-    """One query's answer.
+    """One query's answer: score the whole pool, order it by mode, cut.
 
     The whole pool is scored once, so a document's probability for a query is the
-    same number whichever mode returned it; the mode alone picks and orders the hits:
-    dense by cosine, lexical by BM25, hybrid by probability.
+    same number whichever mode returned it; the mode alone picks and orders the hits.
     """
     norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
-    hits = pool.hits
-    out = [
-        SearchHit(
-            id=h.document.id,
-            score=h.score,
-            bm25=float(pool.lexical.bm25[j]),
-            probability=None,
-            norm=h.document.norm,
-            n_tokens=h.document.n_tokens,
-            metadata=h.document.metadata,
-            text=h.document.text if request.include_text else None,
-        )
-        for j, h in enumerate(hits)
-    ]
-    scored = None
-    if profile is not None:
-        scored = profile.score(
-            norm,
-            n_tokens,
-            np.array([h.score for h in hits]),
-            np.array([h.document.norm for h in hits]),
-            np.array([h.document.n_tokens for h in hits], dtype=np.int64),
-            pool.lexical,
-        )
-        for j, (hit, p) in enumerate(zip(out, scored.probabilities, strict=True)):
-            hit.probability = float(p)
-            if scored.intervals is not None:
-                lo, hi = scored.intervals
-                hit.probability_interval = (float(lo[j]), float(hi[j]))
-    if request.mode == "lexical":
-        out = [out[j] for j in pool.lexical_top(k)]
-    elif request.mode == "hybrid":
-        out = sorted(out, key=lambda h: (-(h.probability or 0.0), -h.score))[:k]
-    else:
-        out = [out[j] for j in pool.dense_top(k)]
+    hits, intervals = _scored(pool, profile, norm, n_tokens, request.include_text)
+    out = [hits[j] for j in _order(pool, request.mode, hits, k)]
     confidence = abstain = band = None
-    if profile is not None and scored is not None:
+    if profile is not None:
         out = _cut(out, request.min_probability, request.target_precision)
         # Confidence of the hits actually returned (after the cut).
         returned = profile.verdict(
             np.array([h.probability or 0.0 for h in out]),
             None
-            if scored.intervals is None
+            if not intervals
             else (
                 np.array([(h.probability_interval or (0.0, 0.0))[0] for h in out]),
                 np.array([(h.probability_interval or (0.0, 0.0))[1] for h in out]),
@@ -194,6 +160,70 @@ def _result(
         abstain=abstain,
         calibrator=ref,
     )
+
+
+def _scored(
+    pool: Pool,
+    profile: Profile | None,
+    norm: float,
+    n_tokens: int,
+    include_text: bool,
+) -> tuple[list[SearchHit], bool]:
+    """Every pool member as a hit, with its probability when a calibrator serves.
+
+    Also whether the probabilities come with intervals.
+    """
+    hits = [
+        SearchHit(
+            id=h.document.id,
+            score=h.score,
+            bm25=float(pool.lexical.bm25[j]),
+            probability=None,
+            norm=h.document.norm,
+            n_tokens=h.document.n_tokens,
+            metadata=h.document.metadata,
+            text=h.document.text if include_text else None,
+        )
+        for j, h in enumerate(pool.hits)
+    ]
+    if profile is None:
+        return hits, False
+    scored = profile.score(
+        norm,
+        n_tokens,
+        np.array([h.score for h in pool.hits]),
+        np.array([h.document.norm for h in pool.hits]),
+        np.array([h.document.n_tokens for h in pool.hits], dtype=np.int64),
+        pool.lexical,
+    )
+    for j, (hit, p) in enumerate(zip(hits, scored.probabilities, strict=True)):
+        hit.probability = float(p)
+        if scored.intervals is not None:
+            lo, hi = scored.intervals
+            hit.probability_interval = (float(lo[j]), float(hi[j]))
+    return hits, scored.intervals is not None
+
+
+def _order(pool: Pool, mode: SearchMode, hits: list[SearchHit], k: int) -> list[int]:
+    """Indices of the (at most ``k``) hits ``mode`` returns, best first.
+
+    The order is ``calibration.fusion.order_by_mode``'s, as in evaluation; ``dense``
+    and ``lexical`` return members of their own list only, ``hybrid`` any member.
+    """
+    position = np.full(len(pool.hits), np.inf)
+    position[pool.lexical_order] = np.arange(1, len(pool.lexical_order) + 1)
+    order = order_by_mode(
+        mode,
+        np.array([h.score for h in pool.hits], dtype=np.float64),
+        pool.n_dense,
+        position,
+        pool.lexical.bm25,
+        probability=np.array([h.probability or 0.0 for h in hits])
+        if mode == "hybrid"
+        else None,
+    )
+    listed = {"dense": pool.n_dense, "lexical": len(pool.lexical_order)}
+    return [int(j) for j in order[: min(k, listed.get(mode, len(order)))]]
 
 
 def _cut(

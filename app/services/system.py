@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from app import __version__, limits
-from app.api.schemas.embed import Embedding, EmbedResponse
-from app.api.schemas.health import (
+from app import __version__
+from app.embedding import InputType
+from app.embedding.precision import precision_of
+from app.exceptions import NotFoundError, StorageUnavailableError
+from app.profiles import shipped_profiles
+from app.schemas.embed import Embedding, EmbedResponse
+from app.schemas.health import (
     EmbeddingInfo,
     ModelIdentity,
     Readiness,
@@ -12,10 +16,7 @@ from app.api.schemas.health import (
     UnavailableCollection,
     VersionInfo,
 )
-from app.embedding import InputType
-from app.embedding.precision import precision_of
-from app.exceptions import NotFoundError, StorageUnavailableError
-from app.profiles import shipped_profiles
+from app.services import limits
 from app.services.context import Part
 
 

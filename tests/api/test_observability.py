@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.app import create_app
-from app.ops.observability import JsonFormatter
+from app.observability import JsonFormatter
 from app.settings import Settings
 
 # What the model makes of a text does not matter here: the deterministic fake.

@@ -1,6 +1,6 @@
 """The ``normcal`` CLI against a real server on loopback.
 
-User errors are asserted from a real ``python -m app.ops.cli`` process: one line on
+User errors are asserted from a real ``python -m app.cli`` process: one line on
 stderr, no traceback, and the documented exit status.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from normcal_client import NormcalClient
 
 from app.api.app import create_app
-from app.ops.cli import (
+from app.cli.main import (
     EXIT_API,
     EXIT_INPUT,
     EXIT_UNREACHABLE,
@@ -165,9 +165,9 @@ def test_ingest_then_fit(tmp_path, embedder, beir_dir, capsys):
 
 
 def _cli(*args, **env):
-    """``python -m app.ops.cli ARGS`` in a child process; returns (code, stderr)."""
+    """``python -m app.cli ARGS`` in a child process; returns (code, stderr)."""
     done = subprocess.run(
-        [sys.executable, "-m", "app.ops.cli", *map(str, args)],
+        [sys.executable, "-m", "app.cli", *map(str, args)],
         env=source_env(HF_HUB_OFFLINE="1", **env),
         capture_output=True,
         text=True,
@@ -361,7 +361,7 @@ def test_serve_honours_normcal_host_and_port(tmp_path):
         [
             sys.executable,
             "-m",
-            "app.ops.cli",
+            "app.cli",
             "serve",
             "--port-file",
             str(port_file),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.ops.cli import build_parser
-from app.ops.inputs import default_split, read_documents
+from app.cli.inputs import default_split, read_documents
+from app.cli.main import build_parser
 from tests.conftest import shared_dataset
 
 

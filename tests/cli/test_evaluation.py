@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ops.evaluation import method_table, summary_table
+from app.cli.evaluation import method_table, summary_table
 from calibration import NormReference
 from calibration.evaluation import (
     AUTO,
@@ -98,9 +98,9 @@ def test_every_mode_orders_the_same_pool_as_computed_by_hand() -> None:
     assert mode_order(pool, "blend", weight=1.0) == ["a", "b", "c", "d"]
     assert mode_order(pool, "blend", weight=0.0) == ["c", "d", "a", "b"]
     proba = np.array([0.1, 0.2, 0.3, 0.9])
-    assert mode_order(pool, "calibrated", proba=proba) == ["d", "c", "b", "a"]
+    assert mode_order(pool, "hybrid", proba=proba) == ["d", "c", "b", "a"]
     with pytest.raises(ValueError):
-        mode_order(pool, "calibrated")
+        mode_order(pool, "hybrid")
 
 
 def test_blend_weight_is_tuned_on_other_queries_only() -> None:
@@ -329,7 +329,7 @@ def scifact_slice(tmp_path: Path, n_queries: int = 30, n_extra: int = 40) -> Pat
 
 
 def test_few_label_sizes_include_5_10_and_30_by_default() -> None:
-    from app.ops.cli import build_parser
+    from app.cli.main import build_parser
 
     args = build_parser().parse_args(["eval", "somewhere"])
     assert {5, 10, 30} <= set(args.few_label)
@@ -341,7 +341,7 @@ def test_cli_eval_on_a_real_scifact_slice(
     tmp_path: Path, embedder, monkeypatch, capsys
 ) -> None:
     import app.api.lifespan
-    from app.ops.cli import main
+    from app.cli.main import main
 
     data = scifact_slice(tmp_path)
     monkeypatch.setattr(app.api.lifespan, "load_embedder", lambda _settings: embedder)
@@ -406,8 +406,7 @@ def test_cli_eval_on_a_real_scifact_slice(
 def test_hybrid_pools_hold_the_product_bm25_and_the_exact_lists(
     tmp_path: Path, embedder
 ) -> None:
-    from app.collections import lexical
-    from app.ops.beir import (
+    from app.cli.beir import (
         embed_corpus,
         hybrid_retrieve,
         lexical_index,
@@ -415,6 +414,7 @@ def test_hybrid_pools_hold_the_product_bm25_and_the_exact_lists(
         read_queries,
         retrieve,
     )
+    from app.collections import lexical
     from calibration.fusion import candidate_pool
 
     data = scifact_slice(tmp_path, n_queries=8, n_extra=150)

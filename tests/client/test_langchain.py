@@ -37,7 +37,7 @@ DOCS = [
 def test_service_cli_and_client_do_not_import_langchain():
     """LangChain is the client's optional extra: nothing else may need it."""
     code = (
-        "import sys, app.api.app, app.ops.cli, normcal_client; "
+        "import sys, app.api.app, app.cli.main, normcal_client; "
         "assert 'langchain_core' not in sys.modules, 'langchain imported'"
     )
     subprocess.run(

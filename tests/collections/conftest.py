@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from app.collections.store import CollectionStore, NewDocument, build_store
+from app.collections.base import NewDocument
+from app.collections.store import CollectionStore
+from app.collections.store_files import build_store
 
 DIM = 8
 

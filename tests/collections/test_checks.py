@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.main import EXIT_INPUT, main
 from app.collections.checks import (
     check_file,
     check_meta,
@@ -17,8 +18,7 @@ from app.collections.checks import (
     schema_differences,
 )
 from app.collections.registry import CollectionRegistry
-from app.collections.store import SCHEMA_VERSION, UnusableStoreError, build_store
-from app.ops.cli import EXIT_INPUT, main
+from app.collections.store_files import SCHEMA_VERSION, UnusableStoreError, build_store
 from tests.collections.conftest import DIM, new_docs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "old_format"
@@ -55,7 +55,7 @@ def _differences(path: Path) -> list[str]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return schema_differences(
-            read_schema(conn), expected_schema(SCHEMA_VERSION, "porter")
+            read_schema(conn), expected_schema("current", "porter")
         )
     finally:
         conn.close()

@@ -20,13 +20,9 @@ import pytest
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
 
 from app.collections import milvus
-from app.collections.milvus import (
-    MilvusCollection,
-    MilvusStorage,
-    metadata_filter,
-    milvus_name,
-)
-from app.collections.store import NewDocument
+from app.collections.base import NewDocument
+from app.collections.milvus import MilvusCollection, MilvusStorage
+from app.collections.milvus_client import metadata_filter, milvus_name
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from tests.collections.conftest import DIM, new_docs, unit_vectors
 from tests.support.milvus_lite import milvus_lite_server
@@ -288,13 +284,13 @@ def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) ->
     kb = storage.create("kb", dict(META))
     kb.upsert(new_docs(["a", "b", "c"]))
     kb.set_meta(query_log={"enabled": True})
-    kb.add_calibrator(Cal("c1", data={"w": [1, 2]}), activate=False)
-    kb.add_calibrator(Cal("c2"), activate=True)
-    assert kb.add_judgments([("q1", "a", 1), ("q2", "b", 0)]) == 2
-    assert kb.add_judgments([("q1", "c", 0)]) == 3
-    kb.log_queries(["q3", "q4", "q3"], retention=10)
-    assert kb.add_judging_queries(["u1", "u2", "u1"]) == 2
-    assert kb.add_judging_queries(["u2"]) == 0
+    kb.state.add_calibrator(Cal("c1", data={"w": [1, 2]}), activate=False)
+    kb.state.add_calibrator(Cal("c2"), activate=True)
+    assert kb.state.add_judgments([("q1", "a", 1), ("q2", "b", 0)]) == 2
+    assert kb.state.add_judgments([("q1", "c", 0)]) == 3
+    kb.state.log_queries(["q3", "q4", "q3"], retention=10)
+    assert kb.state.add_judging_queries(["u1", "u2", "u1"]) == 2
+    assert kb.state.add_judging_queries(["u2"]) == 0
     query = unit_vectors(1, seed=6)
     before = kb.search(query, ["text of a"], 3)
     storage.close()
@@ -303,16 +299,18 @@ def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) ->
     again = storage.open("kb")
     assert again.meta["query_log"] == {"enabled": True}
     assert again.meta["dim"] == DIM and again.meta["active_calibrator"] == "c2"
-    assert again.profile == Cal("c2")
-    assert [c.id for c in again.calibrators()] == ["c1", "c2"]
-    assert again.calibrator("c1").data == {"w": [1, 2]}
-    assert again.judgments() == [("q1", "a", 1), ("q2", "b", 0), ("q1", "c", 0)]
-    page = again.judgments_page(2, 0)
+    assert again.state.profile == Cal("c2")
+    assert [c.id for c in again.state.calibrators()] == ["c1", "c2"]
+    assert again.state.calibrator("c1").data == {"w": [1, 2]}
+    assert again.state.judgments() == [("q1", "a", 1), ("q2", "b", 0), ("q1", "c", 0)]
+    page = again.state.judgments_page(2, 0)
     assert [r[1:4] for r in page] == [("q1", "a", 1), ("q2", "b", 0)]
-    assert [r[1:4] for r in again.judgments_page(2, page[-1][0])] == [("q1", "c", 0)]
-    assert again.query_log_size() == 2
-    assert again.judging_candidates(1) == ("uploaded", ["u1"], 2)
-    assert again.judging_counts() == (2, 1, 0)
+    assert [r[1:4] for r in again.state.judgments_page(2, page[-1][0])] == [
+        ("q1", "c", 0)
+    ]
+    assert again.state.query_log_size() == 2
+    assert again.state.judging_candidates(1) == ("uploaded", ["u1"], 2)
+    assert again.state.judging_counts() == (2, 1, 0)
     (after,) = again.search(query, ["text of a"], 3)
     assert [h.document for h in after.hits] == [h.document for h in before[0].hits]
     assert [h.score for h in after.hits] == pytest.approx(
@@ -322,30 +320,30 @@ def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) ->
 
 
 def test_calibrators_judging_and_log(kb: MilvusCollection[Cal]) -> None:
-    kb.add_calibrator(Cal("c1"), activate=True)
+    kb.state.add_calibrator(Cal("c1"), activate=True)
     with pytest.raises(ConflictError, match="active one"):
-        kb.delete_calibrator("c1")
+        kb.state.delete_calibrator("c1")
     with pytest.raises(NotFoundError):
-        kb.activate("nope")
-    kb.deactivate()
-    assert kb.profile is None and "active_calibrator" not in kb.meta
-    kb.delete_calibrator("c1")
+        kb.state.activate("nope")
+    kb.state.deactivate()
+    assert kb.state.profile is None and "active_calibrator" not in kb.meta
+    kb.state.delete_calibrator("c1")
     with pytest.raises(NotFoundError):
-        kb.delete_calibrator("c1")
-    kb.log_queries(["a", "b", "a"], retention=10)
-    kb.log_queries(["c"], retention=10)
-    assert kb.judging_candidates(10) == ("log", ["a", "c", "b"], 3)
-    assert kb.trim_query_log(2) == 2
-    assert kb.query_log_size() == 2
-    assert kb.skip_judging("c") is True
-    assert kb.skip_judging("never-seen") is False
-    kb.add_judgments([("a", "d", 2), ("b", "d", 0)])
-    assert kb.judging_candidates(10) == ("none", [], 0)
-    assert kb.judging_counts() == (2, 1, 1)
-    assert kb.delete_judgments("a") == 1
-    assert kb.judgments() == [("b", "d", 0)]
-    assert kb.delete_judgments(None) == 1
-    assert kb.delete_judgments(None) == 0
+        kb.state.delete_calibrator("c1")
+    kb.state.log_queries(["a", "b", "a"], retention=10)
+    kb.state.log_queries(["c"], retention=10)
+    assert kb.state.judging_candidates(10) == ("log", ["a", "c", "b"], 3)
+    assert kb.state.trim_query_log(2) == 2
+    assert kb.state.query_log_size() == 2
+    assert kb.state.skip_judging("c") is True
+    assert kb.state.skip_judging("never-seen") is False
+    kb.state.add_judgments([("a", "d", 2), ("b", "d", 0)])
+    assert kb.state.judging_candidates(10) == ("none", [], 0)
+    assert kb.state.judging_counts() == (2, 1, 1)
+    assert kb.state.delete_judgments("a") == 1
+    assert kb.state.judgments() == [("b", "d", 0)]
+    assert kb.state.delete_judgments(None) == 1
+    assert kb.state.delete_judgments(None) == 0
 
 
 @pytest.fixture
@@ -362,13 +360,13 @@ def test_two_clients_of_one_server_share_documents_and_state(server: str) -> Non
     try:
         kb = first.create("kb", dict(META))
         kb.upsert(new_docs(["a", "b"]))
-        kb.add_calibrator(Cal("c1"), activate=True)
+        kb.state.add_calibrator(Cal("c1"), activate=True)
         other = second.open("kb")
-        assert other.profile == Cal("c1")
+        assert other.state.profile == Cal("c1")
         assert other.get("b").id == "b"
-        other.add_judgments([("q", "a", 1)])
+        other.state.add_judgments([("q", "a", 1)])
         other.upsert(new_docs(["c"], seed=8))
-        assert kb.judgments() == [("q", "a", 1)]
+        assert kb.state.judgments() == [("q", "a", 1)]
         assert kb.counts()[0] == 3
         assert second.names() == first.names() == ["kb"]
     finally:

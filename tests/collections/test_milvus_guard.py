@@ -16,7 +16,7 @@ pytest.importorskip("pymilvus", reason="pymilvus is not installed")
 from pymilvus import MilvusException
 from pymilvus.exceptions import ParamError
 
-from app.collections.milvus import Guarded
+from app.collections.milvus_client import Guarded
 from app.exceptions import NotFoundError, StorageUnavailableError
 
 URI = "http://127.0.0.1:19530"

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.main import EXIT_BUSY, main
 from app.collections.ownership import (
     LOCK_FILE,
     DataDirBusyError,
     lock_data_dir,
 )
 from app.collections.registry import restore_offline
-from app.collections.store import build_store
-from app.ops.cli import EXIT_BUSY, main
+from app.collections.store_files import build_store
 from tests.collections.conftest import DIM
 
 

@@ -20,9 +20,10 @@ from numpy.typing import NDArray
 
 from app.collections import lexical
 from app.collections import store as store_module
+from app.collections.base import NewDocument
 from app.collections.postings import Postings, Tokenizer, top_order
 from app.collections.registry import Collection, CollectionRegistry
-from app.collections.store import CollectionStore, NewDocument
+from app.collections.store import CollectionStore
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import candidate_pool, lexical_ranks
 from tests.collections.conftest import DIM, unit_vectors
@@ -638,7 +639,7 @@ def test_tokens_at_and_past_the_fts5_bound_score_as_fts5(
         assert_same(_ranked(postings, text), _reference(conn, text))
 
 
-class _CommitFails(store_module._Transaction):
+class _CommitFails(store_module.Transaction):
     """A transaction whose COMMIT fails (as on an I/O error): SQLite rolls back."""
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
@@ -660,7 +661,7 @@ def _failing_sql(mp: pytest.MonkeyPatch, collection: Collection[Any]) -> None:
     """Every insert and delete on ``documents`` fails, on the store's connection only
     (temporary triggers: the file is not changed)."""
     del mp
-    with collection._store._use() as conn:
+    with collection._store.connection() as conn:
         for event in ("INSERT", "DELETE"):
             conn.execute(
                 f"CREATE TEMP TRIGGER fail_{event} BEFORE {event} ON main.documents"
@@ -675,7 +676,7 @@ _STEPS: dict[str, Callable[[pytest.MonkeyPatch, Collection[Any]], None]] = {
     "tokens": lambda mp, _: mp.setattr(Postings, "tokens_of", _raise),
     "faiss remove": lambda mp, c: mp.setattr(c.index, "remove", _raise),
     "faiss add": lambda mp, c: mp.setattr(c.index, "add", _raise),
-    "commit": lambda mp, _: mp.setattr(store_module, "_Transaction", _CommitFails),
+    "commit": lambda mp, _: mp.setattr(store_module, "Transaction", _CommitFails),
     "postings apply": lambda mp, _: mp.setattr(Postings, "apply", _raise),
 }
 
@@ -731,7 +732,7 @@ def test_a_document_write_that_fails_changes_nothing(
             with pytest.raises((_Injected, sqlite3.Error)):
                 writes[write]()
     if step == "sql":
-        with collection._store._use() as conn:
+        with collection._store.connection() as conn:
             conn.execute("DROP TRIGGER temp.fail_INSERT")
             conn.execute("DROP TRIGGER temp.fail_DELETE")
     if step == "postings apply":

@@ -105,14 +105,14 @@ def test_reopen_serves_the_same_collection(tmp_path):
     collection.upsert(docs)
     collection.upsert(new_docs(["d0"], seed=5))  # replaced: one vector, not two
     collection.delete("d3")
-    collection.add_judgments([("q", "d1", 1)])
+    collection.state.add_judgments([("q", "d1", 1)])
     queries = unit_vectors(4, seed=9)
     before = [[h.document.id for h in row] for row in _dense(collection, queries, 3)]
     first.close()
     again = _registry(data, index_type="hnsw")
     reopened = again.get("kb")
     assert again.names() == ["kb"] and reopened.counts() == (5, 5, 5)
-    assert reopened.judgments() == [("q", "d1", 1)]
+    assert reopened.state.judgments() == [("q", "d1", 1)]
     after = [[h.document.id for h in row] for row in _dense(reopened, queries, 3)]
     assert after == before
     again.close()

@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 from normcal_client import InvalidRequest, NormcalClient, NotFound
 
 from app.api.app import create_app
+from app.cli.main import EXIT_INPUT, EXIT_USAGE, main
 from app.collections.ownership import LOCK_FILE
-from app.collections.store import CollectionStore, inspect_store
-from app.jobs import JOBS_FILE
-from app.ops.cli import EXIT_INPUT, EXIT_USAGE, main
+from app.collections.store import CollectionStore
+from app.collections.store_files import inspect_store
+from app.services.jobs import JOBS_FILE
 from app.settings import Settings
 from tests.conftest import assert_problem
 from tests.support.live import ThreadServer

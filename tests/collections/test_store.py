@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.collections.store import (
-    SCHEMA_VERSION,
-    CollectionStore,
-    OpenConnections,
-    build_store,
-    inspect_store,
-)
+from app.collections.connections import OpenConnections
+from app.collections.local_state import LocalState
+from app.collections.store import CollectionStore
+from app.collections.store_files import SCHEMA_VERSION, build_store, inspect_store
 from app.exceptions import NotFoundError
 from app.settings import Limits
 from tests.collections.conftest import DIM, new_docs
@@ -132,21 +132,45 @@ def test_norm_sample(store):
     assert norms.tolist() == [1.0, 2.0] and tokens.tolist() == [3, 4]
 
 
+@dataclass(frozen=True)
+class Cal:
+    """A stored calibrator as storage sees it: an id, a method, its JSON."""
+
+    id: str
+    method: str = "platt"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "method": self.method}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cal:
+        return cls(data["id"], data["method"])
+
+
+def _state(store: CollectionStore) -> LocalState[Cal]:
+    """The store's state, reached without a collection's lock."""
+    return LocalState("kb", lambda: nullcontext(store), Cal.from_json, {})
+
+
 def test_judgments_are_appended_in_order(store):
-    assert store.judgments() == []
-    assert store.add_judgments([("q1", "a", 2), ("q2", "b", 0)]) == 2
-    assert store.add_judgments([("q1", "b", 1)]) == 3
-    assert store.judgments() == [("q1", "a", 2), ("q2", "b", 0), ("q1", "b", 1)]
+    state = _state(store)
+    assert state.judgments() == []
+    assert state.add_judgments([("q1", "a", 2), ("q2", "b", 0)]) == 2
+    assert state.add_judgments([("q1", "b", 1)]) == 3
+    assert state.judgments() == [("q1", "a", 2), ("q2", "b", 0), ("q1", "b", 1)]
 
 
 def test_calibrators_and_meta(store):
-    store.save_calibrator("c1", "platt", {"id": "c1"}, active=False)
+    state = _state(store)
+    state.add_calibrator(Cal("c1"), activate=False)
     assert "active_calibrator" not in store.get_meta()
-    store.save_calibrator("c2", "nt", {"id": "c2"}, active=True)
+    state.add_calibrator(Cal("c2", "nt"), activate=True)
     assert store.get_meta()["active_calibrator"] == "c2"
-    assert store.load_calibrator("c1") == {"id": "c1"}
-    assert store.load_calibrator("nope") is None
-    assert [c["id"] for c in store.list_calibrators()] == ["c1", "c2"]
+    assert state.profile == Cal("c2", "nt")
+    assert state.calibrator("c1") == Cal("c1")
+    with pytest.raises(NotFoundError):
+        state.calibrator("nope")
+    assert [c.id for c in state.calibrators()] == ["c1", "c2"]
     store.set_meta(note={"nested": [1, 2]})
     assert store.get_meta()["note"] == {"nested": [1, 2]}
 

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from app.api.app import create_app
 from app.api.lifespan import load_embedder
+from app.cli.main import main as cli_main
 from app.embedding.identity import IDENTITY_PREFIX, model_identity
 from app.embedding.onnx_backend import (
     OnnxEmbedder,
@@ -31,7 +32,6 @@ from app.embedding.onnx_export import (
     ensure_onnx,
     valid_export,
 )
-from app.ops.cli import main as cli_main
 from app.settings import Settings, default_model_path
 from tests.support.server import ServerProcess, source_env
 
@@ -326,7 +326,7 @@ def test_export_onnx_fails_in_one_line_without_torch(tmp_path):
     """Where the torch side is missing, the exporter says so and names the image
     that has it, in one line, instead of a traceback."""
     out = subprocess.run(
-        [sys.executable, "-m", "app.ops.cli", "export-onnx", "--out", "graph"],
+        [sys.executable, "-m", "app.cli", "export-onnx", "--out", "graph"],
         capture_output=True,
         text=True,
         env=torch_free_env(tmp_path),

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from normcal_client import Judgment, NormcalClient
 
 from app.api.app import create_app
-from app.api.schemas.calibrators import MAX_RELEVANCE
+from app.schemas.calibrators import MAX_RELEVANCE
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 

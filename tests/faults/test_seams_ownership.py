@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.ops.cli import EXIT_BUSY
+from app.cli.main import EXIT_BUSY
 from tests.conftest import assert_problem
 from tests.support.server import ServerProcess, source_env
 
@@ -81,7 +81,7 @@ def owner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Owner]:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.ops.cli", *args],
+        [sys.executable, "-m", "app.cli", *args],
         env=source_env(HF_HUB_OFFLINE="1"),
         capture_output=True,
         text=True,

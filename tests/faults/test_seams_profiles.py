@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.ops.process import ServerProcess
+from app.cli.process import ServerProcess
 from calibration.metrics import BINNING
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES

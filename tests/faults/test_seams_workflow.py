@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.ops.cli import EXIT_API, main
+from app.cli.main import EXIT_API, main
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
 from tests.support.server import ServerProcess

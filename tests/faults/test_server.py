@@ -243,7 +243,7 @@ def test_connections_past_the_cap_get_503_and_the_fd_limit_is_raised(tmp_path):
 def test_serve_refuses_an_empty_or_padded_api_key(tmp_path, key):
     """An empty NORMCAL_API_KEY silently disabled auth; a padded one never matched."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NORMCAL_API_KEY": key}
-    cmd = [sys.executable, "-m", "app.ops.cli", "serve", "--port", "0"]
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0"]
     cmd += ["--data-dir", str(tmp_path / "data")]
     done = subprocess.run(cmd, env=env, capture_output=True, timeout=WAIT)
     assert done.returncode != 0

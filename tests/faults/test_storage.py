@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 
 from app.api.app import create_app
 from app.collections.registry import CollectionRegistry
-from app.collections.store import build_store
+from app.collections.store_files import build_store
 from app.exceptions import NotFoundError
 from app.settings import Settings
 from calibration.profile import Profile
@@ -208,7 +208,7 @@ def test_interrupted_create_leaves_whole_collection_or_none(tmp_path, embedder):
 
 def test_create_never_writes_a_partial_file(tmp_path, monkeypatch):
     """Schema and meta are one transaction under a temporary name: a failure leaves nothing."""
-    import app.collections.store
+    import app.collections.store_files
 
     def crash(*_args: object) -> None:
         raise KeyboardInterrupt  # stands in for the process dying mid-transaction
@@ -217,7 +217,7 @@ def test_create_never_writes_a_partial_file(tmp_path, monkeypatch):
         tmp_path / "data", model_name=MODEL, dim=384, load_calibrator=Profile.from_json
     )
     registry.load()
-    monkeypatch.setattr(app.collections.store, "_write_meta", crash)
+    monkeypatch.setattr(app.collections.store_files, "write_meta", crash)
     with pytest.raises(KeyboardInterrupt):
         registry.create("kb")
     assert list((tmp_path / "data").iterdir()) == []
@@ -288,10 +288,10 @@ def test_dropped_collection_methods_raise_not_found(tmp_path, embedder):
     for call in (
         lambda: collection.search(batch.vectors, ["x"], 3),
         collection.counts,
-        collection.judgments,
+        collection.state.judgments,
         collection.norm_sample,
         lambda: collection.missing(["a"]),
-        lambda: collection.add_judgments([("q", "a", 1)]),
+        lambda: collection.state.add_judgments([("q", "a", 1)]),
         lambda: collection.get("a"),
     ):
         with pytest.raises(NotFoundError):
@@ -367,6 +367,7 @@ def test_full_disk_gives_507_and_writes_nothing(tmp_path, embedder):
 
 def test_injected_enospc_gives_507_and_writes_nothing(client, settings, monkeypatch):
     import app.collections.store
+    import app.collections.store_files
 
     def no_space(*_args: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -381,7 +382,7 @@ def test_injected_enospc_gives_507_and_writes_nothing(client, settings, monkeypa
         assert_problem(r, 507)
     with monkeypatch.context() as m:
         m.setattr(
-            app.collections.store.os, "fsync", no_space
+            app.collections.store_files.os, "fsync", no_space
         )  # create: after the commit
         assert_problem(client.post("/v1/collections", json={"name": "other"}), 507)
     info = client.get("/v1/collections/kb").json()

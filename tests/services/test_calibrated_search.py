@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
-from app.ops.beir import read_corpus, read_qrels, read_queries
+from app.cli.beir import read_corpus, read_qrels, read_queries
 from app.settings import Settings
 from tests.conftest import assert_problem, shared_dataset
 

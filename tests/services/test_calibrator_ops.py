@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
-from app.paging import encode_cursor
+from app.services.paging import encode_cursor
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES

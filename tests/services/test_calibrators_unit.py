@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.api.schemas.search import SearchHit
 from app.profiles import default_profile_path, load_default_profile
+from app.schemas.search import SearchHit
 from app.services.search import _cut
 from calibration import FORMAT_VERSION, UnsupportedFormatError
 from calibration.profile import Profile, QueryEvidence, fit_profile

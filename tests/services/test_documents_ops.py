@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from normcal_client import AsyncNormcalClient, InvalidRequest, NormcalClient, NotFound
 
 from app.api.app import create_app
-from app.ops.cli import main
+from app.cli.main import main
 from app.services import documents as documents_service
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem

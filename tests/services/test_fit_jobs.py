@@ -20,8 +20,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
-from app.jobs import JOBS_FILE
 from app.services import calibrators as calibrators_service
+from app.services.jobs import JOBS_FILE
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES

@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 from fastapi.testclient import TestClient
 
-from app import judging
 from app.api.app import create_app
+from app.services import next_query
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
@@ -59,7 +59,7 @@ def test_query_log_is_off_by_default(kb):
     assert _log(kb) == {"enabled": False, "retention": 1000, "entries": 0}
     body = _next(kb)
     assert body["query"] is None and body["source"] == "none" and body["hits"] == []
-    assert body["progress"]["target"] == judging.FIT_MIN_QUERIES == 5
+    assert body["progress"]["target"] == next_query.FIT_MIN_QUERIES == 5
 
 
 def test_enabled_log_keeps_the_most_recent_queries_up_to_its_retention(kb):
@@ -88,7 +88,7 @@ def test_next_offers_a_logged_query_with_its_top_hits(kb):
     _search(kb, QUERIES["faiss"])
     body = _next(kb)
     assert _log(kb)["entries"] == 3 and body["progress"]["remaining"] == 3
-    # Which of them depends on the confidence bins (see app.judging); its hits are
+    # Which of them depends on the confidence bins (see app.services.next_query); its hits are
     # its own top hits, with their texts and current probabilities.
     key = next(k for k, q in QUERIES.items() if q == body["query"])
     hit = body["hits"][0]
@@ -132,12 +132,12 @@ def test_uploaded_queries_come_first_and_judged_or_skipped_ones_never_again(kb):
 
 
 def test_progress_says_when_a_fit_is_possible(kb):
-    for key in list(QUERIES)[: judging.FIT_MIN_QUERIES - 1]:
+    for key in list(QUERIES)[: next_query.FIT_MIN_QUERIES - 1]:
         _feedback(kb, QUERIES[key], key)
     assert _next(kb)["progress"]["can_fit"] is False
     _feedback(kb, "one more judged query", "paris", relevance=0)
     progress = _next(kb)["progress"]
-    assert progress["judged_queries"] == judging.FIT_MIN_QUERIES
+    assert progress["judged_queries"] == next_query.FIT_MIN_QUERIES
     assert progress["can_fit"] is True
 
 
@@ -206,4 +206,4 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
     ],
 )
 def test_pick_visits_confidence_bins_in_turn(confidences, turn, expected):
-    assert judging.pick(confidences, turn) == expected
+    assert next_query.pick(confidences, turn) == expected

@@ -1,4 +1,4 @@
-"""Test helpers around the ``normcal serve`` subprocess (see :mod:`app.ops.process`)."""
+"""Test helpers around the ``normcal serve`` subprocess (see :mod:`app.cli.process`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.ops.process import ServerProcess, wait_for_port_file
+from app.cli.process import ServerProcess, wait_for_port_file
 
 __all__ = ["ServerProcess", "refused_port", "source_env", "wait_for_port_file"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from app import judging
 from app.api.app import create_app
+from app.services import next_query
 from app.settings import Settings
 from tests.support.browser import Browser
 from tests.support.corpus import CORPUS, QUERIES
@@ -82,9 +82,9 @@ def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
                 == query
             ):
                 _press(browser, "Enter" if len(judged) % 2 else "n")
-        assert len(judged) == judging.FIT_MIN_QUERIES
+        assert len(judged) == next_query.FIT_MIN_QUERIES
         progress = browser.evaluate("document.getElementById('progress').textContent")
-        assert progress.startswith(f"{judging.FIT_MIN_QUERIES} of ")
+        assert progress.startswith(f"{next_query.FIT_MIN_QUERIES} of ")
 
         _press(browser, "f")
         assert browser.wait_for(f"{STATE} === 'fitted'")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.ops.report import _bins, reliability_png
+from app.ui.report import _bins, reliability_png
 from calibration.metrics import BINNING, ReliabilityCurve
 from calibration.profile import Profile
 

@@ -69,8 +69,8 @@ def test_every_value_on_the_report_page_is_escaped():
     import dataclasses
     import json
 
-    from app.ops.report import report_html
     from app.profiles import default_profile_path
+    from app.ui.report import report_html
     from calibration.profile import Profile
     from calibration.query import AbstainPolicy
     from calibration.selection import GroupLift

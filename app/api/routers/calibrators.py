@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
-from app.api.schemas.calibrators import (
+from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
     CalibratorList,
@@ -25,7 +25,7 @@ from app.api.schemas.calibrators import (
     FeedbackResponse,
     FitRequest,
 )
-from app.ops.report import report_html
+from app.ui.report import report_html
 
 router = APIRouter(
     prefix="/collections/{name}", tags=["calibrators"], responses=PROBLEM_RESPONSES

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response, status
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
-from app.api.schemas.collections import CollectionCreate, CollectionInfo, CollectionList
+from app.schemas.collections import CollectionCreate, CollectionInfo, CollectionList
 
 router = APIRouter(
     prefix="/collections", tags=["collections"], responses=PROBLEM_RESPONSES

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName, DocumentIdParam
-from app.api.schemas.documents import (
+from app.schemas.documents import (
     DocumentOut,
     DocumentPage,
     DocumentsDeleted,

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
-from app.api.schemas.embed import EmbedRequest, EmbedResponse
+from app.schemas.embed import EmbedRequest, EmbedResponse
 
 router = APIRouter(prefix="/embed", tags=["embed"], responses=PROBLEM_RESPONSES)
 

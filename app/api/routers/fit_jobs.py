@@ -7,8 +7,8 @@ from fastapi import APIRouter, Response, status
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
-from app.api.schemas.calibrators import FitRequest
-from app.api.schemas.jobs import FitJob, FitJobList
+from app.schemas.calibrators import FitRequest
+from app.schemas.jobs import FitJob, FitJobList
 
 router = APIRouter(
     prefix="/collections/{name}/fit-jobs",

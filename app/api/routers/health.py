@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response, status
 
 from app.api.auth import token_matches
 from app.api.deps import ServiceDep
-from app.api.schemas.health import Health, Readiness, VersionInfo
+from app.schemas.health import Health, Readiness, VersionInfo
 
 router = APIRouter(tags=["health"])
 

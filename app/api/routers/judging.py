@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Response, status
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
-from app.api.schemas.judging import (
+from app.schemas.judging import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,

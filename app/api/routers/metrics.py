@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Response
 
 from app.api.auth import bearer_scheme
 from app.api.deps import ServiceDep
-from app.ops.observability import METRICS_CONTENT_TYPE
+from app.observability import METRICS_CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
 

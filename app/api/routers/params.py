@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Path
 
-from app.api.schemas.common import COLLECTION_NAME_PATTERN, DOCUMENT_ID_PATTERN
+from app.schemas.common import COLLECTION_NAME_PATTERN, DOCUMENT_ID_PATTERN
 
 CollectionName = Annotated[
     str, Path(pattern=COLLECTION_NAME_PATTERN, description="collection name")

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
-from app.api.schemas.search import BatchSearchResponse, SearchRequest, SearchResult
+from app.schemas.search import BatchSearchResponse, SearchRequest, SearchResult
 
 router = APIRouter(
     prefix="/collections/{name}", tags=["search"], responses=PROBLEM_RESPONSES

@@ -14,9 +14,9 @@ from fastapi.responses import FileResponse
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
-from app.api.schemas.collections import CollectionInfo
-from app.api.schemas.snapshots import SnapshotInfo, SnapshotList
 from app.collections.snapshots import SNAPSHOT_ID_PATTERN
+from app.schemas.collections import CollectionInfo
+from app.schemas.snapshots import SnapshotInfo, SnapshotList
 
 SQLITE = "application/vnd.sqlite3"
 

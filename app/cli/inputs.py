@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-# app.ops.beir is imported where it is used: it pulls in the calibration package
+# app.cli.beir is imported where it is used: it pulls in the calibration package
 # (scikit-learn, scipy), seconds that a mistyped path should not wait for.
 
 __all__ = [
@@ -44,7 +44,7 @@ def read_documents(
     an empty text is an :class:`InputError`.
     """
     if path.is_dir():
-        from app.ops.beir import read_corpus
+        from app.cli.beir import read_corpus
 
         corpus = path / "corpus.jsonl"
         if not corpus.is_file():
@@ -176,7 +176,7 @@ def read_judged(
     data_dir: Path, split: str
 ) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """Queries (id -> text) and one split's qrels of a BEIR folder, checked."""
-    from app.ops.beir import read_qrels, read_queries
+    from app.cli.beir import read_qrels, read_queries
 
     check_beir_split(data_dir, split)
     try:

@@ -24,10 +24,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.api.errors import INTERNAL, lookup, public_detail
-from app.api.schemas.calibrators import CalibratorInfo
-from app.api.schemas.jobs import FitJob, FitJobError, FitJobProgress
 from app.exceptions import NotFoundError, OverloadedError, StorageUnavailableError
+from app.schemas.calibrators import CalibratorInfo
+from app.schemas.jobs import FitJob, FitJobError, FitJobProgress
 from app.settings import Limits
 
 logger = logging.getLogger(__name__)
@@ -46,6 +45,9 @@ SHUT_DOWN = FitJobError(
 
 Progress = Callable[[str], None]  # called with the stage a fit enters
 Work = Callable[[Progress], Awaitable[CalibratorInfo]]
+# What a failed fit records: the problem the error table gives its error. The HTTP
+# layer owns that table and passes its renderer in (``app.api.errors.job_error``).
+Describe = Callable[[BaseException], FitJobError]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS fit_jobs (
@@ -65,30 +67,13 @@ CREATE TABLE IF NOT EXISTS fit_jobs (
 _COLUMNS = "id, collection, status, stage, done, created_at, started_at, finished_at"
 
 
-def problem_of(error: BaseException) -> FitJobError:
-    """The problem a failed fit reports: the one the error table gives the error.
-
-    An unexpected error is logged and reported without its internals, as a 500 is.
-    """
-    problem = lookup(error) if isinstance(error, Exception) else None
-    if problem is None:
-        logger.error("a fit job failed", exc_info=error)
-        return FitJobError(
-            title=INTERNAL.title,
-            detail="the fit failed; see the server logs",
-            status=INTERNAL.status,
-        )
-    return FitJobError(
-        title=problem.title, detail=public_detail(error), status=problem.status
-    )
-
-
 class FitJobs:
     """The fit jobs of every collection: their records and their running tasks."""
 
-    def __init__(self, path: Path, limits: Limits) -> None:
+    def __init__(self, path: Path, limits: Limits, describe: Describe) -> None:
         self._path = path
         self._limits = limits
+        self._describe = describe
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()  # one connection, read from request threads
         self._tasks: dict[str, asyncio.Task[CalibratorInfo]] = {}
@@ -215,7 +200,7 @@ class FitJobs:
             self._finish(job_id, "failed", error=SHUT_DOWN)
             raise
         except Exception as error:
-            self._finish(job_id, "failed", error=problem_of(error))
+            self._finish(job_id, "failed", error=self._describe(error))
             raise
         self._finish(job_id, "succeeded", calibrator=info)
         return info

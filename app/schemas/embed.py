@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.common import RequestModel, Text
+from app.schemas.common import RequestModel, Text
 
 
 class EmbedRequest(RequestModel):

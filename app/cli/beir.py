@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from app.collections import lexical
 from app.embedding import Embedder, EmbeddingBatch
 from calibration.features import LEXICAL_DEPTH, LexicalEvidence
-from calibration.fusion import candidate_pool, lexical_ranks
+from calibration.fusion import HybridPool, hybrid_pool
 from calibration.profile import QueryEvidence
 
 logger = logging.getLogger(__name__)
@@ -242,10 +242,18 @@ class HybridRetrieval:
             [int(r) for r in self.lexical[i] if r >= 0],
         )
 
+    def hybrid_pool(self, i: int, n: int, *, hybrid: bool = True) -> HybridPool[int]:
+        """Query ``i``'s hybrid pool of ``n`` (or only its dense members), as served."""
+        dense, lex = self.lists(i)
+        return hybrid_pool(dense, lex, n, kept=None if hybrid else set(dense[:n]))
+
     def members(self, i: int, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Rows of query ``i``'s hybrid pool of ``n``, and their slots in ``pool[i]``."""
-        dense, lex = self.lists(i)
-        rows = candidate_pool(dense, lex, n)
+        return self._rows_and_slots(i, self.hybrid_pool(i, n).members)
+
+    def _rows_and_slots(
+        self, i: int, rows: list[int]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         slot = {int(r): j for j, r in enumerate(self.pool[i]) if r >= 0}
         return np.array(rows, dtype=np.int64), np.array(
             [slot[r] for r in rows], dtype=np.int64
@@ -262,10 +270,8 @@ class HybridRetrieval:
             raise ValueError(f"pool of {n} asked from lists of depth {self.depth}")
         out = []
         for i, qid in enumerate(self.query_ids):
-            rows, slots = self.members(i, n)
-            if not hybrid:
-                keep = np.isin(rows, self.dense[i, :n])
-                rows, slots = rows[keep], slots[keep]
+            shape = self.hybrid_pool(i, n, hybrid=hybrid)
+            rows, slots = self._rows_and_slots(i, shape.members)
             judged = qrels.get(qid, {})
             out.append(
                 QueryEvidence(
@@ -279,7 +285,7 @@ class HybridRetrieval:
                     ),
                     lexical=LexicalEvidence(
                         bm25=self.pool_bm25[i, slots],
-                        rank=lexical_ranks(list(rows), self.lists(i)[1]),
+                        rank=shape.lexical_rank,
                         idf_mass=float(self.idf_mass[i]),
                         top=float(self.lexical_top[i]),
                     ),
@@ -372,11 +378,11 @@ def _hybrid_retrieve(
         lex[i, : min(len(hits.seqs), LEXICAL_DEPTH)] = hits.seqs[:LEXICAL_DEPTH]
         idf[i] = lexical.idf_mass(conn, text)
         top[i] = float(hits.scores[0]) if len(hits.scores) else 0.0
-        rows = candidate_pool(
+        rows = hybrid_pool(
             [int(r) for r in dense.doc_index[i] if r >= 0],
             [int(r) for r in hits.seqs[:LEXICAL_DEPTH]],
             depth,
-        )
+        ).members
         score_of = dict(zip(hits.seqs.tolist(), hits.scores.tolist(), strict=True))
         pool[i, : len(rows)] = rows
         cos[i, : len(rows)] = corpus.vectors[rows] @ batch.vectors[i]

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.calibrators import CalibratorInfo
-from app.api.schemas.common import ListEnvelope
+from app.schemas.calibrators import CalibratorInfo
+from app.schemas.common import ListEnvelope
 
 FitJobStatus = Literal["queued", "running", "succeeded", "failed"]
 

@@ -95,7 +95,7 @@ def _num(value: Any, digits: int = 4) -> str:
 
 
 _TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("app.ops", "templates"),
+    loader=jinja2.PackageLoader("app.ui", "templates"),
     autoescape=True,  # every value, whatever its type, is escaped
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.common import COLLECTION_NAME_PATTERN, ListEnvelope, RequestModel
+from app.schemas.common import COLLECTION_NAME_PATTERN, ListEnvelope, RequestModel
 
 
 class CollectionCreate(RequestModel):

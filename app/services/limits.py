@@ -10,8 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from app.api.schemas.common import json_depth
 from app.exceptions import LimitExceededError
+from app.schemas.common import json_depth
 from app.settings import Limits
 
 

@@ -1,7 +1,7 @@
 r"""Reusable constrained types and base models.
 
 Numeric limits that operators may change (batch sizes, text length, ``k``, metadata
-depth) live in ``Settings.limits`` and are enforced by ``app.limits``; the types here
+depth) live in ``Settings.limits`` and are enforced by ``app.services.limits``; the types here
 only state what is true of every request.
 
 Strings: pydantic-core has to turn a string into UTF-8 to match a ``pattern``, so
@@ -112,7 +112,7 @@ def json_depth(value: object) -> int:
     return max(depth for _, depth, _ in _walk(value))
 
 
-# JSON that the store keeps and returns unchanged; the depth limit is in app.limits.
+# JSON that the store keeps and returns unchanged; the depth limit is in app.services.limits.
 MetadataIn = Annotated[Metadata, BeforeValidator(check_json)]
 Filter = Annotated[dict[str, MetadataScalar], BeforeValidator(check_json)]
 

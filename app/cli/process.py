@@ -35,7 +35,7 @@ def wait_for_port_file(
 
 
 class ServerProcess:
-    """``python -m app.ops.cli serve`` on 127.0.0.1, started and stopped by the caller.
+    """``python -m app.cli serve`` on 127.0.0.1, started and stopped by the caller.
 
     ``url`` (and ``port``) are set by :meth:`start`; a restart may get another port.
     ``log``, when given, receives the server's stderr (its log); ``nofile`` sets the
@@ -63,7 +63,7 @@ class ServerProcess:
     def start(self, timeout: float = 120.0) -> ServerProcess:
         """Start the server and return once ``/readyz`` answers 200."""
         self._port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "app.ops.cli", "serve", "--port", "0"]
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0"]
         cmd += ["--port-file", str(self._port_file), "--data-dir", str(self.data_dir)]
         # preexec_fn only when asked, so a caller's own Popen hook keeps working.
         extra: dict[str, Any] = {"preexec_fn": self._limit_files} if self.nofile else {}

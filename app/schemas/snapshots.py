@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.common import ListEnvelope
+from app.schemas.common import ListEnvelope
 
 
 class SnapshotInfo(BaseModel):

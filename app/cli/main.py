@@ -92,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     from app.api.app import create_app
     from app.api.serving import serve
-    from app.ops.observability import configure_logging
+    from app.observability import configure_logging
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     overrides: dict[str, Any] = {}
@@ -248,7 +248,7 @@ def ingest_documents(
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Upsert documents (BEIR folder, JSONL or CSV) into a collection via the API."""
-    from app.ops.inputs import InputError, read_documents
+    from app.cli.inputs import InputError, read_documents
 
     empty: list[str] = []
     try:
@@ -329,7 +329,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     from tqdm import tqdm
 
-    from app.ops.inputs import InputError, default_split, read_judged
+    from app.cli.inputs import InputError, default_split, read_judged
 
     split = args.split or default_split(args.data_dir)
     try:
@@ -428,7 +428,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
     import json
 
-    from app.ops.inputs import InputError, check_beir_split, default_split
+    from app.cli.inputs import InputError, check_beir_split, default_split
 
     split = args.split or default_split(args.data_dir, exclude=args.fit_split)
     splits = [split] + ([args.fit_split] if args.fit_split else [])
@@ -439,7 +439,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = _settings()
 
     from app.api.lifespan import load_embedder
-    from app.ops.evaluation import method_table, run_eval
+    from app.cli.evaluation import method_table, run_eval
     from calibration import CalibrationError
     from calibration.evaluation import EvalOptions
 
@@ -594,26 +594,24 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``normcal``."""
-    parser = argparse.ArgumentParser(
-        prog="normcal",
-        description=__doc__,
+if TYPE_CHECKING:
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def _command(sub: Subcommands, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand of ``normcal``: its help line, description and epilog."""
+    return sub.add_parser(
+        name,
+        help=text,
+        description=text[0].upper() + text[1:] + ".",
         epilog=EPILOG,
         formatter_class=_HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name,
-            help=text,
-            description=text[0].upper() + text[1:] + ".",
-            epilog=EPILOG,
-            formatter_class=_HelpFormatter,
-        )
 
-    serve = command("serve", "run the HTTP service")
+def add_serve(sub: Subcommands) -> None:
+    """``normcal serve``: run the HTTP service."""
+    serve = _command(sub, "serve", "run the HTTP service")
     serve.add_argument(
         "--host",
         default=None,
@@ -639,7 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
-    ingest = command("ingest", "upsert documents into a collection via the API")
+
+def add_ingest(sub: Subcommands) -> None:
+    """``normcal ingest``: upsert documents into a collection via the API."""
+    ingest = _command(sub, "ingest", "upsert documents into a collection via the API")
     ingest.add_argument(
         "source",
         type=Path,
@@ -666,7 +667,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ingest.set_defaults(func=cmd_ingest)
 
-    fit = command("fit", "fit a calibrator on the server from a BEIR split's qrels")
+
+def add_fit(sub: Subcommands) -> None:
+    """``normcal fit``: fit a calibrator on the server from qrels."""
+    fit = _command(
+        sub, "fit", "fit a calibrator on the server from a BEIR split's qrels"
+    )
     fit.add_argument(
         "data_dir", type=Path, help="BEIR folder with queries.jsonl and qrels/"
     )
@@ -713,8 +719,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_url(fit)
     fit.set_defaults(func=cmd_fit)
 
-    ev = command(
-        "eval", "retrieval and calibration metrics on a BEIR folder (runs locally)"
+
+def add_eval(sub: Subcommands) -> None:
+    """``normcal eval``: metrics on a BEIR folder, locally."""
+    ev = _command(
+        sub, "eval", "retrieval and calibration metrics on a BEIR folder (runs locally)"
     )
     ev.add_argument(
         "data_dir", type=Path, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)"
@@ -766,8 +775,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(func=cmd_eval)
 
-    restore = command(
-        "restore", "install a snapshot file as a collection (server stopped)"
+
+def add_restore(sub: Subcommands) -> None:
+    """``normcal restore``: install a snapshot file as a collection."""
+    restore = _command(
+        sub, "restore", "install a snapshot file as a collection (server stopped)"
     )
     restore.add_argument(
         "snapshot", type=Path, help="a snapshot file (GET .../snapshots/{id})"
@@ -786,7 +798,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     restore.set_defaults(func=cmd_restore)
 
-    export = command(
+
+def add_export_onnx(sub: Subcommands) -> None:
+    """``normcal export-onnx``: export the model to ONNX."""
+    export = _command(
+        sub,
         "export-onnx",
         "export the model (NORMCAL_MODEL_PATH) to ONNX for the onnx backend",
     )
@@ -797,6 +813,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory for model.onnx and manifest.json (then NORMCAL_ONNX_PATH=DIR)",
     )
     export.set_defaults(func=cmd_export_onnx)
+
+
+# The subcommands, in the order ``normcal --help`` lists them.
+COMMANDS = (add_serve, add_ingest, add_fit, add_eval, add_restore, add_export_onnx)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``normcal``: one ``add_<command>`` per subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="normcal",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
     return parser
 
 

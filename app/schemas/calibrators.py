@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
+from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 
 # Grades are labels, stored as SQLite integers; int32 is far more than any scale needs.
 MAX_RELEVANCE = 2**31 - 1

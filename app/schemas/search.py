@@ -6,8 +6,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.api.schemas.collections import CalibratorRef
-from app.api.schemas.common import Filter, Metadata, Probability, RequestModel, Text
+from app.schemas.collections import CalibratorRef
+from app.schemas.common import Filter, Metadata, Probability, RequestModel, Text
 
 SearchMode = Literal["dense", "lexical", "hybrid"]
 

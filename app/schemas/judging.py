@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.api.schemas.collections import CalibratorRef
-from app.api.schemas.common import RequestModel, Text
+from app.schemas.collections import CalibratorRef
+from app.schemas.common import RequestModel, Text
 
 DEFAULT_QUERY_LOG_RETENTION = 1000
 

@@ -50,7 +50,7 @@ def run_eval(
     the dense top-k alone. Retrieval modes rank the hybrid pool of ``depth`` (at most
     ``LEXICAL_DEPTH``), the same pool for every mode.
     """
-    from app.ops.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
+    from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
 
     opts = options or EvalOptions()
     say = progress or (lambda _msg: None)

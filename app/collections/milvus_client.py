@@ -1,0 +1,241 @@
+"""Talking to Milvus: the guarded client, collection names, filters and seqs.
+
+Shared by the documents (``app.collections.milvus``) and the state
+(``app.collections.milvus_state``) of a normcal collection in Milvus:
+
+* :class:`Guarded`: every call into pymilvus goes through it, which turns a failure
+  of Milvus (unreachable, timed out, or failing server-side) into
+  :class:`~app.exceptions.StorageUnavailableError` (HTTP 503 with ``Retry-After``),
+  and reloads a collection a restarted server left released;
+* :func:`milvus_name`: the two Milvus collections of a normcal collection;
+* :func:`metadata_filter` and :func:`matches`: filters built from typed values,
+  never by pasting a user's string, and checked again in Python;
+* :data:`SEQS`: increasing seqs for keyset paging and insertion order.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pymilvus import MilvusException
+from pymilvus.exceptions import ParamError
+
+from app.collections.base import MetadataValue
+from app.exceptions import (
+    InvalidRequestError,
+    NormcalError,
+    NotFoundError,
+    StorageUnavailableError,
+)
+
+BACKEND = "milvus"
+DOCS, STATE = "ncd_", "ncs_"
+QUERY_BATCH = 1000  # rows per query-iterator page and per get/delete by ids
+_INT64 = (-(2**63), 2**63 - 1)
+_RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
+_NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
+_NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
+
+
+def milvus_name(name: str, kind: str = DOCS) -> str:
+    """The Milvus collection name of normcal collection ``name`` (injective).
+
+    Milvus allows letters, digits and ``_``; normcal names have ``-`` too. Letters
+    and digits stay, ``_`` becomes ``_u``, ``-`` ``_d`` and any other character
+    ``_x`` + 6 hex digits: a prefix-free code, so two names never collide, and the
+    prefix (``ncd_`` documents, ``ncs_`` state) keeps the two kinds apart.
+    """
+    out = [kind]
+    for ch in name:
+        if ch.isascii() and ch.isalnum():
+            out.append(ch)
+        else:
+            out.append({"_": "_u", "-": "_d"}.get(ch, f"_x{ord(ch):06x}"))
+    return "".join(out)
+
+
+def string_literal(value: str) -> str:
+    r"""A Milvus expression string literal denoting exactly ``value``.
+
+    The expression grammar knows the escapes ``\\ \" \n \r \t``; any other
+    control character could not be written back, so it is refused rather than
+    passed through.
+    """
+    for ch in value:
+        if (ord(ch) < 0x20 and ch not in "\n\r\t") or ord(ch) == 0x7F:
+            raise InvalidRequestError(
+                f"filter values for the {BACKEND} backend cannot contain control "
+                f"character U+{ord(ch):04X}",
+                field="where",
+            )
+    escaped = (
+        value.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+    )
+    return f'"{escaped}"'
+
+
+def _literal(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return string_literal(value)
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise InvalidRequestError(
+                f"filter value {value} is outside the 64-bit range of the "
+                f"{BACKEND} backend",
+                field="where",
+            )
+        return str(value)
+    if not math.isfinite(value):
+        raise InvalidRequestError("filter values must be finite", field="where")
+    return repr(float(value))
+
+
+def metadata_filter(where: dict[str, MetadataValue]) -> str:
+    """A Milvus filter true when metadata equals ``where`` on every key ("" = all)."""
+    clauses = []
+    for key, value in where.items():
+        field = f"metadata[{string_literal(key)}]"
+        if value is None:
+            clauses.append(f"{field} is null")
+        else:
+            clauses.append(f"{field} == {_literal(value)}")
+    return " and ".join(clauses)
+
+
+def matches(metadata: dict[str, Any], where: dict[str, MetadataValue]) -> bool:
+    """Whether ``metadata`` equals ``where`` on every key, JSON types kept apart.
+
+    The SQLite store's semantics (``true`` is not ``1``, ``"1"`` is not ``1``, a null
+    needs the key present); applied to every row Milvus returns for a filter.
+    """
+    for key, value in where.items():
+        if key not in metadata:
+            return False
+        have = metadata[key]
+        if value is None or isinstance(value, bool | str):
+            if type(have) is not type(value) or have != value:
+                return False
+        elif isinstance(have, bool) or not isinstance(have, int | float):
+            return False
+        elif have != value:
+            return False
+    return True
+
+
+class _SeqClock:
+    """Increasing int64 seqs: microseconds since the epoch, never repeated here.
+
+    Shared by every collection of the process. Across replicas the order follows
+    the clocks: paging misses nothing as long as they agree to within the time
+    between a write and a page that should see it.
+    """
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def take(self, count: int) -> int:
+        """The first of ``count`` consecutive new seqs."""
+        with self._lock:
+            first = max(time.time_ns() // 1000, self._last + 1)
+            self._last = first + count - 1
+            return first
+
+
+SEQS = _SeqClock()
+
+
+class Guarded:
+    """A ``MilvusClient`` whose every call reports Milvus's failures as normcal's.
+
+    The one place pymilvus errors are translated (see the module docstring):
+
+    * an error pymilvus or the server puts on the request itself (``ParamError``,
+      ``is_input_error``) is normcal's to interpret and passes unchanged: normcal
+      checks users' input before any call, so one reaching Milvus is a bug or a
+      missing engine feature (``create`` turns that into a 422);
+    * a collection not found is a 404 when the wrapped client serves one normcal
+      collection (``collection``), e.g. after another replica dropped it;
+    * a released collection is loaded and the call retried once;
+    * anything else (no connection, timeout, server failure) is a 503 naming Milvus
+      and its URI, never the token; nothing was written that a retry would not
+      converge (upserts are idempotent by id).
+    """
+
+    def __init__(self, client: Any, uri: str, collection: str | None = None) -> None:
+        self.raw = client
+        self._uri = uri
+        self._collection = collection
+
+    def for_collection(self, name: str) -> Guarded:
+        """The same client, reporting a missing Milvus collection as ``name``'s 404."""
+        return Guarded(self.raw, self._uri, name)
+
+    def __getattr__(self, method: str) -> Any:
+        call = getattr(self.raw, method)
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = self._call(call, args, kwargs)
+            except MilvusException as error:
+                ours = self._translate(error)
+                if ours is None:
+                    raise
+                raise ours from error
+            if method.endswith("_iterator"):  # its next() calls Milvus too
+                return Guarded(result, self._uri, self._collection)
+            return result
+
+        return guarded
+
+    def _call(self, call: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except MilvusException as error:
+            if error.code != _NOT_LOADED or not args:
+                raise
+            self.raw.load_collection(args[0])  # args[0]: the collection's name
+            return call(*args, **kwargs)
+
+    def _translate(self, error: MilvusException) -> NormcalError | None:
+        """The error to report for ``error``; None: the caller's to interpret."""
+        if isinstance(error, ParamError) or error.is_input_error:
+            return None
+        if error.code == _NOT_FOUND and self._collection is not None:
+            return NotFoundError("collection", self._collection)
+        return StorageUnavailableError(
+            f"Milvus at {self._uri} is unavailable: {error.message or error}",
+            retry_after=_RETRY_AFTER,
+        )
+
+
+def query_all(
+    client: Guarded, milvus: str, filter_: str, fields: list[str]
+) -> list[dict[str, Any]]:
+    """Every row matching ``filter_`` (a query iterator: no result-size cap)."""
+    iterator = client.query_iterator(
+        milvus, batch_size=QUERY_BATCH, filter=filter_, output_fields=fields
+    )
+    rows: list[dict[str, Any]] = []
+    try:
+        while batch := iterator.next():
+            rows.extend(batch)
+    finally:
+        iterator.close()
+    return rows
+
+
+def chunks(items: Sequence[Any]) -> Iterator[list[Any]]:
+    """``items`` in lists of :data:`QUERY_BATCH` (Milvus bounds one get or delete)."""
+    for start in range(0, len(items), QUERY_BATCH):
+        yield list(items[start : start + QUERY_BATCH])

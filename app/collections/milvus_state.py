@@ -1,0 +1,382 @@
+"""The per-collection state of the Milvus backend, as rows of its state collection.
+
+Meta, calibrators, judgments, query log and judging queue are JSON rows of the
+normcal collection's state collection (``ncs_…``, :func:`create_state_collection`),
+keyed by kind and key (with the dummy 2-dim vector Milvus requires of every
+collection), so that several normcal replicas can share one Milvus with no local
+state. :class:`MilvusState` is what ``CollectionState`` (``app.collections.base``)
+asks of a collection besides its documents; it is given the guarded client and the
+collection's lock (``reading``/``writing``: held, and the collection checked open).
+
+State updates that read then write (query log counts, "activate unless deleted")
+take the write lock: they are serialised within one process only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Generic
+
+from pymilvus import DataType, MilvusClient
+
+from app.collections.base import C, CalibratorLoader, active_profile, decodable
+from app.collections.milvus_client import (
+    SEQS,
+    Guarded,
+    chunks,
+    query_all,
+    string_literal,
+)
+from app.exceptions import ConflictError, NotFoundError
+
+if TYPE_CHECKING:
+    from app.collections.base import CollectionState
+
+STATE_FIELDS = ["pk", "kind", "key", "n", "data"]
+MAX_KEY_BYTES = 65_535  # Milvus's VARCHAR maximum
+_DUMMY = [1.0, 0.0]  # the state collection's vector: Milvus requires one
+
+Lock = Callable[[], AbstractContextManager[None]]
+"""One of the collection's locks: held, and the collection checked open."""
+
+
+def read_meta(client: Guarded, milvus: str) -> dict[str, Any]:
+    """The meta rows of state collection ``milvus``, as a dict."""
+    rows = query_all(client, milvus, 'kind == "meta"', STATE_FIELDS)
+    return {r["key"]: r["data"]["value"] for r in rows}
+
+
+def create_state_collection(client: Guarded, milvus: str) -> None:
+    """Create the Milvus collection holding one normcal collection's state rows."""
+    schema = MilvusClient.create_schema(auto_id=False)
+    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=80)
+    schema.add_field("kind", DataType.VARCHAR, max_length=16)
+    schema.add_field("key", DataType.VARCHAR, max_length=MAX_KEY_BYTES)
+    schema.add_field("n", DataType.INT64)
+    schema.add_field("data", DataType.JSON)
+    schema.add_field("v", DataType.FLOAT_VECTOR, dim=len(_DUMMY))
+    index = client.prepare_index_params()
+    index.add_index("v", index_type="FLAT", metric_type="IP")
+    client.create_collection(
+        milvus, schema=schema, index_params=index, consistency_level="Strong"
+    )
+
+
+class MilvusState(Generic[C]):
+    """One Milvus collection's calibrators, feedback, query log and judging queue.
+
+    ``meta`` is the collection's cached meta, shared (the active calibrator's id is
+    kept there); ``profile`` is the active calibrator, decoded, replaced by one
+    assignment, so a search that reads it once sees the old one or the new one.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client: Guarded,
+        milvus: str,
+        locks: tuple[Lock, Lock],
+        load_calibrator: CalibratorLoader[C],
+        meta: dict[str, Any],
+    ) -> None:
+        self.name = name
+        self._client = client
+        self._collection = milvus
+        self._reading, self._writing = locks
+        self._load_calibrator = load_calibrator
+        self._meta = meta
+        self.profile: C | None = active_profile(
+            name, meta.get("active_calibrator"), self.calibrator
+        )
+
+    # -- rows ---------------------------------------------------------------------------
+    def _rows(self, kind: str) -> list[dict[str, Any]]:
+        return query_all(
+            self._client,
+            self._collection,
+            f"kind == {string_literal(kind)}",
+            STATE_FIELDS,
+        )
+
+    def _put(self, kind: str, items: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
+        if items:
+            self._client.upsert(
+                self._collection,
+                [
+                    {
+                        "pk": _pk(kind, key),
+                        "kind": kind,
+                        "key": key,
+                        "n": n,
+                        "data": data,
+                        "v": _DUMMY,
+                    }
+                    for key, n, data in items
+                ],
+            )
+
+    def _remove(self, kind: str, keys: Sequence[str]) -> None:
+        for chunk in chunks([_pk(kind, k) for k in keys]):
+            self._client.delete(self._collection, ids=chunk)
+
+    def set_meta(self, **values: Any) -> None:
+        """Persist meta keys (one state row each) and refresh the cached copy."""
+        with self._reading():
+            self._put("meta", [(k, 0, {"value": v}) for k, v in values.items()])
+        self._meta.update(values)
+
+    # -- feedback -----------------------------------------------------------------------
+    def _judgment_rows(self) -> list[dict[str, Any]]:
+        return sorted(self._rows("judgment"), key=lambda r: int(r["n"]))
+
+    def judgments(self) -> list[tuple[str, str, int]]:
+        """Stored feedback ``(query, document_id, relevance)``, oldest first."""
+        with self._reading():
+            rows = self._judgment_rows()
+        return [
+            (
+                str(r["data"]["query"]),
+                str(r["data"]["document_id"]),
+                int(r["data"]["relevance"]),
+            )
+            for r in rows
+        ]
+
+    def judgments_count(self) -> int:
+        """How many feedback judgments are stored."""
+        with self._reading():
+            return len(self._rows("judgment"))
+
+    def add_judgments(self, rows: Sequence[tuple[str, str, int]]) -> int:
+        """Store feedback for the next fit; return the new total."""
+        now = time.time()
+        first = SEQS.take(len(rows))
+        with self._writing():
+            self._put(
+                "judgment",
+                [
+                    (
+                        str(first + i),
+                        first + i,
+                        {
+                            "query": q,
+                            "document_id": d,
+                            "relevance": int(r),
+                            "created_at": now,
+                        },
+                    )
+                    for i, (q, d, r) in enumerate(rows)
+                ],
+            )
+            return len(self._rows("judgment"))
+
+    def judgments_page(
+        self, limit: int, after: int
+    ) -> list[tuple[int, str, str, int, float]]:
+        """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
+        with self._reading():
+            rows = [r for r in self._judgment_rows() if int(r["n"]) > after][:limit]
+        return [
+            (
+                int(r["n"]),
+                str(r["data"]["query"]),
+                str(r["data"]["document_id"]),
+                int(r["data"]["relevance"]),
+                float(r["data"]["created_at"]),
+            )
+            for r in rows
+        ]
+
+    def delete_judgments(self, query: str | None) -> int:
+        """Delete stored feedback (all, or one query's); return how many."""
+        with self._writing():
+            keys = [
+                r["key"]
+                for r in self._rows("judgment")
+                if query is None or r["data"]["query"] == query
+            ]
+            self._remove("judgment", keys)
+        return len(keys)
+
+    # -- query log and judging queue ----------------------------------------------------
+    def log_queries(self, queries: Sequence[str], retention: int) -> None:
+        """Count searched query texts, keeping the ``retention`` most recent."""
+        now = time.time()
+        with self._writing():
+            known = {r["key"]: r["data"] for r in self._rows("log")}
+            for query in queries:
+                entry = known.get(query) or {"first_seen": now, "count": 0}
+                known[query] = {**entry, "last_seen": now, "count": entry["count"] + 1}
+            self._put("log", [(q, 0, known[q]) for q in dict.fromkeys(queries)])
+            self._trim(retention)
+
+    def _trim(self, retention: int) -> int:
+        rows = sorted(self._rows("log"), key=lambda r: -r["data"]["last_seen"])
+        self._remove("log", [r["key"] for r in rows[retention:]])
+        return min(len(rows), retention)
+
+    def trim_query_log(self, retention: int) -> int:
+        """Apply a new retention now; return how many log entries remain."""
+        with self._writing():
+            return self._trim(retention)
+
+    def query_log_size(self) -> int:
+        """Distinct queries in the query log."""
+        with self._reading():
+            return len(self._rows("log"))
+
+    def add_judging_queries(self, queries: Sequence[str]) -> int:
+        """Queue uploaded queries to judge; return how many were new."""
+        with self._writing():
+            queued = {r["key"] for r in self._rows("queue")}
+            new = [q for q in dict.fromkeys(queries) if q not in queued]
+            first = SEQS.take(len(new))
+            self._put("queue", [(q, first + i, {}) for i, q in enumerate(new)])
+        return len(new)
+
+    def judging_candidates(self, limit: int) -> tuple[str, list[str], int]:
+        """Uploaded queries first, in upload order; then the log, most searched first."""
+        with self._reading():
+            done = {r["data"]["query"] for r in self._rows("judgment")}
+            done |= {r["key"] for r in self._rows("skip")}
+            queue = sorted(self._rows("queue"), key=lambda r: int(r["n"]))
+            log = sorted(
+                self._rows("log"),
+                key=lambda r: (-r["data"]["count"], -r["data"]["last_seen"], r["key"]),
+            )
+        for source, rows in (("uploaded", queue), ("log", log)):
+            todo = [str(r["key"]) for r in rows if r["key"] not in done]
+            if todo:
+                return source, todo[:limit], len(todo)
+        return "none", [], 0
+
+    def skip_judging(self, query: str) -> bool:
+        """Never offer ``query`` again; False when it is neither queued nor logged."""
+        with self._writing():
+            known = self._client.get(
+                self._collection,
+                ids=[_pk("queue", query), _pk("log", query)],
+                output_fields=["pk"],
+            )
+            if not known:
+                return False
+            self._put("skip", [(query, 0, {"skipped_at": time.time()})])
+        return True
+
+    def judging_counts(self) -> tuple[int, int, int]:
+        """``(judged queries, with a relevant judgment, skipped)``."""
+        with self._reading():
+            judged = [r["data"] for r in self._rows("judgment")]
+            skipped = len(self._rows("skip"))
+        relevant = {j["query"] for j in judged if j["relevance"] > 0}
+        return len({j["query"] for j in judged}), len(relevant), skipped
+
+    # -- calibrators --------------------------------------------------------------------
+    def _stored_calibrator(self, calibrator_id: str) -> dict[str, Any] | None:
+        rows = self._client.get(
+            self._collection,
+            ids=[_pk("calibrator", calibrator_id)],
+            output_fields=["data"],
+        )
+        return dict(rows[0]["data"]["profile"]) if rows else None
+
+    def calibrator(self, calibrator_id: str) -> C:
+        """Load a stored calibrator (``NotFoundError`` if absent)."""
+        with self._reading():
+            data = self._stored_calibrator(calibrator_id)
+        if data is None:
+            raise NotFoundError("calibrator", calibrator_id)
+        return self._load_calibrator(data)
+
+    def calibrators(self) -> list[C]:
+        """Every stored calibrator, oldest first."""
+        with self._reading():
+            rows = sorted(
+                self._rows("calibrator"), key=lambda r: (int(r["n"]), r["key"])
+            )
+        return decodable(
+            self.name, [dict(r["data"]["profile"]) for r in rows], self._load_calibrator
+        )
+
+    def add_calibrator(self, profile: C, *, activate: bool) -> None:
+        """Store a fitted calibrator, then (a second write) activate it."""
+        data = {"method": profile.method, "profile": profile.to_json()}
+        with self._writing():
+            self._put("calibrator", [(profile.id, SEQS.take(1), data)])
+            if activate:
+                self._put("meta", [("active_calibrator", 0, {"value": profile.id})])
+        if activate:
+            self._meta["active_calibrator"] = profile.id
+            self.profile = profile
+
+    def activate(self, calibrator_id: str) -> C:
+        """Make a stored calibrator the active one (``NotFoundError`` if absent)."""
+        with self._writing():
+            data = self._stored_calibrator(calibrator_id)
+            if data is None:
+                raise NotFoundError("calibrator", calibrator_id)
+            self._put("meta", [("active_calibrator", 0, {"value": calibrator_id})])
+        profile = self._load_calibrator(data)
+        self._meta["active_calibrator"] = calibrator_id
+        self.profile = profile
+        return profile
+
+    def deactivate(self) -> None:
+        """Serve no fitted calibrator: the owner's default applies again."""
+        with self._writing():
+            self._remove("meta", ["active_calibrator"])
+        self._meta.pop("active_calibrator", None)
+        self.profile = None
+
+    def delete_calibrator(self, calibrator_id: str) -> None:
+        """Delete a stored calibrator; the active one is refused (``ConflictError``)."""
+        with self._writing():
+            active = self._client.get(
+                self._collection,
+                ids=[_pk("meta", "active_calibrator")],
+                output_fields=["data"],
+            )
+            if active and active[0]["data"]["value"] == calibrator_id:
+                raise ConflictError(
+                    f"calibrator {calibrator_id!r} is the active one of collection "
+                    f"{self.name!r}; activate another calibrator, or the default, "
+                    "before deleting it"
+                )
+            if self._stored_calibrator(calibrator_id) is None:
+                raise NotFoundError("calibrator", calibrator_id)
+            self._remove("calibrator", [calibrator_id])
+
+    def refresh(self) -> None:
+        """Follow the active calibrator another replica may have set: one point query.
+
+        ``meta`` and ``profile`` are cached per process; the registry calls this on
+        every lookup (about 2 ms on Milvus Lite), so a replica serves another's
+        activation from its next request on. A collection another replica dropped
+        is a ``NotFoundError`` here.
+        """
+        key = [_pk("meta", "active_calibrator")]
+        with self._reading():
+            rows = self._client.get(self._collection, ids=key, output_fields=["data"])
+        active = rows[0]["data"]["value"] if rows else None
+        if active == self._meta.get("active_calibrator"):
+            return
+        profile = self.calibrator(active) if active else None
+        if active:
+            self._meta["active_calibrator"] = active
+        else:
+            self._meta.pop("active_calibrator", None)
+        self.profile = profile
+
+
+def _pk(kind: str, key: str) -> str:
+    return f"{kind}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+if TYPE_CHECKING:
+
+    def _conforming(state: MilvusState[C]) -> CollectionState[C]:
+        """The type-checked proof that the Milvus state is a ``CollectionState``."""
+        return state

@@ -1,1 +1,0 @@
-"""Operations: the CLI, logging and metrics, offline evaluation on BEIR data."""
