@@ -3,7 +3,8 @@
 One file per collection, WAL journal. A new file is built complete (schema and meta
 in one transaction) by :func:`build_store` before it gets its final name; a copy is
 taken with SQLite's online backup (:func:`backup_database`); a file is looked at
-strictly read-only (:func:`inspect_store`, :func:`count_documents`). The schema is
+strictly read-only (:func:`count_documents`; checked in full by
+:func:`app.collections.checks.check_file`). The schema is
 what :mod:`app.collections.checks` compares a file against;
 :class:`app.collections.store.CollectionStore` opens a checked file for writing.
 """
@@ -58,7 +59,6 @@ SCHEMA = (
     created_at REAL NOT NULL
 )""",
 )
-TABLES = ("meta", "documents", "calibrators", "judgments")
 ADDED_SCHEMA = (  # version 2
     """CREATE TABLE IF NOT EXISTS query_log (  -- opt-in log of searched query texts
     query TEXT PRIMARY KEY,
@@ -164,38 +164,6 @@ def count_documents(path: Path) -> int:
     conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
     try:
         return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
-    finally:
-        conn.close()
-
-
-def inspect_store(path: Path) -> dict[str, Any]:
-    """Return the meta of a collection file, reading it strictly read-only.
-
-    Raises :class:`UnusableStoreError` when it is not a regular, intact SQLite file
-    with every normcal table. A quick look (tools, tests); the server serves and
-    restores only what :func:`app.collections.checks.check_file` accepts. A plain open would already write into a broken file
-    (``journal_mode=WAL`` turns a 0-byte file into a database), hence ``mode=ro``.
-    """
-    if not path.is_file():
-        raise UnusableStoreError("not a regular file")
-    if path.stat().st_size == 0:
-        raise UnusableStoreError("empty file (0 bytes)")
-    try:
-        conn = sqlite3.connect(f"{file_uri(path)}?mode=ro", uri=True)
-    except sqlite3.Error as error:
-        raise UnusableStoreError(f"cannot open: {error}") from error
-    try:
-        check = conn.execute("PRAGMA quick_check").fetchall()
-        if check != [("ok",)]:
-            raise UnusableStoreError(f"damaged: {check[0][0]}")
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-        missing = [t for t in TABLES if t not in tables]
-        if missing:
-            raise UnusableStoreError(f"missing tables: {', '.join(missing)}")
-        rows = conn.execute("SELECT key, value FROM meta").fetchall()
-        return {k: json.loads(v) for k, v in rows}
-    except (sqlite3.Error, ValueError) as error:
-        raise UnusableStoreError(f"not a normcal database: {error}") from error
     finally:
         conn.close()
 

@@ -16,9 +16,9 @@ from normcal_client import InvalidRequest, NormcalClient, NotFound
 
 from app.api.app import create_app
 from app.cli.main import EXIT_INPUT, EXIT_USAGE, main
+from app.collections.checks import check_file
 from app.collections.ownership import LOCK_FILE
 from app.collections.store import CollectionStore
-from app.collections.store_files import inspect_store
 from app.services.jobs import JOBS_FILE
 from app.settings import Settings
 from tests.conftest import assert_problem
@@ -102,7 +102,7 @@ def test_snapshot_during_concurrent_upserts_is_one_committed_state(tmp_path, emb
                 assert len(data) == info.bytes
                 copy = tmp_path / f"{info.id}.sqlite3"
                 copy.write_bytes(data)
-                assert inspect_store(copy)["name"] == "kb"
+                assert check_file(copy)["name"] == "kb"
                 documents, lexical = _counts(copy)
                 assert documents == lexical == info.documents
                 assert documents > 0 and documents % batch == 0

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from app.collections.checks import check_file
 from app.collections.connections import OpenConnections
 from app.collections.local_state import LocalState
 from app.collections.store import CollectionStore
-from app.collections.store_files import SCHEMA_VERSION, build_store, inspect_store
+from app.collections.store_files import SCHEMA_VERSION, build_store
 from app.exceptions import NotFoundError
 from app.settings import Limits
 from tests.collections.conftest import DIM, new_docs
@@ -27,10 +28,10 @@ def test_build_store_writes_a_private_complete_file_and_never_overwrites(tmp_pat
     meta = {"name": "kb", "model": "m", "dim": DIM, "created_at": 1.0}
     build_store(path, meta, synchronous="OFF")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert inspect_store(path) == {**meta, "schema_version": SCHEMA_VERSION}
+    assert check_file(path) == {**meta, "schema_version": SCHEMA_VERSION}
     with pytest.raises(FileExistsError):
         build_store(path, {**meta, "dim": 3}, synchronous="OFF")
-    assert inspect_store(path)["dim"] == DIM
+    assert check_file(path)["dim"] == DIM
 
 
 def test_upsert_assigns_seqs_and_replacing_gives_a_fresh_one(store):
