@@ -69,6 +69,7 @@ SECURITY_HEADERS = {
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
 }
+_ENCODED_HEADERS = [(n.encode(), v.encode()) for n, v in SECURITY_HEADERS.items()]
 _INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.DOTALL)
 
 
@@ -101,11 +102,7 @@ class SecurityHeadersMiddleware:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
-                headers += [
-                    (name.encode(), value.encode())
-                    for name, value in SECURITY_HEADERS.items()
-                    if name.encode() not in present
-                ]
+                headers += [(n, v) for n, v in _ENCODED_HEADERS if n not in present]
                 message["headers"] = headers
             await send(message)
 
