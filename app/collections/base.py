@@ -161,19 +161,26 @@ def active_profile(
 
 
 def decodable(
-    collection: str, stored: Sequence[dict[str, Any]], load: CalibratorLoader[C]
+    collection: str,
+    stored: Sequence[dict[str, Any]],
+    load: CalibratorLoader[C],
+    *,
+    strict: bool = False,
 ) -> list[C]:
     """The stored calibrators that decode; a row that does not is logged and skipped.
 
     A profile stored before profiles were checked may not decode today; it must not
     make every listing of the collection fail (the loader raises ``ValueError``,
-    of which ``calibration``'s format errors are).
+    of which ``calibration``'s format errors are). ``strict``: raise instead (a
+    snapshot about to be restored must decode whole).
     """
     out = []
     for data in stored:
         try:
             out.append(load(data))
         except ValueError as error:
+            if strict:
+                raise
             logger.warning(
                 "a stored calibrator of %s does not decode (%s); left out",
                 collection,

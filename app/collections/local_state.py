@@ -79,14 +79,17 @@ class LocalState(Generic[C]):
             raise NotFoundError("calibrator", calibrator_id)
         return self._load_calibrator(dict(json.loads(row[0])))
 
-    def calibrators(self) -> list[C]:
-        """Every stored calibrator that decodes, oldest first."""
+    def calibrators(self, *, strict: bool = False) -> list[C]:
+        """Every stored calibrator that decodes, oldest first.
+
+        ``strict``: every one must decode, else the loader's ``ValueError``.
+        """
         with self._reading() as conn:
             rows = conn.execute(
                 "SELECT profile FROM calibrators ORDER BY created_at, id"
             ).fetchall()
         stored = [dict(json.loads(r[0])) for r in rows]
-        return decodable(self.name, stored, self._load_calibrator)
+        return decodable(self.name, stored, self._load_calibrator, strict=strict)
 
     def add_calibrator(self, profile: C, *, activate: bool) -> None:
         """Store a fitted calibrator; activating it is part of the same commit."""

@@ -316,7 +316,7 @@ class CollectionRegistry(Generic[C]):
                 "the snapshot is not a usable collection", error
             ) from error.__cause__
         try:
-            trial.state.calibrators()
+            trial.state.calibrators(strict=True)
         except Exception as error:
             raise InvalidRequestError(
                 "the snapshot is not a usable collection: a stored calibrator "

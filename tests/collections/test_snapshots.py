@@ -7,6 +7,7 @@ whatever they mean).
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -190,7 +191,9 @@ def test_snapshot_lifecycle_and_404s(kb, tmp_path):
     assert kb.get(SNAPS).json() == {"data": [], "count": 0}
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not-sqlite", "other-collection"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "not-sqlite", "other-collection", "bad-calibrator"]
+)
 def test_restore_of_a_bad_snapshot_is_refused_and_changes_nothing(kb, tmp_path, damage):
     snap = kb.post(SNAPS).json()
     kb.put("/v1/collections/kb/documents", json={"documents": LATER}).raise_for_status()
@@ -201,6 +204,13 @@ def test_restore_of_a_bad_snapshot_is_refused_and_changes_nothing(kb, tmp_path, 
         file.write_bytes(data[: len(data) // 2])
     elif damage == "not-sqlite":
         file.write_bytes(b"not a database\n" * 1000)
+    elif damage == "bad-calibrator":  # a stored calibrator that does not decode
+        with sqlite3.connect(file) as conn:
+            conn.execute(
+                "INSERT INTO calibrators(id, created_at, method, profile)"
+                " VALUES ('bad', 1.0, 'platt', '{\"format\": \"nonsense\"}')"
+            )
+        conn.close()
     else:  # a healthy snapshot of another collection, put in kb's folder
         assert kb.post("/v1/collections", json={"name": "other"}).status_code == 201
         other = kb.post("/v1/collections/other/snapshots").json()
