@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,17 @@ def shared_dataset(name: str) -> Path:
             f"{path} not available (set NORMCAL_SHARED_DATA; default ../shared/data)"
         )
     return path
+
+
+def alter_sqlite(path: Path, *statements: str) -> None:
+    """Run ``statements`` on the SQLite file ``path`` in one commit (crafting files)."""
+    conn = sqlite3.connect(path)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def assert_problem(response, status: int = 422) -> dict:

@@ -20,6 +20,7 @@ from app.collections.checks import (
 from app.collections.registry import CollectionRegistry
 from app.collections.store_files import SCHEMA_VERSION, UnusableStoreError, build_store
 from tests.collections.conftest import DIM, new_docs
+from tests.conftest import alter_sqlite
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "old_format"
 META = {"name": "kb", "model": "m", "dim": DIM, "created_at": 1.0}
@@ -39,16 +40,6 @@ def built(tmp_path: Path) -> Path:
     registry.create("kb").upsert(new_docs(["a", "b", "c"]))
     registry.close()
     return tmp_path / "data" / "kb.sqlite3"
-
-
-def _alter(path: Path, *statements: str) -> None:
-    conn = sqlite3.connect(path)
-    try:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
-    finally:
-        conn.close()
 
 
 def _differences(path: Path) -> list[str]:
@@ -115,7 +106,7 @@ def test_a_file_this_code_made_passes_and_old_versions_pass(built, tmp_path):
     ],
 )
 def test_any_schema_difference_is_named_and_refused(built, statements, problem):
-    _alter(built, *statements)
+    alter_sqlite(built, *statements)
     assert problem in _differences(built)
     with pytest.raises(UnusableStoreError, match="schema differs") as refused:
         check_file(built)
@@ -173,10 +164,10 @@ def test_meta_the_server_writes_is_accepted():
 
 
 def test_bad_meta_values_and_documents_are_refused_in_the_file(built):
-    _alter(built, "UPDATE meta SET value = 'not json' WHERE key = 'model'")
+    alter_sqlite(built, "UPDATE meta SET value = 'not json' WHERE key = 'model'")
     with pytest.raises(UnusableStoreError, match="meta 'model' is not JSON"):
         check_file(built)
-    _alter(
+    alter_sqlite(
         built,
         "UPDATE meta SET value = '\"m\"' WHERE key = 'model'",
         "UPDATE documents SET vector = x'00' WHERE id = 'b'",
@@ -188,7 +179,7 @@ def test_bad_meta_values_and_documents_are_refused_in_the_file(built):
 def test_start_up_quarantines_a_file_that_fails_the_checks(built):
     good = built.with_name("good.sqlite3")
     build_store(good, {**META, "name": "good"}, synchronous="OFF")
-    _alter(
+    alter_sqlite(
         built,
         "CREATE TRIGGER eat AFTER INSERT ON documents BEGIN "
         "DELETE FROM documents WHERE seq = new.seq; END",
@@ -212,7 +203,7 @@ def test_offline_restore_of_a_crafted_snapshot_exits_3_and_changes_nothing(
 ):
     snapshot = tmp_path / "crafted.sqlite3"
     shutil.copy(built, snapshot)
-    _alter(
+    alter_sqlite(
         snapshot,
         "CREATE TRIGGER eat AFTER INSERT ON documents BEGIN "
         "DELETE FROM documents WHERE seq = new.seq; END",

@@ -7,7 +7,6 @@ whatever they mean).
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from app.collections.ownership import LOCK_FILE
 from app.collections.store import CollectionStore
 from app.services.jobs import JOBS_FILE
 from app.settings import Settings
-from tests.conftest import assert_problem
+from tests.conftest import alter_sqlite, assert_problem
 from tests.support.live import ThreadServer
 
 pytestmark = pytest.mark.fake_embedder
@@ -205,12 +204,11 @@ def test_restore_of_a_bad_snapshot_is_refused_and_changes_nothing(kb, tmp_path, 
     elif damage == "not-sqlite":
         file.write_bytes(b"not a database\n" * 1000)
     elif damage == "bad-calibrator":  # a stored calibrator that does not decode
-        with sqlite3.connect(file) as conn:
-            conn.execute(
-                "INSERT INTO calibrators(id, created_at, method, profile)"
-                " VALUES ('bad', 1.0, 'platt', '{\"format\": \"nonsense\"}')"
-            )
-        conn.close()
+        alter_sqlite(
+            file,
+            "INSERT INTO calibrators(id, created_at, method, profile)"
+            " VALUES ('bad', 1.0, 'platt', '{\"format\": \"nonsense\"}')",
+        )
     else:  # a healthy snapshot of another collection, put in kb's folder
         assert kb.post("/v1/collections", json={"name": "other"}).status_code == 201
         other = kb.post("/v1/collections/other/snapshots").json()

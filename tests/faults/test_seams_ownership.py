@@ -15,7 +15,6 @@ the documents acknowledged) and a search's hits.
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import httpx
 import pytest
 
 from app.cli.main import EXIT_BUSY
-from tests.conftest import assert_problem
+from tests.conftest import alter_sqlite, assert_problem
 from tests.support.server import ServerProcess, source_env
 
 pytestmark = pytest.mark.server
@@ -105,16 +104,6 @@ def _state(c: httpx.Client) -> tuple[Any, ...]:
     return info["documents"], info["lexical_indexed"], info["indexed"], hits
 
 
-def _alter(path: Path, *statements: str) -> None:
-    conn = sqlite3.connect(path)
-    try:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
-    finally:
-        conn.close()
-
-
 def test_offline_restore_into_a_served_dir_is_refused_and_acked_writes_survive(
     owner: Owner,
 ):
@@ -175,7 +164,9 @@ def test_a_crafted_snapshot_is_refused_and_changes_nothing(
     """Defect 3: the snapshot's schema and meta are checked in full before restore."""
     with owner.client() as c:
         snap = c.post(SNAPS).json()
-        _alter(owner.data / "snapshots" / "kb" / f"{snap['id']}.sqlite3", statement)
+        alter_sqlite(
+            owner.data / "snapshots" / "kb" / f"{snap['id']}.sqlite3", statement
+        )
         before = _state(c)
         body = assert_problem(c.post(f"{SNAPS}/{snap['id']}/restore"), 422)
         assert problem in body["detail"], body
