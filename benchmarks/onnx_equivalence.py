@@ -130,8 +130,9 @@ def main() -> int:
         if "bf16" in variants:
             embedders["bf16"] = load_embedder(Settings(**base, embed_precision="bf16"))
         reference = embedders["fp32"]
-        profile = load_default_profile(reference.model_name, reference.model_id)
-        assert not isinstance(profile, str), profile
+        default = load_default_profile(reference.model_name, reference.model_id)
+        assert not isinstance(default, str) and default.agnostic_because is None
+        profile = default.profile
         batches: dict[tuple[str, str], EmbeddingBatch] = {}
         speed: dict[str, float] = {}
         for name, embedder in embedders.items():

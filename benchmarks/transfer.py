@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,72 +48,66 @@ from calibration import (
     query_table,
 )
 from calibration.evaluation import EvalOptions, _draw_train, nested_cv
-from calibration.prior import PRIOR_FEATURES
+from calibration.features import LEXICAL_FEATURES
+from calibration.prior import PRIOR_FEATURES, lodo_calibrate
 from calibration.profile import QueryEvidence, build_features, single_threaded_blas
 from calibration.report import to_jsonable
 
 FloatArray = NDArray[np.float64]
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
-SETS = ("scifact", "cranfield", "cisi", "cacm", "npl", "cf", "time", "aila-statutes")
+SETS = (
+    "scifact",
+    "cranfield",
+    "cisi",
+    "cacm",
+    "npl",
+    "cf",
+    "time",
+    "aila-statutes",
+    "med",
+    "adi",
+    "lisa",
+    "cosqa",
+    "csfcube",
+    "semeval2015-cqa",
+)
 K = 20
-CACHE = Path.home() / ".cache" / "normcal" / "transfer"
+CACHE = Path.home() / ".cache" / "normcal" / "corpus"
 SIZES = (5, 10, 30)
+MIN_TEST_QUERIES = 5  # a few-label size is skipped when it leaves fewer to score on
 TARGET_VS_FULL = {5: 1.20, 10: 1.10, 30: 1.05}
-WITH_NORM = (*PRIOR_FEATURES, "ell_q")
+FEATURES_SHIPPED = (*PRIOR_FEATURES, *LEXICAL_FEATURES)
+"""Features of the shipped default profile (scripts/fit_default_profile.py)."""
 
 
-# -- evidence cache ----------------------------------------------------------------------
-def _cache_file(cache: Path, model: str, name: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model)
-    return cache / slug / f"{name}.npz"
+# -- the sets as the service sees them ---------------------------------------------------
+def hybrid_domains(
+    embedder: Any, names: Sequence[str], data: Path, cache: Path
+) -> dict[str, tuple[Domain, Any]]:
+    """Each set's judged queries on the hybrid pool of ``K``, and its embedded corpus.
 
+    The pool is what the service scores (the exact cosine top-``K`` and the BM25
+    top-``K``, every hit with its lexical evidence, as ``normcal eval``). Corpus
+    embeddings and the dense/BM25 lists are cached under ``cache`` (shared with
+    ``benchmarks/eval_all.py``); a missing set is embedded with ``embedder``.
+    """
+    from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
+    from calibration.features import LEXICAL_DEPTH
 
-def build_cache(embedder: Any, name: str, data: Path, cache: Path) -> Path:
-    """Embed one set with ``embedder`` and cache its top-``K`` evidence."""
-    from app.cli.beir import embed_corpus, read_qrels, read_queries, retrieve
-
-    path = _cache_file(cache, embedder.model_name, name)
-    if path.exists():
-        return path
-    corpus = embed_corpus(embedder, data / name)
-    queries = read_queries(data / name)
-    qrels = read_qrels(data / name, "test")
-    qids = sorted(q for q in qrels if q in queries)
-    evidence = retrieve(embedder, corpus, queries, qids, K).evidence(corpus, qrels, K)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(
-        path,
-        model=np.array(embedder.model_name),
-        query_norms=np.array([e.norm for e in evidence]),
-        query_tokens=np.array([e.n_tokens for e in evidence]),
-        scores=np.stack([e.scores for e in evidence]),
-        doc_norms=np.stack([e.doc_norms for e in evidence]),
-        doc_tokens=np.stack([e.doc_tokens for e in evidence]),
-        labels=np.stack([e.labels for e in evidence if e.labels is not None]),
-        corpus_norms=corpus.norms,
-        corpus_tokens=corpus.n_tokens,
-    )
-    return path
-
-
-def load_cache(
-    path: Path,
-) -> tuple[list[QueryEvidence], np.ndarray, np.ndarray]:
-    """Evidence per judged query, and the corpus norms and token counts."""
-    with np.load(path, allow_pickle=False) as z:
-        evidence = [
-            QueryEvidence(
-                norm=float(z["query_norms"][i]),
-                n_tokens=int(z["query_tokens"][i]),
-                scores=z["scores"][i].astype(np.float64),
-                doc_norms=z["doc_norms"][i].astype(np.float64),
-                doc_tokens=z["doc_tokens"][i].astype(np.int64),
-                labels=z["labels"][i].astype(np.float64),
-            )
-            for i in range(len(z["query_norms"]))
-        ]
-        return evidence, z["corpus_norms"], z["corpus_tokens"]
+    out = {}
+    for name in names:
+        corpus = embed_corpus(embedder, data / name, cache)
+        queries = read_queries(data / name)
+        qrels = read_qrels(data / name, "test")
+        qids = sorted(q for q in qrels if q in queries)
+        depth = min(LEXICAL_DEPTH, len(corpus.ids))
+        hybrid = hybrid_retrieve(
+            embedder, data / name, corpus, queries, qids, depth, cache
+        )
+        evidence = hybrid.evidence(corpus, qrels, K)
+        out[name] = (domain_of(name, evidence, corpus.norms, corpus.n_tokens), corpus)
+    return out
 
 
 @dataclass(frozen=True)
@@ -126,10 +121,6 @@ class Domain:
     y: FloatArray
     groups: NDArray[np.int64]
     offsets: NDArray[np.int64]
-
-
-def load_domain(name: str, path: Path) -> Domain:
-    return domain_of(name, *load_cache(path))
 
 
 def domain_of(
@@ -149,13 +140,13 @@ def domain_of(
     return Domain(name, evidence, doc_ref, X, y, groups, offsets.astype(np.int64))
 
 
-def full_auto(domain: Domain, path: Path) -> FloatArray:
+def full_auto(domain: Domain, cached: Path) -> FloatArray:
     """Nested-CV held-out probabilities of ``auto`` on all of the set (cached)."""
-    cached = path.with_name(f"{domain.name}.auto.npy")
     if cached.exists():
         out: FloatArray = np.load(cached)
         return out
-    proba, _, _ = nested_cv(domain.evidence, domain.doc_ref, EvalOptions(reorder=False))
+    proba, _, _ = nested_cv(domain.evidence, domain.doc_ref, EvalOptions())
+    cached.parent.mkdir(parents=True, exist_ok=True)
     np.save(cached, proba["auto"])
     return proba["auto"]
 
@@ -182,11 +173,27 @@ def _mean_se(values: list[float]) -> dict[str, float]:
 
 
 def held_out(
-    target: Domain, others: list[Domain], auto_p: FloatArray, draws: int, seed: int
+    target: Domain,
+    others: list[Domain],
+    auto_p: FloatArray,
+    draws: int,
+    seed: int,
+    features: Sequence[str],
 ) -> dict[str, Any]:
-    """Every figure for ``target`` from priors fitted without it."""
+    """Every figure for ``target`` from priors fitted without it.
+
+    The served level and the interval width are chosen by :func:`lodo_calibrate` on
+    the *other* sets only (nested leave-one-dataset-out), so every zero-label figure
+    here is out of domain.
+    """
     sets = {d.name: (d.X, d.y) for d in others}
-    prior = fit_prior(sets)
+    choice = lodo_calibrate(sets, features=features)
+    prior = fit_prior(
+        sets,
+        features=features,
+        width=choice.width,
+        point_offset=choice.point_offset,
+    )
     y = target.y
     p = prior.predict_proba(target.X)
     lo, hi = prior.predict_interval(target.X)
@@ -195,9 +202,13 @@ def held_out(
         **_metrics(y, p),
         "base_rate": base,
         "constant_brier": base * (1.0 - base),
+        "brier_vs_constant": brier_score(y, p) / (base * (1.0 - base)),
         "interval_coverage": interval_coverage(y, p, lo, hi),
+        "strict_coverage": interval_coverage(y, p, lo, hi, alpha=0.0),
         "mean_interval_width": float(np.mean(hi - lo)),
         "mean_p": float(p.mean()),
+        "width": choice.width,
+        "point_offset": choice.point_offset,
     }
     out: dict[str, Any] = {
         "prior": prior.to_dict(),
@@ -211,6 +222,8 @@ def held_out(
         [float(e.labels.max()) for e in target.evidence if e.labels is not None]
     )
     for n in SIZES:
+        if n_q - n < MIN_TEST_QUERIES:
+            continue  # too few queries left to score on
         rows: dict[str, list[float]] = {
             "prior": [],
             "platt": [],
@@ -241,12 +254,14 @@ def held_out(
             rows["prior_vs_full"].append(rows["prior"][-1] / b_full)
             rows["width"].append(float(np.mean(hi_n - lo_n)))
         out["few_label"][str(n)] = {k: _mean_se(v) for k, v in rows.items()}
-    out["norm_lift"], out["confidence_weight"] = _norm_and_confidence(target, others)
+    out["norm_lift"], out["confidence_weight"] = _norm_and_confidence(
+        target, others, features
+    )
     return out
 
 
 def _norm_and_confidence(
-    target: Domain, others: list[Domain]
+    target: Domain, others: list[Domain], features: Sequence[str]
 ) -> tuple[dict[str, Any], float]:
     """Residual query norm in the prior: kept only by the one-SE rule (issue 9 item 6).
 
@@ -256,7 +271,8 @@ def _norm_and_confidence(
     """
     sets = {d.name: (d.X, d.y) for d in others}
     oof = {}
-    for key, feats in (("with", WITH_NORM), ("without", PRIOR_FEATURES)):
+    with_norm = (*features, "ell_q")
+    for key, feats in (("with", with_norm), ("without", tuple(features))):
         prior = fit_prior(sets, features=feats)
         oof[key] = cross_val_predict_grouped(
             PriorCalibrator(prior=prior.to_dict()), target.X, target.y, target.groups
@@ -302,6 +318,8 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     ]
     for name, r in results.items():
         for n in SIZES:
+            if str(n) not in r["few_label"]:
+                continue
             f = r["few_label"][str(n)]
             ratio = f["prior_vs_full"]["mean"]
             lines.append(
@@ -338,27 +356,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sets", nargs="+", default=list(SETS))
+    parser.add_argument(
+        "--features", nargs="+", default=list(FEATURES_SHIPPED), help="prior features"
+    )
     args = parser.parse_args(argv)
     from app.api.lifespan import load_embedder
     from app.settings import Settings
 
     settings = Settings()
-    embedder = None
-    paths = {}
-    for name in args.sets:
-        path = _cache_file(args.cache, settings.model_name, name)
-        if not path.exists():
-            embedder = embedder or load_embedder(settings)
-            path = build_cache(embedder, name, args.data, args.cache)
-        paths[name] = path
-    domains = {name: load_domain(name, paths[name]) for name in args.sets}
+    embedder = load_embedder(settings)
+    domains = {
+        name: d
+        for name, (d, _) in hybrid_domains(
+            embedder, args.sets, args.data, args.cache
+        ).items()
+    }
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", settings.model_name)
     results: dict[str, dict[str, Any]] = {}
     with single_threaded_blas():
         for name, target in domains.items():
             print(f"held out: {name}", file=sys.stderr, flush=True)
-            auto_p = full_auto(target, paths[name])
+            auto_p = full_auto(target, args.cache / "auto" / f"{slug}-{name}.npy")
             others = [d for n, d in domains.items() if n != name]
-            results[name] = held_out(target, others, auto_p, args.draws, args.seed)
+            results[name] = held_out(
+                target, others, auto_p, args.draws, args.seed, args.features
+            )
     print(tables(results))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

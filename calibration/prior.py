@@ -32,6 +32,7 @@ one-standard-error rule of :mod:`calibration.selection`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import expit
+from scipy.stats import beta as beta_dist
 from scipy.stats import t as student_t
 from sklearn.base import BaseEstimator
 
@@ -54,26 +56,42 @@ from calibration.exceptions import (
 )
 from calibration.features import FEATURES, LEXICAL_FEATURES
 from calibration.metrics import (
+    brier_score,
     clear_nll_gain,
     negative_log_likelihood,
     reliability_curve,
 )
 
 __all__ = [
+    "AGNOSTIC_FEATURES",
     "NORM_FEATURES",
     "PRIOR_FEATURES",
     "CrossDomainPrior",
+    "LodoChoice",
     "NormVerdict",
     "PriorCalibrator",
     "coherent_confidence",
     "fit_confidence_weight",
     "fit_prior",
     "interval_coverage",
+    "lodo_calibrate",
     "norm_lift_verdict",
+    "t_location_scale",
 ]
 
 PRIOR_FEATURES: tuple[str, ...] = ("cosine", "rank", "gap", "len_q")
 """Default features of the prior: query-side, so probabilities never reorder hits."""
+
+AGNOSTIC_FEATURES: tuple[str, ...] = (
+    "rank",
+    "gap",
+    "len_q",
+    "lex",
+    "lex_rel",
+    "lex_rank",
+)
+"""Features of the model-agnostic prior: list position, the gap to the top score,
+query length and lexical evidence — no raw cosine, whose scale is the model's."""
 
 NORM_FEATURES: tuple[str, ...] = ("ell_q", "ell_d")
 """Residual-norm columns; add them to ``features`` only where they earn it."""
@@ -95,6 +113,16 @@ _SLOPE_PRIOR_SD = 10.0  # weak ridge of the pooled fit (standardised units)
 _PER_SET_SD = 1.0  # per-set refits shrink toward the shared slope with this SD
 _MIN_SLOPE_SD = 0.05  # floor of the across-domain slope spread
 _N_LOOSEN = 30  # below this many judged queries the slope prior keeps its width
+LEVEL_DF = 4.0
+"""Degrees of freedom of the level distribution: tails heavy enough that one domain
+far from the rest (a collection with one relevant passage per query among thousands)
+is a plausible draw, not a many-sigma event."""
+COVERAGE_ALPHA = 0.05
+"""Sampling error allowed for a bin's observed rate by :func:`interval_coverage`."""
+OFFSET_GRID = np.round(np.arange(-3.0, 1.0001, 0.125), 3)
+"""Served level offsets :func:`lodo_calibrate` tries."""
+WIDTH_GRID = np.round(np.arange(0.5, 6.0001, 0.05), 2)
+"""Half-width multipliers :func:`lodo_calibrate` tries."""
 
 
 def _design(X: FloatArray, features: Sequence[str]) -> FloatArray:
@@ -133,19 +161,34 @@ def _map_logistic(
     mean: FloatArray,
     sd: FloatArray,
     bounds: list[tuple[float | None, float | None]],
+    level_df: float | None = None,
 ) -> tuple[FloatArray, FloatArray]:
-    r"""MAP of a weighted logistic regression with independent Gaussian priors.
+    r"""MAP of a weighted logistic regression with independent priors.
 
-    :math:`z = Z\theta`, :math:`\theta \sim \mathcal N(\text{mean},
-    \text{diag}(\text{sd}^2))`, sign bounds by L-BFGS-B. Returns the estimate and its Laplace covariance (inverse Hessian at the optimum).
+    :math:`z = Z\theta`, :math:`\theta_j \sim \mathcal N(\text{mean}_j,
+    \text{sd}_j^2)`, except the first coordinate (the level) when ``level_df`` is
+    set: a Student-t with that many degrees of freedom and scale ``sd[0]``, so a few
+    judgments can move a level that sits in the prior's tail. Sign bounds by
+    L-BFGS-B. Returns the estimate and its Laplace covariance (the inverse Hessian at
+    the optimum, with the t prior's Fisher information for the level).
     """
     prec = 1.0 / np.square(sd)
+    gauss = np.ones_like(prec)
+    if level_df is not None:
+        gauss[0] = 0.0
+        nu_s2 = level_df * sd[0] ** 2
 
     def objective(theta: FloatArray) -> tuple[float, FloatArray]:
         z = Z @ theta
         d = theta - mean
-        loss = float(weight @ (np.logaddexp(0.0, z) - y * z) + 0.5 * prec @ (d * d))
-        return loss, Z.T @ (weight * (expit(z) - y)) + prec * d
+        loss = float(
+            weight @ (np.logaddexp(0.0, z) - y * z) + 0.5 * (gauss * prec) @ (d * d)
+        )
+        grad = Z.T @ (weight * (expit(z) - y)) + gauss * prec * d
+        if level_df is not None:
+            loss += 0.5 * (level_df + 1.0) * math.log1p(d[0] ** 2 / nu_s2)
+            grad[0] += (level_df + 1.0) * d[0] / (nu_s2 + d[0] ** 2)
+        return loss, grad
 
     lower = [-np.inf if lo is None else lo for lo, _ in bounds]
     upper = [np.inf if hi is None else hi for _, hi in bounds]
@@ -160,6 +203,8 @@ def _map_logistic(
     )
     theta = np.asarray(res.x, dtype=np.float64)
     p = expit(Z @ theta)
+    if level_df is not None:
+        prec[0] *= (level_df + 1.0) / (level_df + 3.0)
     H = Z.T @ ((weight * p * (1.0 - p))[:, None] * Z) + np.diag(prec)
     return theta, np.linalg.pinv(0.5 * (H + H.T))
 
@@ -189,6 +234,18 @@ class CrossDomainPrior:
         Names of the training sets.
     coverage : float
         Nominal coverage of the intervals (0.8: 10th to 90th percentile).
+    level_df : float or None
+        Degrees of freedom of the Student-t the levels follow (``level_mean`` its
+        location, ``level_sd`` its scale); ``None``: a normal (profiles before the
+        heavy-tailed prior), whose interval takes the t quantile with ``K - 1``.
+    width : float
+        Multiplier of the interval's half-width, chosen by :func:`lodo_calibrate` so
+        that leave-one-dataset-out coverage reaches ``coverage`` on every held-out set.
+    point_offset : float
+        Where a new domain's level is served, relative to ``level_mean``: chosen by
+        :func:`lodo_calibrate` to minimise the held-out Brier score relative to a
+        constant at each set's own base rate. Negative when over-stating a sparse
+        collection's level costs more than under-stating a dense one's (it does).
     """
 
     features: tuple[str, ...]
@@ -201,6 +258,9 @@ class CrossDomainPrior:
     levels: tuple[float, ...]
     domains: tuple[str, ...]
     coverage: float = 0.8
+    level_df: float | None = None
+    width: float = 1.0
+    point_offset: float = 0.0
 
     @property
     def n_domains(self) -> int:
@@ -214,8 +274,9 @@ class CrossDomainPrior:
 
     @property
     def quantile(self) -> float:
-        """Half-width multiplier: Student-t quantile with ``K - 1`` dof."""
-        return float(student_t.ppf(0.5 + self.coverage / 2.0, df=self.n_domains - 1))
+        """Half-width multiplier: ``width`` times the level distribution's quantile."""
+        df = self.n_domains - 1 if self.level_df is None else self.level_df
+        return self.width * float(student_t.ppf(0.5 + self.coverage / 2.0, df=df))
 
     @property
     def reorders_hits(self) -> bool:
@@ -231,7 +292,7 @@ class CrossDomainPrior:
     def prior_mean_sd(self, n_queries: int = 0) -> tuple[FloatArray, FloatArray]:
         """Prior mean and SD of ``[level, slopes]`` for a fit on ``n_queries``."""
         loosen = max(1.0, math.sqrt(n_queries / _N_LOOSEN))
-        mean = np.array([self.level_mean, *self.slope])
+        mean = np.array([self.level_mean + self.point_offset, *self.slope])
         sd = np.array([self.predictive_level_sd, *(s * loosen for s in self.slope_sd)])
         return mean, sd
 
@@ -260,7 +321,11 @@ class CrossDomainPrior:
             "levels": list(self.levels),
             "domains": list(self.domains),
             "coverage": self.coverage,
+            "width": self.width,
+            "point_offset": self.point_offset,
         }
+        if self.level_df is not None:
+            fields["level_df"] = self.level_df
         return {
             "format_version": FORMAT_VERSION,
             "class": "CrossDomainPrior",
@@ -280,6 +345,14 @@ class CrossDomainPrior:
             )
         try:
             f = data["fields"]
+            level_df, width = f.get("level_df"), float(f.get("width", 1.0))
+            offset = float(f.get("point_offset", 0.0))
+            if level_df is not None and not 0.5 <= float(level_df) <= 1e6:
+                raise ValueError("level_df must be in [0.5, 1e6]")
+            if not 1e-3 <= width <= 1e3:
+                raise ValueError("width must be in [0.001, 1000]")
+            if not -20.0 <= offset <= 20.0:
+                raise ValueError("point_offset must be in [-20, 20]")
             return cls(
                 features=_check_features([str(v) for v in f["features"]]),
                 center=tuple(float(v) for v in f["center"]),
@@ -291,6 +364,9 @@ class CrossDomainPrior:
                 levels=tuple(float(v) for v in f["levels"]),
                 domains=tuple(str(v) for v in f["domains"]),
                 coverage=float(f["coverage"]),
+                level_df=None if level_df is None else float(level_df),
+                width=width,
+                point_offset=offset,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsupportedFormatError(
@@ -312,6 +388,9 @@ def fit_prior(
     *,
     features: Sequence[str] = PRIOR_FEATURES,
     coverage: float = 0.8,
+    level_df: float | None = LEVEL_DF,
+    width: float = 1.0,
+    point_offset: float = 0.0,
 ) -> CrossDomainPrior:
     r"""Fit the cross-domain prior on labelled sets, each set weighted equally.
 
@@ -320,9 +399,12 @@ def fit_prior(
        set :math:`k` weighted :math:`\bar N / N_k` (so each set counts equally whatever
        its size), slopes under a weak :math:`\mathcal N(0, 10^2)` ridge and the sign
        constraints that keep hit order.
-    3. The levels' mean and SD (``ddof=1``) are the level distribution; the slopes' SD
-       across per-set refits (each shrunk toward the shared slope with SD 1) is
-       :math:`\tau_w`.
+    3. The levels follow a Student-t with ``level_df`` degrees of freedom: its
+       location and scale are fitted to the per-set levels by maximum likelihood
+       (:func:`t_location_scale`), so one domain with an extreme level neither drags
+       the centre nor hides in a normal's thin tails (``None``: their mean and SD).
+       The slopes' SD across per-set refits (each shrunk toward the shared slope with
+       SD 1) is :math:`\tau_w`.
 
     Parameters
     ----------
@@ -333,6 +415,11 @@ def fit_prior(
         Columns to use.
     coverage : float, default=0.8
         Nominal coverage of the intervals.
+    level_df : float or None, default=LEVEL_DF
+        Degrees of freedom of the level distribution (``None``: normal).
+    width, point_offset : float, default=1.0 and 0.0
+        Interval half-width multiplier and served level offset
+        (:func:`lodo_calibrate` chooses them).
 
     Returns
     -------
@@ -389,17 +476,126 @@ def fit_prior(
         )
         per_set.append(th[1:])
     slope_sd = np.maximum(np.std(per_set, axis=0, ddof=1), _MIN_SLOPE_SD)
+    if level_df is None:
+        location, spread_ = float(levels.mean()), float(levels.std(ddof=1))
+    else:
+        location, spread_ = t_location_scale(levels, level_df)
     return CrossDomainPrior(
         features=feats,
         center=tuple(float(v) for v in center),
         scale=tuple(float(v) for v in scale),
         slope=tuple(float(v) for v in slope),
         slope_sd=tuple(float(v) for v in slope_sd),
-        level_mean=float(levels.mean()),
-        level_sd=float(levels.std(ddof=1)),
+        level_mean=location,
+        level_sd=spread_,
         levels=tuple(float(v) for v in levels),
         domains=tuple(str(n) for n in names),
         coverage=float(coverage),
+        level_df=level_df,
+        width=float(width),
+        point_offset=float(point_offset),
+    )
+
+
+def t_location_scale(values: ArrayLike, df: float) -> tuple[float, float]:
+    r"""Maximum-likelihood location and scale of a Student-t with ``df`` dof.
+
+    The EM iteration of Lange, Little and Taylor (1989): weights
+    :math:`(\nu + 1) / (\nu + r^2)` on standardised residuals ``r``; the scale's sum
+    is divided by ``n - 1`` (as ``ddof=1`` for a normal) so three levels do not give a
+    scale of almost nothing.
+    """
+    v = as_float_1d(values, "values")
+    location, scale = float(np.median(v)), float(v.std(ddof=1)) or 1.0
+    for _ in range(200):
+        r2 = ((v - location) / scale) ** 2
+        w = (df + 1.0) / (df + r2)
+        new_location = float(w @ v / w.sum())
+        new_scale = math.sqrt(float(w @ (v - new_location) ** 2) / (len(v) - 1))
+        done = abs(new_location - location) + abs(new_scale - scale) < 1e-10
+        location, scale = new_location, max(new_scale, 1e-6)
+        if done:
+            break
+    return location, scale
+
+
+@dataclass(frozen=True)
+class LodoChoice:
+    """The served level and interval width, chosen leave-one-dataset-out.
+
+    Attributes
+    ----------
+    point_offset : float
+        Offset of the served level from the level distribution's location.
+    width : float
+        Interval half-width multiplier.
+    brier_ratio : dict of str to float
+        Each held-out set's Brier score at ``point_offset`` over that of a constant
+        at its own base rate (1.0: as good as knowing the base rate).
+    need : dict of str to float
+        The smallest multiplier at which each held-out set is covered.
+    """
+
+    point_offset: float
+    width: float
+    brier_ratio: dict[str, float]
+    need: dict[str, float]
+
+
+def lodo_calibrate(
+    sets: Mapping[str, tuple[ArrayLike, ArrayLike]],
+    *,
+    features: Sequence[str] = PRIOR_FEATURES,
+    coverage: float = 0.8,
+    level_df: float | None = LEVEL_DF,
+    dataset_of: Mapping[str, str] | None = None,
+) -> LodoChoice:
+    """Choose the served level and the interval width out of domain, by construction.
+
+    Each set is scored with no judgments by a prior fitted on the *other* sets
+    (``dataset_of`` maps a set to its dataset when one dataset enters under several
+    embedding models: all of them are then held out together).
+
+    1. **Level**: the offset from the level location (on :data:`OFFSET_GRID`) with
+       the smallest mean, over held-out sets, of the Brier score divided by that of a
+       constant at the set's own base rate; ties go to the offset nearest 0.
+    2. **Width**: each set needs the smallest half-width multiplier (on
+       :data:`WIDTH_GRID`) at which :func:`interval_coverage` of the intervals
+       around that level reaches ``coverage``; the width is the largest need, so
+       every held-out set is covered at the nominal rate.
+    """
+    held: dict[str, CrossDomainPrior] = {}
+    ratio = np.zeros((len(sets), len(OFFSET_GRID)))
+    dataset = dataset_of or {n: n for n in sets}
+    for i, name in enumerate(sets):
+        others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
+        held[name] = fit_prior(others, features=features, level_df=level_df)
+        X, y = sets[name]
+        yv = as_labels(y, np.shape(y)[0])
+        constant = float(yv.mean() * (1.0 - yv.mean()))
+        for j, offset in enumerate(OFFSET_GRID):
+            shifted = dataclasses.replace(held[name], point_offset=float(offset))
+            ratio[i, j] = brier_score(yv, shifted.predict_proba(X)) / constant
+    mean_ratio = ratio.mean(axis=0)
+    best = np.flatnonzero(mean_ratio <= mean_ratio.min() + 1e-12)
+    j = int(best[np.argmin(np.abs(OFFSET_GRID[best]))])
+    offset = float(OFFSET_GRID[j])
+    need: dict[str, float] = {}
+    for name, prior in held.items():
+        X, y = sets[name]
+        served = dataclasses.replace(prior, point_offset=offset)
+        p = served.predict_proba(X)
+        need[name] = float(WIDTH_GRID[-1])
+        for w in WIDTH_GRID:
+            lo, hi = dataclasses.replace(served, width=float(w)).predict_interval(X)
+            if interval_coverage(y, p, lo, hi) >= coverage:
+                need[name] = float(w)
+                break
+    return LodoChoice(
+        point_offset=offset,
+        width=max(need.values()),
+        brier_ratio={n: float(r) for n, r in zip(sets, ratio[:, j], strict=True)},
+        need=need,
     )
 
 
@@ -481,6 +677,7 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
             mean,
             sd,
             [(None, None), *_bounds(prior.features)],
+            prior.level_df,
         )
         self.coef_ = theta
         self.covariance_ = cov
@@ -535,23 +732,41 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
 
 
 def interval_coverage(
-    y: ArrayLike, p: ArrayLike, lo: ArrayLike, hi: ArrayLike, *, n_bins: int = 15
+    y: ArrayLike,
+    p: ArrayLike,
+    lo: ArrayLike,
+    hi: ArrayLike,
+    *,
+    n_bins: int = 15,
+    alpha: float = COVERAGE_ALPHA,
 ) -> float:
-    """Share of equal-mass probability bins whose observed rate is in the mean interval.
+    """Share of equal-mass probability bins whose rate is consistent with the interval.
 
     Bins are those of :func:`calibration.reliability_curve` (``strategy="quantile"``)
-    on ``p``; a bin is covered when ``mean(lo) <= mean(y) <= mean(hi)`` within it.
+    on ``p``. A bin of ``n`` pairs with ``k`` relevant is covered when its exact
+    (Clopper-Pearson) ``1 - alpha`` interval for the rate meets ``[mean(lo),
+    mean(hi)]``: the observed rate is a sample, and a bin of 150 pairs whose true
+    rate is 0.3% shows 0 relevant more often than not, which an interval that never
+    reaches exactly 0 would otherwise "miss". ``alpha=0`` asks for the observed rate
+    itself inside the interval.
     """
     pv = as_float_1d(p, "p")
+    yv = as_labels(y, pv.shape[0], allow_single_class=True)
     lo_v, hi_v = as_float_1d(lo, "lo"), as_float_1d(hi, "hi")
-    curve = reliability_curve(y, pv, n_bins=n_bins, strategy="quantile")
+    curve = reliability_curve(yv, pv, n_bins=n_bins, strategy="quantile")
     ids = np.searchsorted(curve.bin_edges[1:-1], pv)
     counts = np.bincount(ids, minlength=n_bins)
     nz = counts > 0
-    mean_lo = np.bincount(ids, weights=lo_v, minlength=n_bins)[nz] / counts[nz]
-    mean_hi = np.bincount(ids, weights=hi_v, minlength=n_bins)[nz] / counts[nz]
-    obs = curve.observed_frequency
-    return float(np.mean((mean_lo <= obs) & (obs <= mean_hi)))
+    n = counts[nz]
+    k = np.bincount(ids, weights=yv, minlength=n_bins)[nz]
+    mean_lo = np.bincount(ids, weights=lo_v, minlength=n_bins)[nz] / n
+    mean_hi = np.bincount(ids, weights=hi_v, minlength=n_bins)[nz] / n
+    with np.errstate(invalid="ignore"):
+        rate_lo = np.where(k > 0, beta_dist.ppf(alpha / 2, k, n - k + 1), 0.0)
+        rate_hi = np.where(k < n, beta_dist.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+    if alpha == 0:
+        rate_lo = rate_hi = k / n
+    return float(np.mean((mean_lo <= rate_hi) & (rate_lo <= mean_hi)))
 
 
 # ------------------------------------------------------------------- query confidence

@@ -1,24 +1,28 @@
-"""Fit the default calibration profile shipped for the default model: a cross-domain prior.
+"""Fit the shipped default calibration profiles: cross-domain priors.
 
-The profile is :func:`calibration.fit_prior` over the eight relevance sets of
-``../shared/data`` (scifact, cranfield, cisi, cacm, npl, cf, time, aila-statutes; test
-qrels, each set weighted equally) on the **hybrid pool of 20** per query: the exact
-cosine top-20 and the BM25 top-20 (:func:`calibration.fusion.candidate_pool`, BM25 from
-the product's FTS5 code), every hit with its lexical evidence. Its report holds
-leave-one-dataset-out figures: every held-out probability of set X comes from a prior
-fitted without X; the weight of the coherent query confidence is fitted on them.
-Two evidence groups must earn their place by the one-SE rule on the same held-out
-predictions (paired per-query NLL): first the residual query norm (``ell_q``) over the
-list features, then the lexical columns (``lex``, ``lex_rel``, ``lex_rank``) over what
-was kept. Lexical columns are document-side, so a profile that keeps them may reorder
-hits (hybrid search ranks by probability). No abstain threshold is certified.
+**The default model's profile** (``app/profiles/<model>.json``) is
+:func:`calibration.fit_prior` over the fourteen relevance sets of ``../shared/data``
+(``benchmarks.transfer.SETS``; test qrels, each set weighted equally) on the **hybrid
+pool of 20** per query: the exact cosine top-20 and the BM25 top-20, every hit with its
+lexical evidence. Two evidence groups must earn their place by the one-SE rule on
+leave-one-dataset-out predictions (paired per-query NLL): first the residual query norm
+(``ell_q``) over the list features, then the lexical columns over what was kept.
+
+**The model-agnostic profile** (``app/profiles/_agnostic.json``, ``--agnostic``) is
+the prior over :data:`calibration.prior.AGNOSTIC_FEATURES` (evidence that means the
+same for any model) with every (model, set) pair a domain, fitted on the default
+model and the models named by ``--models`` (``benchmarks.models``); every held-out
+figure leaves the whole dataset out, under every model.
+
+For both, :func:`calibration.prior.lodo_calibrate` chooses the served level and the
+interval width leave-one-dataset-out; the report holds the held-out figures and the
+coherent confidence's weight fitted on them. No abstain threshold is certified.
 
 Corpus embeddings and the dense/BM25 lists are cached under ``~/.cache/normcal/corpus``
-(the cache ``benchmarks/eval_all.py`` uses); missing sets are embedded with the real
-model.
+(the cache ``benchmarks/eval_all.py`` uses); missing sets are embedded.
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_default_profile.py``
-(writes ``app/profiles/<model>.json``).
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_default_profile.py [--agnostic
+--models paraphrase-MiniLM-L3-v2 all-mpnet-base-v2]``.
 """
 
 from __future__ import annotations
@@ -27,93 +31,138 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from app.api.lifespan import load_embedder  # noqa: E402
+from app.embedding.identity import model_identity  # noqa: E402
+from app.profiles import AGNOSTIC_MODEL, AGNOSTIC_PROFILE, default_profile_path  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from benchmarks.transfer import CACHE, DATA, SETS, Domain, K, hybrid_domains  # noqa: E402
+from calibration import (  # noqa: E402
+    NormReference,
+    fit_prior,
+    negative_log_likelihood,
+    norm_lift_verdict,
+)
+from calibration.features import LEXICAL_FEATURES  # noqa: E402
+from calibration.prior import (  # noqa: E402
+    AGNOSTIC_FEATURES,
+    PRIOR_FEATURES,
+    CrossDomainPrior,
+    LodoChoice,
+    lodo_calibrate,
+)
+from calibration.profile import Profile, prior_profile, single_threaded_blas  # noqa: E402
+from calibration.selection import NormLift  # noqa: E402
 
-K = 20
-"""Hybrid pool size per query (dense top-20 + BM25 top-20), as ``normcal eval``."""
 
+@dataclass(frozen=True)
+class Labelled:
+    """The training domains: one per (model, set), and the dataset each one is."""
 
-def hybrid_sets(data: Path, cache: Path) -> dict[str, tuple[list[Any], Any]]:
-    """Per set: labelled hybrid-pool evidence and the embedded corpus."""
-    from app.api.lifespan import load_embedder
-    from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
-    from app.settings import Settings
-    from benchmarks.transfer import SETS
-    from calibration.features import LEXICAL_DEPTH
+    domains: dict[str, Domain]
+    dataset_of: dict[str, str]
+    corpora: list[Any]
 
-    embedder = load_embedder(Settings())
-    out = {}
-    for name in SETS:
-        corpus = embed_corpus(embedder, data / name, cache)
-        queries = read_queries(data / name)
-        qrels = read_qrels(data / name, "test")
-        qids = sorted(q for q in qrels if q in queries)
-        depth = min(LEXICAL_DEPTH, len(corpus.ids))
-        hybrid = hybrid_retrieve(
-            embedder, data / name, corpus, queries, qids, depth, cache
+    @property
+    def sets(self) -> dict[str, tuple[Any, Any]]:
+        return {k: (d.X, d.y) for k, d in self.domains.items()}
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and query groups of every domain, in domain order."""
+        y = np.concatenate([d.y for d in self.domains.values()])
+        offsets = np.cumsum([0] + [len(d.evidence) for d in self.domains.values()])
+        groups = np.concatenate(
+            [d.groups + o for d, o in zip(self.domains.values(), offsets, strict=False)]
         )
-        out[name] = (hybrid.evidence(corpus, qrels, K), corpus)
-    return out
+        return y, groups
 
-
-def main() -> int:
-    from app.profiles import default_profile_path
-    from app.settings import Settings
-    from benchmarks.eval_all import CACHE
-    from benchmarks.transfer import DATA, SETS, WITH_NORM, domain_of
-    from calibration import NormReference, fit_prior, norm_lift_verdict
-    from calibration.features import LEXICAL_FEATURES
-    from calibration.prior import PRIOR_FEATURES
-    from calibration.profile import prior_profile, single_threaded_blas
-    from calibration.selection import NormLift
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--cache", type=Path, default=CACHE)
-    args = parser.parse_args()
-
-    from app.embedding.identity import model_identity
-
-    model = Settings().model_name
-    sets = hybrid_sets(args.data, args.cache)
-    domains = {
-        name: domain_of(name, ev, corpus.norms, corpus.n_tokens)
-        for name, (ev, corpus) in sets.items()
-    }
-
-    def lodo(features: tuple[str, ...]) -> np.ndarray:
-        """Held-out probabilities of every set from a prior fitted without it."""
+    def lodo(self, features: tuple[str, ...], point_offset: float = 0.0) -> np.ndarray:
+        """Held-out probabilities of every domain from a prior fitted without its set."""
         out = []
-        for name, d in domains.items():
-            others = {n: (o.X, o.y) for n, o in domains.items() if n != name}
-            out.append(fit_prior(others, features=features).predict_proba(d.X))
+        for key, d in self.domains.items():
+            others = {
+                k: xy
+                for k, xy in self.sets.items()
+                if self.dataset_of[k] != self.dataset_of[key]
+            }
+            prior = fit_prior(others, features=features, point_offset=point_offset)
+            out.append(prior.predict_proba(d.X))
         return np.concatenate(out)
 
-    y = np.concatenate([d.y for d in domains.values()])
-    offsets = np.cumsum([0] + [len(d.evidence) for d in domains.values()])
-    groups = np.concatenate(
-        [d.groups + off for d, off in zip(domains.values(), offsets, strict=False)]
-    )
-    with single_threaded_blas():
-        p_free, p_norm = lodo(PRIOR_FEATURES), lodo(WITH_NORM)
-        verdict = norm_lift_verdict(y, p_norm, p_free, groups)
-        base = WITH_NORM if verdict.kept else PRIOR_FEATURES
-        p_base = p_norm if verdict.kept else p_free
-        with_lexical = (*base, *LEXICAL_FEATURES)
-        p_lex = lodo(with_lexical)
-        lexical = norm_lift_verdict(y, p_lex, p_base, groups)
-        features = with_lexical if lexical.kept else base
-        held = p_lex if lexical.kept else p_base
-        prior = fit_prior(
-            {n: (d.X, d.y) for n, d in domains.items()}, features=features
+    def references(self) -> tuple[NormReference, NormReference]:
+        """Query and document norm references over every domain's evidence."""
+        evidence = [e for d in self.domains.values() for e in d.evidence]
+        query_ref = NormReference().fit(
+            np.array([e.norm for e in evidence]),
+            np.array([e.n_tokens for e in evidence]),
         )
+        doc_ref = NormReference().fit(
+            np.concatenate([c.norms for c in self.corpora]),
+            np.concatenate([c.n_tokens for c in self.corpora]),
+        )
+        return query_ref, doc_ref
+
+
+def labelled(embedders: list[Any], data: Path, cache: Path) -> Labelled:
+    """Every set under every model (keys ``model/set`` when there are several)."""
+    domains, dataset_of, corpora = {}, {}, []
+    for embedder in embedders:
+        for name, (d, corpus) in hybrid_domains(embedder, SETS, data, cache).items():
+            key = name if len(embedders) == 1 else f"{embedder.model_name}/{name}"
+            domains[key], dataset_of[key] = d, name
+            corpora.append(corpus)
+    return Labelled(domains, dataset_of, corpora)
+
+
+def calibrated_prior(
+    data: Labelled, features: tuple[str, ...]
+) -> tuple[CrossDomainPrior, LodoChoice]:
+    choice = lodo_calibrate(data.sets, features=features, dataset_of=data.dataset_of)
+    prior = fit_prior(
+        data.sets,
+        features=features,
+        width=choice.width,
+        point_offset=choice.point_offset,
+    )
+    return prior, choice
+
+
+def day_one(prior: CrossDomainPrior, choice: LodoChoice) -> dict[str, Any]:
+    return {
+        "level_df": prior.level_df,
+        "point_offset": choice.point_offset,
+        "brier_vs_constant": choice.brier_ratio,
+        "width": choice.width,
+        "width_need": choice.need,
+        "how": "leave-one-dataset-out: the served level minimises the mean held-out "
+        "Brier score over that of a constant at each set's base rate; the width is "
+        "the smallest half-width multiplier at which every held-out set's interval "
+        f"coverage reaches {prior.coverage:.0%}",
+    }
+
+
+def model_profile(data: Labelled) -> tuple[Profile, list[str]]:
+    """The default model's own profile, its features chosen by the evidence ladder."""
+    y, groups = data.pooled()
+    with_norm = (*PRIOR_FEATURES, "ell_q")
+    p_free, p_norm = data.lodo(PRIOR_FEATURES), data.lodo(with_norm)
+    verdict = norm_lift_verdict(y, p_norm, p_free, groups)
+    base = with_norm if verdict.kept else PRIOR_FEATURES
+    p_base = p_norm if verdict.kept else p_free
+    with_lexical = (*base, *LEXICAL_FEATURES)
+    p_lex = data.lodo(with_lexical)
+    lexical = norm_lift_verdict(y, p_lex, p_base, groups)
+    features = with_lexical if lexical.kept else base
+    prior, choice = calibrated_prior(data, features)
     lift = NormLift(
         base_method="prior",
         nll_with=verdict.nll_with,
@@ -124,54 +173,126 @@ def main() -> int:
         reason=f"{verdict.verdict}: the residual query norm in the prior, "
         "leave-one-dataset-out, by one SE of the paired per-query NLL difference.",
     )
-    lexical_lift = {
-        "features": list(LEXICAL_FEATURES),
-        "kept": lexical.kept,
-        "verdict": lexical.verdict,
-        "nll_with": lexical.nll_with,
-        "nll_without": lexical.nll_without,
-        "brier_with": float(np.mean((p_lex - y) ** 2)),
-        "brier_without": float(np.mean((p_base - y) ** 2)),
-        "how": "leave-one-dataset-out, one SE of the paired per-query NLL difference, "
-        "over the features kept before it",
-    }
-    evidence = [e for ev, _ in sets.values() for e in ev]
-    query_ref = NormReference().fit(
-        np.array([e.norm for e in evidence]), np.array([e.n_tokens for e in evidence])
-    )
-    doc_ref = NormReference().fit(
-        np.concatenate([c.norms for _, c in sets.values()]),
-        np.concatenate([c.n_tokens for _, c in sets.values()]),
-    )
-    slug = default_profile_path(model).stem
+    settings = Settings()
+    query_ref, doc_ref = data.references()
     profile = prior_profile(
         prior,
         query_ref=query_ref,
         doc_ref=doc_ref,
-        model=model,
-        model_id=model_identity(Settings().model_path),  # applies to these files only
-        held_out=(y, held, groups),
+        model=settings.model_name,
+        model_id=model_identity(settings.model_path),  # applies to these files only
+        held_out=(y, data.lodo(features, choice.point_offset), groups),
         norm_lift=lift,
-        profile_id=f"default-{slug}",
+        profile_id=f"default-{default_profile_path(settings.model_name).stem}",
         extra_report={
             "source": f"cross-domain prior over {', '.join(SETS)} (test qrels, "
             f"hybrid pool of {K}: dense top-{K} + BM25 top-{K})",
-            "lexical_lift": lexical_lift,
+            "lexical_lift": {
+                "features": list(LEXICAL_FEATURES),
+                "kept": lexical.kept,
+                "verdict": lexical.verdict,
+                "nll_with": lexical.nll_with,
+                "nll_without": lexical.nll_without,
+                "brier_with": float(np.mean((p_lex - y) ** 2)),
+                "brier_without": float(np.mean((p_base - y) ** 2)),
+                "how": "leave-one-dataset-out, one SE of the paired per-query NLL "
+                "difference, over the features kept before it",
+            },
+            "day_one": day_one(prior, choice),
             "script": "scripts/fit_default_profile.py",
         },
     )
-    out = default_profile_path(model)
+    return profile, [
+        f"norm: {verdict.verdict}; lexical: {lexical.verdict}",
+        *_summary(prior, choice),
+    ]
+
+
+def agnostic_profile(data: Labelled, models: list[str]) -> tuple[Profile, list[str]]:
+    """The model-agnostic profile over every (model, set) domain."""
+    y, groups = data.pooled()
+    prior, choice = calibrated_prior(data, AGNOSTIC_FEATURES)
+    held = data.lodo(AGNOSTIC_FEATURES, choice.point_offset)
+    nll = negative_log_likelihood(y, held)
+    brier = float(np.mean((held - y) ** 2))
+    query_ref, doc_ref = data.references()
+    profile = prior_profile(
+        prior,
+        query_ref=query_ref,
+        doc_ref=doc_ref,
+        model=AGNOSTIC_MODEL,
+        model_id=None,
+        held_out=(y, held, groups),
+        norm_lift=NormLift(
+            base_method="prior",
+            nll_with=nll,
+            nll_without=nll,
+            brier_with=brier,
+            brier_without=brier,
+            norm_signal=False,
+            reason="not measured: a norm means something else under every model, "
+            "so the model-agnostic prior has no norm terms",
+        ),
+        profile_id="default-model-agnostic",
+        extra_report={
+            "source": f"cross-domain prior over {', '.join(SETS)} under the models "
+            f"{', '.join(models)} (test qrels, hybrid pool of {K}); every (model, "
+            "set) pair a domain, each held out with its set under every model",
+            "models": models,
+            "day_one": day_one(prior, choice),
+            "script": "scripts/fit_default_profile.py --agnostic",
+        },
+    )
+    return profile, _summary(prior, choice)
+
+
+def _summary(prior: CrossDomainPrior, choice: LodoChoice) -> list[str]:
+    return [
+        f"features: {', '.join(prior.features)}",
+        f"levels t({prior.level_df:g}), served at location {choice.point_offset:+.3f}"
+        f", interval width x{choice.width:.2f}; per set (Brier / constant at its "
+        "base rate, width needed):",
+        *(
+            f"  {name}: {choice.brier_ratio[name]:.2f}, {w:.2f}"
+            for name, w in choice.need.items()
+        ),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument(
+        "--agnostic", action="store_true", help="fit the model-agnostic profile"
+    )
+    parser.add_argument(
+        "--models", nargs="*", default=[], help="other models (benchmarks.models)"
+    )
+    args = parser.parse_args()
+    embedders = [load_embedder(Settings())]
+    if args.models:
+        from benchmarks.models import load_model
+
+        embedders += [load_model(name) for name in args.models]
+    with single_threaded_blas():
+        data = labelled(embedders, args.data, args.cache)
+        if args.agnostic:
+            models = [e.model_name for e in embedders]
+            profile, lines = agnostic_profile(data, models)
+            out = AGNOSTIC_PROFILE
+        else:
+            profile, lines = model_profile(data)
+            out = default_profile_path(Settings().model_name)
     out.write_text(json.dumps(profile.to_json(), indent=1, sort_keys=True) + "\n")
     m = profile.report.cv["prior"]
-    print(f"wrote {out.relative_to(REPO)}: prior over {len(SETS)} sets")
+    print(f"wrote {out.relative_to(REPO)}: prior over {len(data.domains)} domains")
     print(
         f"  leave-one-dataset-out nll {m.nll:.4f} brier {m.brier:.4f} ece {m.ece:.4f}"
     )
-    print(
-        f"  norm: {verdict.verdict}; lexical: {lexical.verdict}; "
-        f"confidence weight {profile.confidence_weight:.3f}"
-    )
-    print(f"  features: {', '.join(features)}")
+    print(f"  confidence weight {profile.confidence_weight:.3f}")
+    for line in lines:
+        print(f"  {line}")
     return 0
 
 

@@ -82,6 +82,11 @@ def make_lifespan(
         no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
         if isinstance(default, str):
             logger.warning("search is uncalibrated until a fit: %s", default)
+        elif default.agnostic_because is not None:
+            logger.warning(
+                "serving the model-agnostic default profile: %s",
+                default.agnostic_because,
+            )
         logger.info(
             "normcal ready: model %s (%s, dim %d), %d collections in %s (%s)",
             model.model_name,
@@ -99,8 +104,11 @@ def make_lifespan(
             model,
             registry,
             pool,
-            default_profile=None if isinstance(default, str) else default,
+            default_profile=None if isinstance(default, str) else default.profile,
             no_default_reason=no_default,
+            default_note=None
+            if isinstance(default, str) or default.agnostic_because is None
+            else f"model-agnostic default ({default.agnostic_because})",
             metrics=metrics,
             job_error=job_error,
         )

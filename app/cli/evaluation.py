@@ -118,7 +118,7 @@ def run_eval(
 def _shipped_default(embedder: Any) -> Profile | None:
     """The shipped profile evaluated beside the fits, when it fits ``embedder``."""
     default = load_default_profile(embedder.model_name, embedder.model_id)
-    return None if isinstance(default, str) else default
+    return None if isinstance(default, str) else default.profile
 
 
 def _f(value: Any, digits: int = 4) -> str:

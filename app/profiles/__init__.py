@@ -5,11 +5,15 @@ reads the files that ship with the service, so search is calibrated before anyon
 has judged anything. A profile's maps are fitted to one model's cosines and norms,
 so each file records, beside the model's name, the identity of the model files it
 was fitted on (``model_id``, see :mod:`app.embedding.identity`) and applies only to
-a model of that identity: another model served under the same name gets none.
+a model of that identity. Any other model — another name, the same name over other
+files — gets the **model-agnostic** default (``_agnostic.json``): a prior over
+evidence that means the same for every model (list position, lexical evidence, query
+length), validated leave-one-model-out (``docs/calibration.md``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -19,7 +23,9 @@ from typing import Any
 from calibration.profile import Profile
 
 __all__ = [
+    "AGNOSTIC_PROFILE",
     "PROFILES_DIR",
+    "DefaultProfile",
     "ShippedProfile",
     "default_profile_path",
     "load_default_profile",
@@ -27,6 +33,10 @@ __all__ = [
 ]
 
 PROFILES_DIR = Path(__file__).parent
+AGNOSTIC_PROFILE = PROFILES_DIR / "_agnostic.json"
+"""The model-agnostic default (no model slug starts with ``_``)."""
+AGNOSTIC_MODEL = "any"
+"""The ``model`` the model-agnostic profile file records."""
 
 
 @dataclass(frozen=True)
@@ -75,18 +85,35 @@ def shipped_profiles() -> list[ShippedProfile]:
     ]
 
 
-def load_default_profile(model_name: str, model_id: str) -> Profile | str:
+@dataclass(frozen=True)
+class DefaultProfile:
+    """The default profile a server uses, and why it is not the model's own."""
+
+    profile: Profile
+    agnostic_because: str | None = None
+
+
+def load_default_profile(model_name: str, model_id: str) -> DefaultProfile | str:
     """The shipped default profile of the serving model, or why there is none.
 
-    ``model_id`` is the identity of the files served as ``model_name``: a profile
-    is returned only when both match what it was fitted for.
+    ``model_id`` is the identity of the files served as ``model_name``: the model's
+    own profile is used only when both match what it was fitted for; otherwise the
+    model-agnostic one, bound to this model (``agnostic_because`` says why). A
+    string (why there is no default) only when neither file is there.
     """
     path = default_profile_path(model_name)
-    if not path.exists():
-        return f"no calibration profile ships for model {model_name!r}"
-    data = _read(path)
-    problem = ShippedProfile.of(data).problem(model_name, model_id)
-    return Profile.from_json(data) if problem is None else problem
+    if path.exists():
+        data = _read(path)
+        problem = ShippedProfile.of(data).problem(model_name, model_id)
+        if problem is None:
+            return DefaultProfile(Profile.from_json(data))
+    else:
+        problem = f"no calibration profile ships for model {model_name!r}"
+    if not AGNOSTIC_PROFILE.exists():
+        return problem
+    agnostic = Profile.from_json(_read(AGNOSTIC_PROFILE))
+    bound = dataclasses.replace(agnostic, model=model_name, model_id=model_id)
+    return DefaultProfile(bound, agnostic_because=problem)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -34,9 +34,10 @@ class CalibratorRef(BaseModel):
     """Which calibrator produced the probabilities, and how far to trust them.
 
     ``status``: ``"default"`` (no judgments from this collection: the shipped
-    cross-domain prior, with intervals), ``"fitted"`` (fitted on ``n_queries`` judged
-    queries of this collection) or ``"none"`` (no shipped profile for this embedding
-    model: probabilities are null, ``reason`` says why). ``guarantee`` is set only when
+    cross-domain prior, with intervals; for a model without a profile of its own the
+    model-agnostic one, and ``reason`` says so), ``"fitted"`` (fitted on
+    ``n_queries`` judged queries of this collection) or ``"none"`` (no shipped
+    profile at all: probabilities are null, ``reason`` says why). ``guarantee`` is set only when
     the abstain threshold was certified on this collection's judgments; otherwise
     ``abstain`` is true only when even the upper end of ``confidence_interval`` (the
     confidence itself without one) is below 0.5, and no rate is claimed.
@@ -51,7 +52,11 @@ class CalibratorRef(BaseModel):
     )
     n_queries: int | None = Field(None, description="judged queries of a fitted one")
     guarantee: Guarantee | None = None
-    reason: str | None = Field(None, description="why there is no calibrator")
+    reason: str | None = Field(
+        None,
+        description="why there is no calibrator, or why the default in use is the "
+        "model-agnostic one",
+    )
 
 
 class CollectionInfo(BaseModel):

@@ -35,6 +35,8 @@ class Context:
     default_profile: Profile | None = None
     # Why no shipped profile serves this model (``app.profiles.load_default_profile``).
     no_default_reason: str = NO_DEFAULT_REASON
+    # Why the default is the model-agnostic one (None: the model's own profile).
+    default_note: str | None = None
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
     # Only the local backend has snapshots (files of SQLite's online backup).
@@ -135,10 +137,14 @@ class Part:
         return None
 
     def _calibrator_ref(self, profile: Profile | None) -> CalibratorRef:
-        return _calibrator_ref(profile, self.no_default_reason)
+        return _calibrator_ref(
+            profile, self.no_default_reason, self.context.default_note
+        )
 
 
-def _calibrator_ref(profile: Profile | None, no_default_reason: str) -> CalibratorRef:
+def _calibrator_ref(
+    profile: Profile | None, no_default_reason: str, default_note: str | None = None
+) -> CalibratorRef:
     """Status of the calibrator in use (see ``CalibratorRef``)."""
     if profile is None:
         return CalibratorRef(
@@ -162,4 +168,5 @@ def _calibrator_ref(profile: Profile | None, no_default_reason: str) -> Calibrat
             delta=policy.delta,
             n_queries=policy.n_calibration,
         ),
+        reason=default_note if profile.default else None,
     )

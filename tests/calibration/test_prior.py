@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import expit, logit
+from scipy.stats import t as student_t
 
 from calibration import (
     CrossDomainPrior,
@@ -24,6 +25,7 @@ from calibration import (
 )
 from calibration.exceptions import InvalidInputError, UnsupportedFormatError
 from calibration.features import FEATURES
+from calibration.prior import lodo_calibrate, t_location_scale
 
 K_HITS = 20
 # True raw slopes on cosine, log(rank), gap, len_q.
@@ -198,6 +200,17 @@ def test_interval_coverage_counts_bins_whose_rate_is_inside():
     assert interval_coverage(y, p, p + 0.2, p + 0.3) == 0.0
 
 
+def test_interval_coverage_allows_for_a_bins_sampling_error():
+    """150 pairs at a true 0.3%: 0 relevant is the likeliest sample, and no miss."""
+    p = np.full(150 * 15, 0.003)
+    y = np.zeros_like(p)
+    y[:: 150 * 5] = 1.0  # 3 relevant in all
+    lo, hi = p / 2, p * 2
+    assert interval_coverage(y, p, lo, hi) == 1.0
+    assert interval_coverage(y, p, lo, hi, alpha=0.0) < 0.5
+    assert interval_coverage(y, p, lo + 0.2, hi + 0.2) == 0.0
+
+
 # --------------------------------------------------------------------- confidence
 
 probs = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60)
@@ -255,3 +268,70 @@ def test_prior_calibrator_plugs_into_grouped_cross_validation(prior):
     assert clone(est).get_params() == est.get_params()
     oof = cross_val_predict_grouped(est, X, y, g, n_splits=5)
     assert oof.shape == y.shape and np.all((oof >= 0) & (oof <= 1))
+
+
+# -------------------------------------------------- heavy-tailed levels (issue 26)
+
+
+def test_t_levels_keep_their_centre_beside_one_far_domain():
+    levels = np.array([-2.0, -2.1, -1.9, -2.05, -1.95, -2.2, -1.8, -6.0])
+    location, scale = t_location_scale(levels, 4.0)
+    assert abs(location + 2.0) < 0.15 < abs(levels.mean() + 2.0)
+    assert scale < levels.std(ddof=1)
+    # Many normal draws: location and scale near the mean and SD's t counterpart.
+    draws = np.random.default_rng(8).normal(1.0, 2.0, 4000)
+    location, scale = t_location_scale(draws, 1e6)
+    assert location == pytest.approx(1.0, abs=0.1)
+    assert scale == pytest.approx(2.0, rel=0.05)
+
+
+def _sets(levels, rng, n_queries=120):
+    return {
+        f"d{k}": domain(level, n_queries, rng)[:2] for k, level in enumerate(levels)
+    }
+
+
+def test_lodo_width_covers_every_held_out_set_by_construction():
+    rng = np.random.default_rng(9)
+    near = _sets([-2.0, -1.6, -1.2, -0.8, -0.4], rng)
+    far = near | {"far": domain(-4.5, 120, rng)[:2]}
+    width_near = lodo_calibrate(near).width
+    choice = lodo_calibrate(far)
+    assert choice.width == max(choice.need.values()) and choice.width > width_near
+    for name, (X, y) in far.items():
+        others = {n: xy for n, xy in far.items() if n != name}
+        held = fit_prior(others, width=choice.width, point_offset=choice.point_offset)
+        lo, hi = held.predict_interval(X)
+        assert interval_coverage(y, held.predict_proba(X), lo, hi) >= 0.8, name
+
+
+def test_a_few_judgments_move_a_level_in_the_t_tail_further_than_a_normal_prior():
+    rng = np.random.default_rng(10)
+    sets = _sets(LEVELS, rng, 150)
+    true_level = LEVELS.mean() - 4.0 * LEVELS.std(ddof=1)
+    X, y, g = domain(true_level, 5, rng)
+    errors = {}
+    for df in (None, 4.0):
+        fitted = fit_prior(sets, level_df=df)
+        est = PriorCalibrator(prior=fitted.to_dict()).fit(X, y, g)
+        errors[df] = abs(raw_level(fitted, est.coef_) - true_level)
+    assert errors[4.0] < errors[None]
+
+
+def test_profiles_before_the_t_levels_load_as_normal_levels(prior):
+    old = prior.to_dict()
+    fields = {k: v for k, v in old["fields"].items() if k not in ("level_df", "width")}
+    back = CrossDomainPrior.from_dict(old | {"fields": fields})
+    assert back.level_df is None and back.width == 1.0
+    assert back.quantile == pytest.approx(
+        float(student_t.ppf(0.9, df=back.n_domains - 1))
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("level_df", 0.4), ("level_df", 2e6), ("width", 0.0)]
+)
+def test_prior_refuses_level_df_and_width_out_of_bounds(prior, key, value):
+    data = prior.to_dict()
+    with pytest.raises(UnsupportedFormatError):
+        CrossDomainPrior.from_dict(data | {"fields": data["fields"] | {key: value}})

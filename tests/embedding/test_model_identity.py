@@ -77,22 +77,54 @@ def test_a_cls_copy_has_another_identity(cls_model_dir, cls_embedder, real_embed
     assert model_identity(cls_model_dir) == cls_embedder.model_id  # stable
 
 
-def test_the_cls_copy_gets_no_default_profile(tmp_path, cls_embedder):
+def test_the_cls_copy_gets_the_model_agnostic_default(tmp_path, cls_embedder):
+    """Another model (CLS pooling: other vectors, other cosines) is calibrated on
+    day one by the model-agnostic prior, with intervals, and is told so."""
     with _client(tmp_path / "data", cls_embedder) as c:
         created = c.post("/v1/collections", json={"name": "kb"})
         assert created.status_code == 201, created.text
         ref = created.json()["calibrator"]
+        assert ref["status"] == "default" and ref["default"] is True
+        assert ref["id"] == "default-model-agnostic" and ref["method"] == "prior"
+        assert "model-agnostic" in ref["reason"]
+        assert cls_embedder.model_id in ref["reason"] and "identity" in ref["reason"]
+        assert c.put(
+            "/v1/collections/kb/documents", json={"documents": DOCS}
+        ).is_success
+        result = c.post(
+            "/v1/collections/kb/search", json={"query": "cell energy", "k": 3}
+        )
+        assert result.status_code == 200, result.text
+        body = result.json()
+        assert body["calibrator"]["status"] == "default"
+        assert body["calibrator"]["id"] == "default-model-agnostic"
+        for hit in body["hits"]:
+            lo, hi = hit["probability_interval"]
+            assert 0.0 <= lo <= hit["probability"] <= hi <= 1.0 and lo < hi
+        lo, hi = body["confidence_interval"]
+        assert lo <= body["confidence"] <= hi
+        listed = c.get("/v1/collections/kb/calibrators").json()["data"]
+        assert [(d["id"], d["active"]) for d in listed] == [
+            ("default-model-agnostic", True)
+        ]
+
+
+def test_without_the_agnostic_profile_another_model_is_uncalibrated(
+    tmp_path, cls_embedder, monkeypatch
+):
+    monkeypatch.setattr(
+        "app.profiles.AGNOSTIC_PROFILE", tmp_path / "no-such-profile.json"
+    )
+    with _client(tmp_path / "data", cls_embedder) as c:
+        ref = c.post("/v1/collections", json={"name": "kb"}).json()["calibrator"]
         assert ref["status"] == "none" and ref["default"] is False
         assert cls_embedder.model_id in ref["reason"]
-        assert "identity" in ref["reason"]
         assert c.put(
             "/v1/collections/kb/documents", json={"documents": DOCS}
         ).is_success
         result = c.post("/v1/collections/kb/search", json={"query": "cell energy"})
-        assert result.status_code == 200, result.text
         assert result.json()["calibrator"]["status"] == "none"
         assert all(h["probability"] is None for h in result.json()["hits"])
-        assert c.get("/v1/collections/kb/calibrators").json()["data"] == []
 
 
 def test_the_cls_copy_refuses_a_collection_of_the_real_model(

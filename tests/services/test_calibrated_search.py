@@ -143,7 +143,9 @@ class _Renamed:
         return getattr(self._inner, attr)
 
 
-def test_model_without_a_shipped_profile_is_none(tmp_path, embedder, scifact):
+def test_model_without_a_shipped_profile_gets_the_agnostic_default(
+    tmp_path, embedder, scifact
+):
     docs, _ = scifact
     settings = Settings(data_dir=tmp_path)
     app = create_app(settings, embedder=_Renamed(embedder, "acme/other-model"))
@@ -152,10 +154,11 @@ def test_model_without_a_shipped_profile_is_none(tmp_path, embedder, scifact):
         body = c.post("/v1/collections/other/search", json={"query": "bone"}).json()
         info = c.get("/v1/collections/other").json()
     ref = body["calibrator"]
-    assert ref["status"] == "none" and ref["reason"] and ref["guarantee"] is None
-    assert info["calibrator"]["status"] == "none"
-    assert all(h["probability"] is None for h in body["hits"])
-    assert body["confidence"] is None and body["confidence_interval"] is None
+    assert ref["status"] == "default" and ref["id"] == "default-model-agnostic"
+    assert "acme/other-model" in ref["reason"] and ref["guarantee"] is None
+    assert info["calibrator"] == ref
+    assert all(h["probability_interval"] is not None for h in body["hits"])
+    assert body["confidence_interval"] is not None
 
 
 def test_fit_reports_every_method_and_norm_lift(fitted):

@@ -14,6 +14,7 @@ import pytest
 from app.profiles import default_profile_path, load_default_profile
 from app.schemas.search import SearchHit
 from app.services.search import _cut
+from benchmarks.transfer import SETS
 from calibration import FORMAT_VERSION, UnsupportedFormatError
 from calibration.profile import Profile, QueryEvidence, fit_profile
 from calibration.report import FitReport
@@ -180,11 +181,12 @@ def test_shipped_default_profile_is_the_cross_domain_prior():
     """Format 3, the prior at zero labels: intervals, no certified threshold."""
     data = json.loads(default_profile_path(DEFAULT_MODEL).read_text(encoding="utf-8"))
     assert data["format"] == 3
-    profile = load_default_profile(DEFAULT_MODEL, data["model_id"])
-    assert (
-        isinstance(profile, Profile) and profile.default and profile.method == "prior"
-    )
-    assert profile.prior is not None and len(profile.prior.domains) == 8
+    default = load_default_profile(DEFAULT_MODEL, data["model_id"])
+    assert not isinstance(default, str) and default.agnostic_because is None
+    profile = default.profile
+    assert profile.default and profile.method == "prior"
+    assert profile.prior is not None and len(profile.prior.domains) == len(SETS)
+    assert profile.prior.level_df is not None and profile.prior.width > 1.0
     assert profile.certified_policy is None
     for scored in _score_reference_evidence(profile).values():
         assert scored.intervals is not None and scored.confidence_interval is not None
