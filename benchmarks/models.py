@@ -254,6 +254,12 @@ NORM_TEXTS = (
 )
 
 
+def load_model(name: str) -> Embedder:
+    """A loader's embedder by full or short name (``paraphrase-MiniLM-L3-v2``)."""
+    short = {full.split("/")[-1]: full for full in LOADERS}
+    return LOADERS[short.get(name, name)]()
+
+
 def check(embedder: Embedder) -> dict[str, Any]:
     """Related vs unrelated cosines, and norms of texts of several lengths."""
     left = embedder.embed([a for a, _, _ in PAIRS], "query")
@@ -281,10 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("models", nargs="*", default=list(LOADERS), help="model names")
     args = parser.parse_args(argv)
-    short = {name.split("/")[-1]: name for name in LOADERS}
     ok = True
     for model in args.models:
-        result = check(LOADERS[short.get(model, model)]())
+        result = check(load_model(model))
         print(result)
         ok = ok and result["ok"]
     return 0 if ok else 1

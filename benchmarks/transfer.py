@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -48,8 +49,9 @@ from calibration import (
     query_table,
 )
 from calibration.evaluation import EvalOptions, _draw_train, nested_cv
-from calibration.features import LEXICAL_FEATURES
-from calibration.prior import PRIOR_FEATURES, lodo_calibrate
+from calibration.features import FEATURES, LEXICAL_FEATURES
+from calibration.metrics import paired_nll_gain
+from calibration.prior import AGNOSTIC_FEATURES, PRIOR_FEATURES, lodo_calibrate
 from calibration.profile import QueryEvidence, build_features, single_threaded_blas
 from calibration.report import to_jsonable
 
@@ -291,20 +293,36 @@ def _f(x: float, d: int = 4) -> str:
 
 def tables(results: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "Zero-label (prior fitted on the other seven sets, no judgments from the row's set):",
+        "Zero-label (prior fitted on the other sets, its served level and width "
+        "chosen on them; no judgments from the row's set). Coverage allows for each "
+        "bin's sampling error (strict: the observed rate itself):",
         "",
-        "| held-out set | base rate | constant Brier | Brier | NLL | ECE | AUROC | mean p "
-        "| interval coverage | mean width |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| held-out set | base rate | constant Brier | Brier | Brier ÷ constant | NLL "
+        "| ECE | AUROC | mean p | coverage | strict | mean width | level offset "
+        "| width |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         z = r["zero_label"]
         lines.append(
             f"| {name} | {_f(z['base_rate'], 3)} | {_f(z['constant_brier'])} "
-            f"| {_f(z['brier'])} | {_f(z['nll'])} | {_f(z['ece'])} | {_f(z['auroc'], 3)} "
-            f"| {_f(z['mean_p'], 3)} | {_f(z['interval_coverage'], 2)} "
-            f"| {_f(z['mean_interval_width'], 3)} |"
+            f"| {_f(z['brier'])} | {_f(z['brier_vs_constant'], 2)} | {_f(z['nll'])} "
+            f"| {_f(z['ece'])} | {_f(z['auroc'], 3)} | {_f(z['mean_p'], 3)} "
+            f"| {_f(z['interval_coverage'], 2)} | {_f(z['strict_coverage'], 2)} "
+            f"| {_f(z['mean_interval_width'], 3)} | {_f(z['point_offset'], 3)} "
+            f"| {_f(z['width'], 2)} |"
         )
+    zs = [r["zero_label"] for r in results.values()]
+    ten = [r["few_label"]["10"] for r in results.values() if "10" in r["few_label"]]
+    lines += [
+        "",
+        f"Coverage ≥ 0.8 on {sum(z['interval_coverage'] >= 0.8 for z in zs)} of "
+        f"{len(zs)} sets; Brier ÷ constant ≤ 1.25 on "
+        f"{sum(z['brier_vs_constant'] <= 1.25 for z in zs)}, ≤ 1.0 on "
+        f"{sum(z['brier_vs_constant'] <= 1.0 for z in zs)}; prior ≤ Platt at 10 "
+        f"judged queries on {sum(f['prior']['mean'] <= f['platt']['mean'] for f in ten)}"
+        f" of {len(ten)}.",
+    ]
     lines += [
         "",
         "Few-label Brier (mean ± se over draws, on the set's other queries): prior "
@@ -348,6 +366,167 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# -- label-free level evidence (issue 26 item 2) -----------------------------------------
+def collection_statistics(domain: Domain, n_docs: int) -> dict[str, float]:
+    """Statistics of one collection that need no judgment (over its query lists)."""
+    col = {name: FEATURES.index(name) for name in FEATURES}
+    X, groups = domain.X, domain.groups
+    lists = [X[groups == q] for q in np.unique(groups)]
+    dense = [x[x[:, col["rank"]] <= K, col["cosine"]] for x in lists]
+    return {
+        "top_cosine": float(np.mean([x[:, col["cosine"]].max() for x in lists])),
+        "top_gap": float(np.mean([s.max() - s.mean() for s in dense if len(s)])),
+        "cosine_sd": float(np.mean([s.std() for s in dense if len(s)])),
+        "pool_overlap": float(np.mean([(2 * K - len(x)) / K for x in lists])),
+        "log_docs": math.log(n_docs),
+        "top_lexical": float(np.mean([x[:, col["lex"]].max() for x in lists])),
+    }
+
+
+def level_evidence(
+    domains: dict[str, Domain], n_docs: dict[str, int], features: Sequence[str]
+) -> dict[str, Any]:
+    """Does a collection statistic predict the held-out set's level? (LODO)
+
+    For each statistic and held-out set: the other sets' levels (from a prior fitted
+    on them) are regressed on the statistic, and the held-out set is scored at the
+    predicted level instead of the prior's location. Gain: held-out NLL per pair
+    over the plain prior, ± one SE of the paired per-query difference (pooled over
+    sets), and the number of sets it helped.
+    """
+    stats = {n: collection_statistics(d, n_docs[n]) for n, d in domains.items()}
+    plain: dict[str, FloatArray] = {}
+    moved: dict[str, dict[str, FloatArray]] = {
+        s: {} for s in next(iter(stats.values()))
+    }
+    for name, d in domains.items():
+        others = {n: (o.X, o.y) for n, o in domains.items() if n != name}
+        prior = fit_prior(others, features=features)
+        plain[name] = prior.predict_proba(d.X)
+        levels = np.array(prior.levels)
+        for stat in moved:
+            x = np.array([stats[n][stat] for n in prior.domains])
+            slope, intercept = np.polyfit(x, levels, 1)
+            level = float(intercept + slope * stats[name][stat])
+            moved[stat][name] = dataclasses.replace(
+                prior, level_mean=level
+            ).predict_proba(d.X)
+    y = np.concatenate([d.y for d in domains.values()])
+    offsets = np.cumsum([0] + [len(d.evidence) for d in domains.values()])
+    codes = np.concatenate(
+        [d.groups + o for d, o in zip(domains.values(), offsets, strict=False)]
+    )
+    base = np.concatenate(list(plain.values()))
+    out: dict[str, Any] = {"statistics": stats, "candidates": {}}
+    for stat, per_set in moved.items():
+        gain, se = paired_nll_gain(
+            np.concatenate([per_set[n] for n in domains]), base, y, codes
+        )
+        by_set = np.array(
+            [
+                negative_log_likelihood(d.y, plain[n])
+                - negative_log_likelihood(d.y, per_set[n])
+                for n, d in domains.items()
+            ]
+        )
+        set_se = float(by_set.std(ddof=1) / math.sqrt(len(by_set)))
+        out["candidates"][stat] = {
+            "nll_gain": gain,
+            "se": se,
+            "set_gain": float(by_set.mean()),
+            "set_se": set_se,
+            "sets_helped": int((by_set > 0).sum()),
+            # A level statistic acts on a whole set: the sets are its units.
+            "kept": bool(gain > se and by_set.mean() > set_se),
+        }
+    return out
+
+
+def level_table(result: dict[str, Any], n_sets: int) -> str:
+    lines = [
+        "Label-free level evidence, leave-one-dataset-out: held-out NLL gain per pair "
+        "over the plain prior (pooled, ± one SE of the paired per-query difference; "
+        "and the mean of the per-set gains ± their SE, a level statistic acting on a "
+        "whole set); kept only when both clear one SE:",
+        "",
+        "| statistic | pooled gain (1e-3) | SE | per-set gain (1e-3) | SE "
+        "| sets helped | kept |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for stat, c in result["candidates"].items():
+        lines.append(
+            f"| {stat} | {1e3 * c['nll_gain']:+.1f} | {1e3 * c['se']:.1f} "
+            f"| {1e3 * c['set_gain']:+.1f} | {1e3 * c['set_se']:.1f} "
+            f"| {c['sets_helped']} of {n_sets} | {'yes' if c['kept'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+# -- leave one model out (issue 26 item 4) ----------------------------------------------
+def leave_one_model_out(
+    by_model: dict[str, dict[str, Domain]], features: Sequence[str]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Zero-label figures of each (model, set) from priors that never saw either.
+
+    For a held-out model, the served level and the width come from
+    :func:`lodo_calibrate` over the other models' sets (each dataset held out under
+    every model together); each of its sets is then scored by a prior fitted on the
+    other models' *other* sets: neither the model nor the set was seen.
+    """
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for model, domains in by_model.items():
+        train = {
+            f"{m}/{n}": d
+            for m, ds in by_model.items()
+            if m != model
+            for n, d in ds.items()
+        }
+        dataset_of = {key: key.split("/", 1)[1] for key in train}
+        sets = {key: (d.X, d.y) for key, d in train.items()}
+        choice = lodo_calibrate(sets, features=features, dataset_of=dataset_of)
+        out[model] = {}
+        for name, d in domains.items():
+            others = {k: xy for k, xy in sets.items() if dataset_of[k] != name}
+            prior = fit_prior(
+                others,
+                features=features,
+                width=choice.width,
+                point_offset=choice.point_offset,
+            )
+            p = prior.predict_proba(d.X)
+            lo, hi = prior.predict_interval(d.X)
+            base = float(d.y.mean())
+            out[model][name] = {
+                **_metrics(d.y, p),
+                "base_rate": base,
+                "brier_vs_constant": brier_score(d.y, p) / (base * (1.0 - base)),
+                "interval_coverage": interval_coverage(d.y, p, lo, hi),
+            }
+    return out
+
+
+def lomo_table(result: dict[str, dict[str, dict[str, float]]], label: str) -> str:
+    lines = [
+        f"Leave one model out ({label}): zero-label figures of each model's sets from "
+        "priors fitted on the other models' other sets:",
+        "",
+        "| held-out model | sets | mean NLL | mean AUROC | coverage ≥ 0.8 "
+        "| Brier ÷ constant ≤ 1.25 | ≤ 1.0 | worst Brier ÷ constant |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model, per_set in result.items():
+        r = list(per_set.values())
+        ratios = [x["brier_vs_constant"] for x in r]
+        lines.append(
+            f"| {model} | {len(r)} | {np.mean([x['nll'] for x in r]):.4f} "
+            f"| {np.mean([x['auroc'] for x in r]):.3f} "
+            f"| {sum(x['interval_coverage'] >= 0.8 for x in r)} "
+            f"| {sum(v <= 1.25 for v in ratios)} | {sum(v <= 1.0 for v in ratios)} "
+            f"| {max(ratios):.2f} ({max(per_set, key=lambda n: per_set[n]['brier_vs_constant'])}) |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
@@ -359,20 +538,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--features", nargs="+", default=list(FEATURES_SHIPPED), help="prior features"
     )
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        default=[],
+        help="other embedding models (benchmarks.models) for leave-one-model-out",
+    )
     args = parser.parse_args(argv)
     from app.api.lifespan import load_embedder
     from app.settings import Settings
+    from benchmarks.models import load_model
 
-    settings = Settings()
-    embedder = load_embedder(settings)
-    domains = {
-        name: d
-        for name, (d, _) in hybrid_domains(
-            embedder, args.sets, args.data, args.cache
-        ).items()
-    }
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", settings.model_name)
+    embedder = load_model(args.model) if args.model else load_embedder(Settings())
+    loaded = hybrid_domains(embedder, args.sets, args.data, args.cache)
+    domains = {name: d for name, (d, _) in loaded.items()}
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", embedder.model_name)
     results: dict[str, dict[str, Any]] = {}
+    payload: dict[str, Any] = {
+        "model": embedder.model_name,
+        "k": K,
+        "draws": args.draws,
+        "sets": results,
+    }
     with single_threaded_blas():
         for name, target in domains.items():
             print(f"held out: {name}", file=sys.stderr, flush=True)
@@ -381,15 +568,31 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = held_out(
                 target, others, auto_p, args.draws, args.seed, args.features
             )
-    print(tables(results))
+        print(tables(results))
+        n_docs = {name: len(corpus.ids) for name, (_, corpus) in loaded.items()}
+        payload["level_evidence"] = level_evidence(domains, n_docs, args.features)
+        print("\n" + level_table(payload["level_evidence"], len(domains)))
+        if args.models:
+            by_model = {embedder.model_name: domains}
+            for model in args.models:
+                other = load_model(model)
+                print(f"model: {other.model_name}", file=sys.stderr, flush=True)
+                by_model[other.model_name] = {
+                    name: d
+                    for name, (d, _) in hybrid_domains(
+                        other, args.sets, args.data, args.cache
+                    ).items()
+                }
+            payload["leave_one_model_out"] = {}
+            for label, features in (
+                ("model-agnostic features", AGNOSTIC_FEATURES),
+                ("the default model's features", tuple(args.features)),
+            ):
+                lomo = leave_one_model_out(by_model, features)
+                payload["leave_one_model_out"][label] = lomo
+                print("\n" + lomo_table(lomo, label))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "model": settings.model_name,
-            "k": K,
-            "draws": args.draws,
-            "sets": results,
-        }
         args.out.write_text(
             json.dumps(to_jsonable(payload), indent=2, allow_nan=False) + "\n"
         )
