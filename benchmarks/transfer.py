@@ -539,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
         "--features", nargs="+", default=list(FEATURES_SHIPPED), help="prior features"
     )
     parser.add_argument(
+        "--model", help="the model whose sets are held out (default: the service's)"
+    )
+    parser.add_argument(
         "--models",
         nargs="*",
         default=[],
