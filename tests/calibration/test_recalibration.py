@@ -27,6 +27,7 @@ from calibration.recalibration import (
     proba_logit,
     recalibrate_proba,
 )
+from calibration.report import FitReport
 from calibration.selection import (
     ECE_GUARD,
     _auto,
@@ -203,6 +204,13 @@ def profile() -> Profile:
         doc_tokens=rng.integers(60, 256, 300),
         model="test-model",
     )
+
+
+def test_the_reasons_round_trip_through_both_forms_of_the_report(profile):
+    why = profile.report.selection
+    assert why is not None and why.rules
+    assert FitReport.from_jsonable(profile.report.to_jsonable()).selection == why
+    assert io.loads(io.dumps(profile.report)).selection == why
 
 
 @pytest.mark.parametrize("base", ["platt", "isotonic", "prior_fit"])
