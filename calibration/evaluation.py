@@ -377,7 +377,7 @@ def _fit_predict(
         proba[AUTO_QUERY_SIDE] = sel_r.estimator.predict_proba(X_te)
         if X_rank is not None:
             rank_proba[AUTO_QUERY_SIDE] = sel_r.estimator.predict_proba(X_rank)
-        chosen_query_side = sel_r.method
+        chosen_query_side = _served(sel_r)
     confidence = None
     if with_confidence:
         Q_tr, hit, _ = query_table(sel.oof_proba, g_tr, X_tr[:, ELL_Q], y_tr)
@@ -386,7 +386,14 @@ def _fit_predict(
             model = QueryConfidenceModel().fit(Q_tr, hit)
             Q_te, _, _ = query_table(proba[AUTO], g_te, X_te[:, ELL_Q])
             confidence = model.predict_proba(Q_te)
-    return _Fitted(proba, sel.method, chosen_query_side, confidence, rank_proba)
+    return _Fitted(proba, _served(sel), chosen_query_side, confidence, rank_proba)
+
+
+def _served(sel: SelectionResult) -> str:
+    """The served map's name: the wire method, ``+recal`` with the recalibration stage."""
+    return sel.method + (
+        "+recal" if sel.why is not None and sel.why.recalibrated else ""
+    )
 
 
 def _offsets(evidence: Sequence[QueryEvidence]) -> IntArray:
@@ -420,7 +427,8 @@ def nested_cv(
     proba : dict
         ``{method: ndarray of shape (n_pairs,)}`` in evidence order.
     chosen, chosen_query_side : list of str
-        ``auto``'s choice per outer fold (and restricted to query-side terms).
+        ``auto``'s choice per outer fold (and restricted to query-side terms);
+        ``+recal`` marks the recalibration stage.
     """
     out = _nested_cv(evidence, doc_ref, options, progress)
     return out.proba, out.chosen, out.chosen_query_side
@@ -934,6 +942,7 @@ def _evaluate_calibration(
         "n_fit_queries": len(held.fit_pool),
         "methods": methods,
         "chosen": sel.method,
+        "selection": to_jsonable(sel.why),
         "chosen_per_fold": held.chosen,
         "chosen_query_side": None if sel_r is None else sel_r.method,
         "chosen_query_side_per_fold": held.chosen_query_side,

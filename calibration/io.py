@@ -40,8 +40,16 @@ from calibration.models import (
 )
 from calibration.prior import PriorCalibrator
 from calibration.query import AbstainPolicy, QueryConfidenceModel
+from calibration.recalibration import RECAL_MAX_SHIFT, RECAL_MAX_SLOPE, Recalibrated
 from calibration.report import FitReport, QueryLevelReport
-from calibration.selection import GroupLift, MethodScores, NormLift, SelectionResult
+from calibration.selection import (
+    GroupLift,
+    MethodScores,
+    NormLift,
+    SelectionResult,
+    SelectionRule,
+    SelectionWhy,
+)
 
 __all__ = [
     "ARRAY_DTYPES",
@@ -114,6 +122,8 @@ _ESTIMATORS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
         QueryConfidenceModel,
         ("coef_", "intercept_", "n_features_in_"),
     ),
+    # A composition of fitted parts: the fitted base and the map are its parameters.
+    "Recalibrated": (Recalibrated, ()),
 }
 # State that only some estimators of a class have: the lexical shifts of a list model
 # fitted with ``use_lexical=True`` (payloads written before they existed lack them).
@@ -129,6 +139,8 @@ _DATACLASSES: dict[str, type[Any]] = {
     "MethodScores": MethodScores,
     "NormLift": NormLift,
     "GroupLift": GroupLift,
+    "SelectionRule": SelectionRule,
+    "SelectionWhy": SelectionWhy,
     "ReliabilityCurve": ReliabilityCurve,
     "FitReport": FitReport,
     "QueryLevelReport": QueryLevelReport,
@@ -344,6 +356,8 @@ def to_dict(obj: Any) -> dict[str, Any]:
         if not isinstance(obj, cls):
             raise UnsupportedFormatError(f"Cannot persist {name}.", class_name=name)
         missing = [a for a in attrs if not hasattr(obj, a)]
+        if isinstance(obj, Recalibrated) and obj.base is None:
+            missing.append("base")
         if missing:
             from calibration.exceptions import NotFittedCalibratorError
 
@@ -459,6 +473,8 @@ def _estimator(
     for a in optional:
         if a in state:
             setattr(obj, a, _dec(state[a], _join(state_path, a), budget, depth + 1))
+    for rule in _ESTIMATOR_RULES.get(name, ()):
+        rule(obj, params_path)
     return obj
 
 
@@ -652,6 +668,40 @@ _RULES: dict[str, tuple[Callable[[dict[str, Any], str], None], ...]] = {
         _probabilities("mean_predicted", "observed_frequency"),
         _curve_bins,
     ),
+}
+
+
+_RECALIBRATED_BASES = (
+    PlattCalibrator,
+    IsotonicCalibrator,
+    NormTemperedCalibrator,
+    ListAwareCalibrator,
+    PriorCalibrator,
+)
+
+
+def _recalibration_map(obj: Recalibrated, path: str) -> None:
+    """A recalibrated calibrator wraps one fitted family, through a bounded map."""
+    if not isinstance(obj.base, _RECALIBRATED_BASES):
+        names = " or ".join(c.__name__ for c in _RECALIBRATED_BASES)
+        raise _bad(_join(path, "base"), f"must be a {names}")
+    bounds = {
+        "a": (1.0 / RECAL_MAX_SLOPE, RECAL_MAX_SLOPE),
+        "b": (1.0 / RECAL_MAX_SLOPE, RECAL_MAX_SLOPE),
+        "c": (-RECAL_MAX_SHIFT, RECAL_MAX_SHIFT),
+    }
+    for name, (low, high) in bounds.items():
+        value = getattr(obj, name)
+        if not (
+            type(value) in (int, float)
+            and math.isfinite(value)
+            and low <= value <= high
+        ):
+            raise _bad(_join(path, name), f"must be a number in [{low:g}, {high:g}]")
+
+
+_ESTIMATOR_RULES: dict[str, tuple[Callable[[Any, str], None], ...]] = {
+    "Recalibrated": (_recalibration_map,),
 }
 
 

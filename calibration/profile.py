@@ -72,6 +72,7 @@ from calibration.query import (
     fit_abstain_policy,
     query_table,
 )
+from calibration.recalibration import Recalibrated
 from calibration.report import FitReport, QueryLevelReport, to_jsonable
 from calibration.selection import (
     MethodScores,
@@ -215,8 +216,9 @@ class Profile:
     @property
     def prior(self) -> CrossDomainPrior | None:
         """The cross-domain prior this profile's calibrator carries, if any."""
-        if isinstance(self.estimator, PriorCalibrator):
-            return self.estimator.prior_
+        est = _unwrapped(self.estimator)
+        if isinstance(est, PriorCalibrator):
+            return est.prior_
         return None
 
     @property
@@ -371,7 +373,13 @@ _SERVED_ESTIMATORS = (
     NormTemperedCalibrator,
     ListAwareCalibrator,
     PriorCalibrator,
+    Recalibrated,
 )
+
+
+def _unwrapped(estimator: Any) -> Any:
+    """The calibrator family under a recalibration stage (the estimator without one)."""
+    return estimator.base if isinstance(estimator, Recalibrated) else estimator
 
 
 def _bad(field_: str, rule: str) -> UnsupportedFormatError:
@@ -499,7 +507,7 @@ def _trial_grid(profile: Profile, max_rank: int) -> None:
     contexts = np.array(list(itertools.product(*corners)), dtype=np.float64)
     centre = np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, LEXICAL_DEPTH + 1.0])
     fine = np.linspace(-1.0, 1.0, TRIAL_COSINES)
-    knots = getattr(profile.estimator, "x_thresholds_", None)
+    knots = getattr(_unwrapped(profile.estimator), "x_thresholds_", None)
     if isinstance(knots, np.ndarray) and knots.ndim == 1 and knots.size:
         inner = knots[(knots >= -1.0) & (knots <= 1.0)]
         fine = np.concatenate([fine, inner, (inner[1:] + inner[:-1]) / 2])
@@ -666,6 +674,7 @@ def fit_profile(
         notes=tuple(selection.notes),
         fit_seconds=time.perf_counter() - started,
         evidence_lift=selection.evidence_lift,
+        selection=selection.why,
         extra=dict(extra_report or {}),
     )
     return Profile(

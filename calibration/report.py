@@ -1,8 +1,9 @@
 """The typed fit report of a calibration profile, and its JSON forms.
 
 A :class:`FitReport` says what a fit saw and decided: data sizes, every method's
-grouped-CV scores, the norm lift, the lift of each evidence group, the reliability
-curve, the query-level model and the abstain guarantee. It is stored through
+grouped-CV scores, why the served method was chosen, the norm lift, the lift of each
+evidence group, the reliability curve, the query-level model and the abstain
+guarantee. It is stored through
 :mod:`calibration.io` (versioned, like the fitted objects);
 :meth:`FitReport.to_jsonable` gives the plain JSON dict shown to users (``report`` of
 the calibrator endpoints), and :meth:`FitReport.from_jsonable` reads that dict back,
@@ -20,7 +21,13 @@ import numpy as np
 
 from calibration.metrics import ReliabilityCurve
 from calibration.query import AbstainPolicy
-from calibration.selection import GroupLift, MethodScores, NormLift
+from calibration.selection import (
+    GroupLift,
+    MethodScores,
+    NormLift,
+    SelectionRule,
+    SelectionWhy,
+)
 
 __all__ = ["FitReport", "QueryLevelReport", "to_jsonable"]
 
@@ -81,6 +88,12 @@ class FitReport:
         Lift of each evidence group (list, length, lexical, residual norm) along the
         ladder of :func:`~calibration.selection.evidence_lift`; None in reports
         stored before it existed (and then absent from the JSON form).
+    selection : SelectionWhy or None
+        Why the served method was chosen: the one-standard-error rule, the ECE guard
+        and the recalibration stage, each with its outcome
+        (:func:`~calibration.selection.select_calibrator`); None in reports stored
+        before it existed and in the shipped default's (then absent from the JSON
+        form).
     extra : dict
         Caller's JSON-able additions (``collection``, ``source`` ...), shown at the
         top level of the JSON form.
@@ -105,6 +118,7 @@ class FitReport:
     notes: tuple[str, ...] = ()
     fit_seconds: float = 0.0
     evidence_lift: tuple[GroupLift, ...] | None = None
+    selection: SelectionWhy | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_jsonable(self) -> dict[str, Any]:
@@ -113,7 +127,7 @@ class FitReport:
             f.name: to_jsonable(getattr(self, f.name))
             for f in dataclasses.fields(self)
             if f.name not in _FLATTENED
-            and not (f.name == "evidence_lift" and self.evidence_lift is None)
+            and not (f.name in _OPTIONAL and getattr(self, f.name) is None)
         }
         out["query_ref"] = {"unit_norm": self.query_unit_norm}
         out["doc_ref"] = {"unit_norm": self.doc_unit_norm}
@@ -127,6 +141,7 @@ class FitReport:
         curve = data["reliability"]
         abstain = data.get("abstain")
         lifts = data.get("evidence_lift")
+        why = data.get("selection")
         return cls(
             requested_method=str(data["requested_method"]),
             allow_reorder=bool(data["allow_reorder"]),
@@ -165,11 +180,13 @@ class FitReport:
             evidence_lift=None
             if lifts is None
             else tuple(GroupLift(**_nan_for_none(g)) for g in lifts),
+            selection=None if why is None else _why(why),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
 
 _FLATTENED = ("query_unit_norm", "doc_unit_norm", "extra")
+_OPTIONAL = ("evidence_lift", "selection")  # absent from the JSON form when None
 
 
 def _nan_for_none(data: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +209,19 @@ def _scores(data: dict[str, Any]) -> MethodScores:
         brier=_f(data["brier"]),
         ece=_f(data["ece"]),
         auroc=_f(data["auroc"]),
+    )
+
+
+def _why(data: dict[str, Any]) -> SelectionWhy:
+    return SelectionWhy(
+        chosen=str(data["chosen"]),
+        recalibrated=bool(data["recalibrated"]),
+        served=_scores(data["served"]),
+        ece_noise_floor=_f(data["ece_noise_floor"]),
+        rules=tuple(SelectionRule(**r) for r in data["rules"]),
+        recalibrated_cv={
+            m: _scores(s) for m, s in data.get("recalibrated_cv", {}).items()
+        },
     )
 
 

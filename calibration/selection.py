@@ -21,6 +21,16 @@ lexical-free counterpart is served. Lexical terms reorder hits, so with
 ``query_side_only=True`` no lexical model is a candidate; the lexical rung is still
 fitted, for the report, so a user learns whether allowing reordering would pay.
 
+``auto`` never trades discrimination for calibration: every family is also scored with
+a final one-dimensional recalibration of its logit (:mod:`calibration.recalibration`),
+fitted inside the grouped CV (the map for fold ``f`` is fitted on the other folds'
+out-of-fold logits only), and a family's candidate is its recalibrated version when the
+stage clearly pays (held-out NLL gain over one standard error) or when it is what
+brings a map clearly above its ECE noise floor back to it (NLL no worse by more than
+one standard error). The one-standard-error rule and the ECE guard then compare these
+candidates, so a better-discriminating family whose recalibrated map sits at its floor
+stays eligible; :class:`SelectionWhy` records each rule's outcome.
+
 :func:`select_calibrator` is a pure function of ``(X, y, groups)``, so the service can
 nest it inside an outer grouped CV for an honest evaluation of the whole procedure.
 """
@@ -28,7 +38,7 @@ nest it inside an outer grouped CV for an honest evaluation of the whole procedu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from sklearn.model_selection import GroupKFold
@@ -42,7 +52,6 @@ from calibration.metrics import (
     ReliabilityCurve,
     auroc,
     brier_score,
-    clear_nll_gain,
     negative_log_likelihood,
     paired_nll_gain,
 )
@@ -55,6 +64,12 @@ from calibration.models import (
     _NTBase,
 )
 from calibration.prior import CrossDomainPrior, PriorCalibrator, norm_lift_verdict
+from calibration.recalibration import (
+    Recalibrated,
+    fit_recalibration,
+    proba_logit,
+    recalibrate_proba,
+)
 
 __all__ = [
     "ECE_GUARD",
@@ -64,6 +79,8 @@ __all__ = [
     "MethodScores",
     "NormLift",
     "SelectionResult",
+    "SelectionRule",
+    "SelectionWhy",
     "cross_val_predict_grouped",
     "evidence_lift",
     "make_calibrator",
@@ -420,6 +437,66 @@ def evidence_lift(
     return tuple(out)
 
 
+RuleName = Literal["requested", "one-se", "ece-guard", "recalibration"]
+"""The rules a choice records (:class:`SelectionRule`)."""
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """One rule behind the served method, its outcome and why.
+
+    Attributes
+    ----------
+    rule : {"requested", "one-se", "ece-guard", "recalibration"}
+        ``"requested"``: a named method was served as asked (``auto``'s rules were not
+        applied). ``"one-se"``: the best held-out NLL against the baseline (the prior
+        fit, else Platt). ``"ece-guard"``: the served map's held-out ECE against
+        ``ECE_GUARD`` times its noise floor. ``"recalibration"``: whether the final
+        recalibration stage is served on top of the chosen family.
+    outcome : str
+        Short verdict: ``"served as asked"``; ``"best is the baseline"``, ``"kept"``,
+        ``"baseline served"``; ``"at its floor"``, ``"switched"``, ``"none at its
+        floor"``; ``"applied"``, ``"not applied"``.
+    detail : str
+        User-readable explanation with the numbers.
+    """
+
+    rule: RuleName
+    outcome: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class SelectionWhy:
+    """Why the served map was chosen: the choice and each rule's outcome.
+
+    Attributes
+    ----------
+    chosen : str
+        Wire method served.
+    recalibrated : bool
+        Whether the recalibration stage is served on top of it.
+    served : MethodScores
+        Held-out (out-of-fold) scores of the served map, the stage included.
+    ece_noise_floor : float
+        ECE a perfectly calibrated map with those probabilities would show
+        (:meth:`~calibration.metrics.Binning.noise_floor`).
+    rules : tuple of SelectionRule
+        In the order applied.
+    recalibrated_cv : dict
+        ``{method: MethodScores}`` of every wire method with the stage (fitted inside
+        the grouped CV), each on the variant ``auto`` would serve for it (after the
+        norm and lexical fallbacks); ``cv`` holds the methods without the stage.
+    """
+
+    chosen: str
+    recalibrated: bool
+    served: MethodScores
+    ece_noise_floor: float
+    rules: tuple[SelectionRule, ...]
+    recalibrated_cv: dict[str, MethodScores] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class SelectionResult:
     """Outcome of :func:`select_calibrator`.
@@ -447,6 +524,8 @@ class SelectionResult:
     evidence_lift : tuple of GroupLift
         Lift of each evidence group (:func:`evidence_lift`); empty in results
         stored before it existed.
+    why : SelectionWhy or None
+        Why the served map was chosen; None in results stored before it existed.
     """
 
     estimator: _Calibrator
@@ -461,6 +540,7 @@ class SelectionResult:
     oof_proba: FloatArray
     notes: tuple[str, ...] = ()
     evidence_lift: tuple[GroupLift, ...] = ()
+    why: SelectionWhy | None = None
 
 
 def make_calibrator(
@@ -603,11 +683,18 @@ def select_calibrator(
     12 sets, issue 9), so any other family must beat *it* clearly. As queries
     accumulate, real gains clear one SE and the richer families take over.
 
-    ECE guard: ``auto`` never serves a family whose OOF ECE is clearly above its
+    Recalibration stage: each family's candidate for ``auto`` is its map with or
+    without a final recalibration of its logit, fitted inside the grouped CV (module
+    docstring); the served estimator is then a
+    :class:`~calibration.recalibration.Recalibrated` whose map is fitted on all the
+    family's out-of-fold logits.
+
+    ECE guard: ``auto`` never serves a candidate whose OOF ECE is clearly above its
     noise floor (more than ``ECE_GUARD`` times :meth:`Binning.noise_floor`) while
-    another family sits at its own floor; the best-NLL family at its floor is served
+    another sits at its own floor; the best-NLL candidate at its floor is served
     instead (an NLL-chosen map with ECE 0.023 against a floor of 0.0035 was seen
-    beside isotonic at 0.0039).
+    beside isotonic at 0.0039). With the stage, a better-discriminating family whose
+    recalibrated map is at its floor stays eligible.
 
     Parameters
     ----------
@@ -636,7 +723,8 @@ def select_calibrator(
     Returns
     -------
     SelectionResult
-        Fitted estimator, choice, per-method CV metrics, norm and evidence lift.
+        Fitted estimator, choice and why (``why``), per-method CV metrics, norm and
+        evidence lift.
 
     Raises
     ------
@@ -666,18 +754,41 @@ def select_calibrator(
     )
     notes += [n for v in fits.best.values() if (n := _VARIANTS[v].note)]
     lifts = _lift_reports(data, fits, notes)
+    stages = {m: _stage(m, fits.oof[lifts.served[m]], data) for m in methods}
     if method == "auto":
-        method = _auto(
-            methods, lifts.served, fits.scores, fits.oof, data.y, data.codes, notes
-        )
+        method, rules = _auto(methods, stages, data.y, data.codes, notes)
         key = lifts.served[method]
+        stage: _Stage | None = stages[method]
     else:
-        key = fits.best[method]
+        key, stage = fits.best[method], None
+        rules = [
+            SelectionRule(
+                "requested",
+                "served as asked",
+                f"{method} was requested: auto's rules and the recalibration stage "
+                "were not applied.",
+            )
+        ]
     norm_est = lifts.norm.estimator
     if norm_est is not None and key == lifts.norm_key:
         est: _Calibrator = norm_est
     else:
         est = _refit(fits.templates[key], data.X, data.y, data.codes)
+    oof = fits.oof[key] if stage is None else stage.oof
+    if stage is not None:
+        rules.append(stage.rule)
+        if stage.used:
+            a, b, c = fit_recalibration(proba_logit(stage.raw), data.y)
+            est = Recalibrated(base=est, a=a, b=b, c=c)
+    served = _scores(method, data.y, oof)
+    why = SelectionWhy(
+        chosen=method,
+        recalibrated=isinstance(est, Recalibrated),
+        served=served,
+        ece_noise_floor=BINNING.noise_floor(oof),
+        rules=tuple(rules),
+        recalibrated_cv={m: st.recal_scores for m, st in stages.items()},
+    )
     return SelectionResult(
         estimator=est,
         method=method,
@@ -687,10 +798,11 @@ def select_calibrator(
         n_queries=data.n_queries,
         n_pairs=int(data.X.shape[0]),
         n_splits=n_splits,
-        reliability=BINNING.curve(data.y, fits.oof[key]),
-        oof_proba=fits.oof[key],
+        reliability=BINNING.curve(data.y, oof),
+        oof_proba=oof,
         notes=tuple(notes),
         evidence_lift=lifts.evidence,
+        why=why,
     )
 
 
@@ -832,37 +944,157 @@ def _lift_reports(data: _Pairs, fits: _Candidates, notes: list[str]) -> _Lifts:
     return _Lifts(lift, with_key, lifts, served)
 
 
+@dataclass(frozen=True)
+class _Stage:
+    """A family's map without and with the recalibration stage, and its candidate."""
+
+    raw: FloatArray  # out-of-fold probabilities of the family's served variant
+    recalibrated: FloatArray  # the same, recalibrated inside the grouped CV
+    raw_scores: MethodScores
+    recal_scores: MethodScores
+    used: bool  # the candidate is the recalibrated map
+    rule: SelectionRule  # why (or why not)
+
+    @property
+    def oof(self) -> FloatArray:
+        return self.recalibrated if self.used else self.raw
+
+    @property
+    def scores(self) -> MethodScores:
+        return self.recal_scores if self.used else self.raw_scores
+
+
+def _recalibrated_oof(
+    p: FloatArray, y: FloatArray, folds: list[tuple[IntArray, IntArray]]
+) -> FloatArray:
+    """Out-of-fold probabilities with the recalibration stage, fitted honestly.
+
+    The map applied to fold ``f`` is fitted on the other folds' out-of-fold logits
+    only.
+    """
+    z = proba_logit(p)
+    out = np.empty_like(p)
+    for tr, te in folds:
+        out[te] = recalibrate_proba(p[te], *fit_recalibration(z[tr], y[tr]))
+    return out
+
+
+def _stage(method: str, raw: FloatArray, data: _Pairs) -> _Stage:
+    """Whether a family's candidate is its recalibrated map (module docstring).
+
+    Yes when the stage's held-out NLL gain exceeds one standard error, or when it
+    brings a map clearly above its ECE noise floor back within ``ECE_GUARD`` times it
+    while the NLL is no worse by more than one standard error.
+    """
+    y, codes = data.y, data.codes
+    rec = _recalibrated_oof(raw, y, data.folds)
+    s_raw, s_rec = _scores(method, y, raw), _scores(method, y, rec)
+    f_raw, f_rec = BINNING.noise_floor(raw), BINNING.noise_floor(rec)
+    gain, se = paired_nll_gain(rec, raw, y, codes)
+    raw_at_floor = s_raw.ece <= ECE_GUARD * f_raw
+    fixes = not raw_at_floor and s_rec.ece <= ECE_GUARD * f_rec and gain > -se
+    pays = gain > max(se, NEGLIGIBLE_GAIN)
+    if pays:
+        verdict = "the NLL gain exceeds one standard error"
+    elif fixes:
+        verdict = f"it brings the ECE within {ECE_GUARD:g}x its noise floor"
+    elif raw_at_floor:
+        verdict = (
+            "no NLL gain beyond one standard error, and the map is already within "
+            f"{ECE_GUARD:g}x its noise floor"
+        )
+    else:
+        verdict = (
+            "no NLL gain beyond one standard error, and it does not bring the ECE "
+            f"within {ECE_GUARD:g}x its noise floor"
+        )
+    used = pays or fixes
+    detail = (
+        f"{method} recalibrated inside the grouped CV: held-out NLL {s_raw.nll:.4f} "
+        f"-> {s_rec.nll:.4f} (gain {gain:+.4f} +/- {se:.4f} nats per pair), ECE "
+        f"{s_raw.ece:.4f} -> {s_rec.ece:.4f} (noise floor {f_raw:.4f} -> {f_rec:.4f}); "
+        f"{'applied' if used else 'not applied'}: {verdict}."
+    )
+    rule = SelectionRule("recalibration", "applied" if used else "not applied", detail)
+    return _Stage(raw, rec, s_raw, s_rec, used, rule)
+
+
 def _auto(
     methods: tuple[str, ...],
-    served: dict[str, str],
-    scores: dict[str, MethodScores],
-    oof: dict[str, FloatArray],
+    stages: dict[str, _Stage],
     y: FloatArray,
     codes: IntArray,
     notes: list[str],
-) -> str:
-    """``auto``: best NLL, the one-SE rule against the baseline, then the ECE guard."""
+) -> tuple[str, list[SelectionRule]]:
+    """``auto``: best NLL, the one-SE rule against the baseline, then the ECE guard.
+
+    Each family is represented by its candidate (:func:`_stage`: recalibrated or not).
+    """
     base = methods[0]  # "prior" when a prior is given, else "platt"
-    method = min(methods, key=lambda m: scores[served[m]].nll)
-    if method != base and not clear_nll_gain(
-        oof[served[method]], oof[served[base]], y, codes
-    ):
+    best = min(methods, key=lambda m: stages[m].scores.nll)
+    one_se = _one_se_rule(best, base, stages, y, codes)
+    method = base if one_se.outcome == "baseline served" else best
+    if method != best:
         notes.append(
-            f"auto: {method} beat {base} in grouped CV by less than one standard "
+            f"auto: {best} beat {base} in grouped CV by less than one standard "
             f"error of the per-query NLL difference; serving {base}."
         )
-        method = base
-    floor = {m: BINNING.noise_floor(oof[served[m]]) for m in methods}
-    at_floor = [m for m in methods if scores[served[m]].ece <= ECE_GUARD * floor[m]]
-    if at_floor and method not in at_floor:
-        guard = min(at_floor, key=lambda m: scores[served[m]].nll)
-        notes.append(
-            f"auto: {method} had held-out ECE {scores[served[method]].ece:.4f}, "
-            f"clearly above its noise floor {floor[method]:.4f}, while {guard} sits "
-            f"at its floor; serving {guard}."
+    guard, method = _ece_guard(method, methods, stages)
+    if guard.outcome == "switched":
+        notes.append(f"auto: {guard.detail}")
+    return method, [one_se, guard]
+
+
+def _one_se_rule(
+    best: str, base: str, stages: dict[str, _Stage], y: FloatArray, codes: IntArray
+) -> SelectionRule:
+    """Whether the best held-out NLL beats the baseline's by more than one SE."""
+    if best == base:
+        nll = stages[base].scores.nll
+        return SelectionRule(
+            "one-se",
+            "best is the baseline",
+            f"{base} (the baseline) had the lowest held-out NLL, {nll:.4f}.",
         )
-        method = guard
-    return method
+    gain, se = paired_nll_gain(stages[best].oof, stages[base].oof, y, codes)
+    kept = gain > se
+    detail = (
+        f"{best} beat {base} (the baseline) by {gain:.4f} +/- {se:.4f} held-out nats "
+        "per pair, "
+        + (
+            "more than one standard error: kept."
+            if kept
+            else f"within one standard error: {base} is served."
+        )
+    )
+    return SelectionRule("one-se", "kept" if kept else "baseline served", detail)
+
+
+def _ece_guard(
+    method: str, methods: tuple[str, ...], stages: dict[str, _Stage]
+) -> tuple[SelectionRule, str]:
+    """Never serve a map clearly above its ECE noise floor while another is at its own."""
+    floor = {m: BINNING.noise_floor(stages[m].oof) for m in methods}
+    ece = {m: stages[m].scores.ece for m in methods}
+    at_floor = [m for m in methods if ece[m] <= ECE_GUARD * floor[m]]
+    if method in at_floor:
+        detail = (
+            f"{method}'s held-out ECE {ece[method]:.4f} is within {ECE_GUARD:g}x its "
+            f"noise floor {floor[method]:.4f}."
+        )
+        return SelectionRule("ece-guard", "at its floor", detail), method
+    if not at_floor:
+        detail = (
+            f"{method}'s held-out ECE {ece[method]:.4f} is above {ECE_GUARD:g}x its "
+            f"noise floor {floor[method]:.4f}, as is every other family's: kept."
+        )
+        return SelectionRule("ece-guard", "none at its floor", detail), method
+    guard = min(at_floor, key=lambda m: stages[m].scores.nll)
+    detail = (
+        f"{method} had held-out ECE {ece[method]:.4f}, clearly above its noise floor "
+        f"{floor[method]:.4f}, while {guard} sits at its floor; serving {guard}."
+    )
+    return SelectionRule("ece-guard", "switched", detail), guard
 
 
 def _best(

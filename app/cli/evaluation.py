@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from app.cli.main import selection_summary
 from app.profiles import load_default_profile
 from calibration.evaluation import (
     AUTO,
@@ -163,6 +164,16 @@ def norm_lift_summary(lift: Mapping[str, Any]) -> str:
     return out
 
 
+def _recalibrated(result: Mapping[str, Any]) -> bool:
+    return bool((result.get("selection") or {}).get("recalibrated"))
+
+
+def _chosen(result: Mapping[str, Any]) -> str:
+    """What ``auto`` served on all data, and why when the report says."""
+    why = result.get("selection")
+    return selection_summary(why) if why else f"`{result['chosen']}`"
+
+
 def method_table(result: Mapping[str, Any]) -> str:
     """Markdown table of one dataset: every method's held-out metrics."""
     lines = [
@@ -170,8 +181,8 @@ def method_table(result: Mapping[str, Any]) -> str:
         f"{result['n_queries']} queries, {result['n_pairs']} pairs)",
         "",
         mode_table(result),
-        f"chosen on all data: `{result['chosen']}` (per fold: "
-        f"{', '.join(result['chosen_per_fold'])})",
+        f"chosen on all data: {_chosen(result)}; per fold: "
+        f"{', '.join(result['chosen_per_fold'])}",
         "",
         "| method | ECE | Brier | NLL | AUROC |",
         "|---|---|---|---|---|",
@@ -240,7 +251,7 @@ def summary_table(results: Sequence[Mapping[str, Any]]) -> str:
             f"| {_f(p['brier'])} / {_f(p['nll'])} / {_f(p['ece'])} / {_f(p['auroc'], 3)} "
             f"| {_f(a['brier'])} / {_f(a['nll'])} / {_f(a['ece'])} / {_f(a['auroc'], 3)} "
             f"| {r['auto_vs_platt']['brier_change_pct']:+.1f}% "
-            f"| {r['chosen']} "
+            f"| {r['chosen']}{'+recal' if _recalibrated(r) else ''} "
             f"| {norm_lift_summary(r['norm_lift'])} "
             f"| {_f(r['query_level'].get('auroc'), 3)} "
             f"| {_f(r.get('ece_noise_floor', {}).get(AUTO), 3)} |"

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
@@ -278,6 +278,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+DECISIVE_OUTCOMES = ("baseline served", "switched", "none at its floor", "applied")
+"""Outcomes of a selection rule that changed or qualify the choice: said in full."""
+
+
+def selection_summary(why: Mapping[str, Any]) -> str:
+    """The served map and each rule's outcome, from the JSON of the choice."""
+    stage = " + recalibration" if why["recalibrated"] else ""
+    rules = "; ".join(f"{r['rule']}: {r['outcome']}" for r in why["rules"])
+    return f"{why['chosen']}{stage} ({rules})"
+
+
 def _count(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -368,6 +379,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
         f"calibrator {info.id} ({info.method}, active={info.active}) "
         f"on {info.report['n_queries']} queries"
     )
+    if info.selection is not None:
+        why = info.selection.model_dump()
+        print(f"served: {selection_summary(why)}")
+        for rule in why["rules"]:
+            if rule["outcome"] in DECISIVE_OUTCOMES:
+                print(f"  {rule['detail']}")
     if info.dropped_judgments:
         print(
             f"dropped {_count(info.dropped_judgments, 'judgment')} naming documents "

@@ -71,6 +71,42 @@ class MethodMetrics(BaseModel):
     auroc: float | None
 
 
+class SelectionRule(BaseModel):
+    """One rule behind the served method, its outcome and why."""
+
+    rule: Literal["requested", "one-se", "ece-guard", "recalibration"] = Field(
+        description="requested: a named method served as asked; one-se: the best "
+        "held-out NLL against the baseline (the prior fit, else Platt) by the "
+        "one-standard-error rule; ece-guard: the served map's held-out ECE against "
+        "twice its noise floor; recalibration: whether the final recalibration "
+        "stage is served on top of the chosen family"
+    )
+    outcome: str = Field(
+        description='e.g. "kept", "baseline served", "at its floor", "switched", '
+        '"applied", "not applied"'
+    )
+    detail: str = Field(description="why, with the held-out numbers")
+
+
+class CalibratorSelection(BaseModel):
+    """Why the served method was chosen."""
+
+    chosen: str = Field(description="the method served")
+    recalibrated: bool = Field(
+        description="whether the recalibration stage is served on top of it"
+    )
+    served: MethodMetrics = Field(
+        description="held-out metrics of the served map, the stage included"
+    )
+    ece_noise_floor: float | None = Field(
+        description="ECE a perfectly calibrated map with these probabilities shows"
+    )
+    rules: list[SelectionRule] = Field(description="in the order applied")
+    recalibrated_cv: dict[str, MethodMetrics] = Field(
+        description="every method with the recalibration stage (cv: without)"
+    )
+
+
 class CalibratorInfo(BaseModel):
     """A fitted calibrator and its report."""
 
@@ -84,6 +120,11 @@ class CalibratorInfo(BaseModel):
     cv: dict[str, MethodMetrics]
     norm_lift: dict[str, Any]
     abstain: dict[str, Any] | None
+    selection: CalibratorSelection | None = Field(
+        None,
+        description="why its method was chosen; null for the shipped default and "
+        "calibrators fitted before the reasons were recorded",
+    )
     report: dict[str, Any] = Field(description="the whole fit report")
     dropped_judgments: int | None = Field(
         None,

@@ -22,6 +22,7 @@ from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
     CalibratorProfile,
+    CalibratorSelection,
     FeedbackDeleted,
     FeedbackPage,
     FitRequest,
@@ -439,6 +440,7 @@ class CalibratorsService(Part):
         active = self._profile_for(collection)
         report = profile.report
         abstain = None if report.abstain is None else to_jsonable(report.abstain)
+        selection = report.selection
         return CalibratorInfo(
             id=profile.id,
             collection=None if profile.default else collection.name,
@@ -450,6 +452,9 @@ class CalibratorsService(Part):
             cv={m: MethodMetrics(**to_jsonable(s)) for m, s in report.cv.items()},
             norm_lift=to_jsonable(report.norm_lift),
             abstain=abstain,
+            selection=None
+            if selection is None
+            else CalibratorSelection.model_validate(to_jsonable(selection)),
             report=report.to_jsonable(),
             dropped_judgments=dropped,
         )

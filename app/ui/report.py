@@ -116,9 +116,12 @@ def report_html(
     abstain = r.abstain
     delta = getattr(abstain, "delta", None)
     answered = 1 - delta if isinstance(delta, int | float) else None
+    why = r.selection
     return _TEMPLATES.get_template("report.html").render(
         profile=profile,
         r=r,
+        why=why,
+        recalibrated={} if why is None else why.recalibrated_cv,
         lift=r.norm_lift,
         abstain=abstain,
         answered=answered,

@@ -96,6 +96,7 @@ def test_selection_result_round_trip(list_world):
     back = io.loads(io.dumps(res))
     assert back.method == res.method
     assert back.cv == res.cv
+    assert back.why == res.why and back.why is not None
     assert back.norm_lift.terms == res.norm_lift.terms
     assert back.norm_lift.variants == res.norm_lift.variants
     np.testing.assert_array_equal(

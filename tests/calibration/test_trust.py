@@ -15,7 +15,9 @@ from calibration.selection import (
     ECE_GUARD,
     MethodScores,
     NormLift,
+    SelectionRule,
     _auto,
+    _Stage,
     select_calibrator,
 )
 from tests.calibration.test_prior import LEVELS, TRUE, domain
@@ -73,8 +75,12 @@ def _guard_case(ece_iso: float) -> tuple[str, list[str]]:
         "isotonic": MethodScores("isotonic", 0.2, 0.05, ece_iso, 0.9),
     }
     notes: list[str] = []
-    served = {"platt": "platt", "isotonic": "isotonic"}
-    return _auto(("platt", "isotonic"), served, scores, oof, y, codes, notes), notes
+    unchanged = SelectionRule("recalibration", "not applied", "")
+    stages = {
+        m: _Stage(p, p, scores[m], scores[m], False, unchanged) for m, p in oof.items()
+    }
+    method, _ = _auto(("platt", "isotonic"), stages, y, codes, notes)
+    return method, notes
 
 
 def test_ece_guard_refuses_a_map_clearly_above_the_noise_floor():

@@ -148,6 +148,7 @@ def test_ingest_then_fit(tmp_path, embedder, beir_dir, capsys):
         out = captured.out
         assert code == 0, out
         assert "(platt, active=True) on 16 queries" in out and "| nt-list |" in out
+        assert "served: platt (requested: served as asked)" in out
         # Why 18 judged queries became 16.
         assert (
             "18 queries in qrels/train.tsv -> 16 distinct query texts: "
@@ -155,6 +156,19 @@ def test_ingest_then_fit(tmp_path, embedder, beir_dir, capsys):
         )
         active = httpx.get(f"{server.url}/v1/collections/toy").json()["calibrator"]
         assert active["method"] == "platt" and active["default"] is False
+
+        # auto says what it served and each rule's outcome in one line.
+        argv = ["fit", str(beir_dir), "--collection", "toy", "--url", server.url]
+        assert main([*argv, "--k", "6"]) == 0
+        out = capsys.readouterr().out
+        served = re.search(
+            r"^served: (\S+)( \+ recalibration)? \(one-se: [^;]+; "
+            r"ece-guard: [^;]+; recalibration: (not )?applied\)$",
+            out,
+            re.MULTILINE,
+        )
+        assert served is not None, out
+        assert f"({served[1]}, active=True) on 16 queries" in out
 
         # A bad request reports the problem and exits non-zero.
         assert (

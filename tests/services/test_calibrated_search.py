@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -172,6 +174,41 @@ def test_fit_reports_every_method_and_norm_lift(fitted):
     assert fitted["active"] is True and fitted["default"] is False
     # Document-side evidence (BM25) is allowed by default.
     assert fitted["report"]["allow_reorder"] is True
+
+
+def test_fit_response_names_why_its_method_was_chosen(client, fitted):
+    """The rules behind the choice are data in the response, stored and returned by
+    GET: the one-SE rule, the ECE guard and the recalibration stage, in that order."""
+    why = fitted["selection"]
+    assert why["chosen"] == fitted["method"]
+    assert [r["rule"] for r in why["rules"]] == ["one-se", "ece-guard", "recalibration"]
+    assert all(r["outcome"] and r["detail"] for r in why["rules"])
+    stage = why["rules"][-1]
+    assert why["recalibrated"] is (stage["outcome"] == "applied")
+    assert stage["detail"].startswith(f"{why['chosen']} recalibrated")
+    assert set(why["recalibrated_cv"]) == set(fitted["cv"])
+    served = why["served"]
+    assert 0 <= served["ece"] <= 1 and served["nll"] > 0 and why["ece_noise_floor"] > 0
+    assert fitted["report"]["selection"]["rules"] == why["rules"]
+    url = f"/v1/collections/sci/calibrators/{fitted['id']}"
+    assert client.get(url).json()["selection"] == why
+    page = client.get(f"{url}/report").text  # the report page shows them too
+    rows = re.findall(r"<tr><td>([a-z-]+)</td><td>([^<]+)</td>", page)
+    assert rows[:3] == [(r["rule"], r["outcome"]) for r in why["rules"]]
+
+
+def test_a_named_method_says_it_was_requested(client, scifact):
+    _, judgments = scifact
+    r = client.post(
+        "/v1/collections/sci/calibrators",
+        json={"judgments": judgments, "k": 10, "method": "platt", "activate": False},
+    )
+    assert r.status_code == 201, r.text
+    why = r.json()["selection"]
+    assert why["chosen"] == "platt" and why["recalibrated"] is False
+    assert [(x["rule"], x["outcome"]) for x in why["rules"]] == [
+        ("requested", "served as asked")
+    ]
 
 
 def test_a_query_side_fit_never_reorders_hits(client, fitted, scifact):

@@ -73,7 +73,7 @@ def test_every_value_on_the_report_page_is_escaped():
     from app.ui.report import report_html
     from calibration.profile import Profile
     from calibration.query import AbstainPolicy
-    from calibration.selection import GroupLift
+    from calibration.selection import GroupLift, SelectionRule, SelectionWhy
 
     shipped = Profile.from_json(
         json.loads(
@@ -102,8 +102,18 @@ def test_every_value_on_the_report_page_is_escaped():
         verdict=HOSTILE,
         reason=HOSTILE,
     )
+    scores = next(iter(report.cv.values()))
+    why = SelectionWhy(
+        chosen=HOSTILE,
+        recalibrated=True,
+        served=dataclasses.replace(scores, nll=HOSTILE),  # type: ignore[arg-type]
+        ece_noise_floor=HOSTILE,  # type: ignore[arg-type]
+        rules=(SelectionRule("one-se", HOSTILE, HOSTILE),),
+        recalibrated_cv={HOSTILE: scores},
+    )
     hostile = dataclasses.replace(
         report,
+        selection=why,
         n_queries=HOSTILE,
         n_pairs=HOSTILE,
         n_positive=HOSTILE,
@@ -130,7 +140,8 @@ def test_every_value_on_the_report_page_is_escaped():
     tags = [re.sub(r'"[^"]*"', '""', t) for t in re.findall(r"<[a-zA-Z][^>]*>", page)]
     assert not [t for t in tags if re.search(r"\son\w+\s*=", t)], tags
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;&#34;&#39;&gt;&lt;img src=x"
-    # id x2 (title, heading), collection, model, method x2, the five counts, k again,
+    # id x2 (title, heading), collection, model, method x3, the five counts, k again,
     # abstain method and n_calibration, the evidence row x3, cv name, the lift's
-    # reason, base and term name, the diagram's src.
-    assert page.count(escaped) >= 20, page
+    # reason, base and term name, the diagram's src, the choice (chosen, NLL, floor,
+    # a rule's outcome and detail).
+    assert page.count(escaped) >= 26, page

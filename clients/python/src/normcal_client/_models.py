@@ -403,6 +403,25 @@ class MethodMetrics(ResponseModel):
     auroc: float | None
 
 
+class SelectionRule(ResponseModel):
+    """One rule behind the served method, its outcome and why."""
+
+    rule: Literal["requested", "one-se", "ece-guard", "recalibration"]
+    outcome: str
+    detail: str
+
+
+class CalibratorSelection(ResponseModel):
+    """Why the served method was chosen (``recalibrated``: with the final stage)."""
+
+    chosen: str
+    recalibrated: bool
+    served: MethodMetrics
+    ece_noise_floor: float | None
+    rules: list[SelectionRule]
+    recalibrated_cv: dict[str, MethodMetrics]
+
+
 class CalibratorInfo(ResponseModel):
     """A fitted calibrator and its report."""
 
@@ -416,6 +435,8 @@ class CalibratorInfo(ResponseModel):
     cv: dict[str, MethodMetrics]
     norm_lift: dict[str, Any]
     abstain: dict[str, Any] | None
+    # Why its method was chosen; None for the shipped default and older calibrators.
+    selection: CalibratorSelection | None = None
     report: dict[str, Any]
     # Judgments the fit that made it left out (unknown_documents="skip"); only set
     # in that fit's answer.
