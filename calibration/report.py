@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.drift import DriftReference, FeatureReference
 from calibration.metrics import ReliabilityCurve
 from calibration.query import AbstainPolicy
 from calibration.selection import GroupLift, MethodScores, NormLift
@@ -81,6 +82,10 @@ class FitReport:
         Lift of each evidence group (list, length, lexical, residual norm) along the
         ladder of :func:`~calibration.selection.evidence_lift`; None in reports
         stored before it existed (and then absent from the JSON form).
+    drift_reference : DriftReference or None
+        The judged queries summarised for drift (:mod:`calibration.drift`); None for
+        the shipped default (no judged queries of a collection) and in reports
+        stored before it existed (then absent from the JSON form).
     extra : dict
         Caller's JSON-able additions (``collection``, ``source`` ...), shown at the
         top level of the JSON form.
@@ -105,6 +110,7 @@ class FitReport:
     notes: tuple[str, ...] = ()
     fit_seconds: float = 0.0
     evidence_lift: tuple[GroupLift, ...] | None = None
+    drift_reference: DriftReference | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_jsonable(self) -> dict[str, Any]:
@@ -113,7 +119,7 @@ class FitReport:
             f.name: to_jsonable(getattr(self, f.name))
             for f in dataclasses.fields(self)
             if f.name not in _FLATTENED
-            and not (f.name == "evidence_lift" and self.evidence_lift is None)
+            and not (f.name in _OPTIONAL and getattr(self, f.name) is None)
         }
         out["query_ref"] = {"unit_norm": self.query_unit_norm}
         out["doc_ref"] = {"unit_norm": self.doc_unit_norm}
@@ -127,6 +133,7 @@ class FitReport:
         curve = data["reliability"]
         abstain = data.get("abstain")
         lifts = data.get("evidence_lift")
+        drift = data.get("drift_reference")
         return cls(
             requested_method=str(data["requested_method"]),
             allow_reorder=bool(data["allow_reorder"]),
@@ -165,11 +172,29 @@ class FitReport:
             evidence_lift=None
             if lifts is None
             else tuple(GroupLift(**_nan_for_none(g)) for g in lifts),
+            drift_reference=None if drift is None else _drift_reference(drift),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
 
 _FLATTENED = ("query_unit_norm", "doc_unit_norm", "extra")
+# Fields added after reports were first stored: absent from the JSON form when None.
+_OPTIONAL = ("evidence_lift", "drift_reference")
+
+
+def _drift_reference(data: dict[str, Any]) -> DriftReference:
+    return DriftReference(
+        n_queries=int(data["n_queries"]),
+        features=tuple(
+            FeatureReference(
+                name=str(f["name"]),
+                edges=_array(f["edges"]),
+                counts=np.asarray(f["counts"], dtype=np.int64),
+            )
+            for f in data["features"]
+        ),
+        top_relevant=int(data["top_relevant"]),
+    )
 
 
 def _nan_for_none(data: dict[str, Any]) -> dict[str, Any]:
