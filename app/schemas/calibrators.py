@@ -218,7 +218,11 @@ class DriftReport(BaseModel):
     reason: str | None = None
     n_queries: int = Field(description="served queries in the window")
     min_queries: int
-    needed: int = Field(description="served queries still needed for a verdict")
+    needed: int | None = Field(
+        None,
+        description="served queries still needed for a verdict (null: no-reference, "
+        "which no number of queries changes)",
+    )
     window: int = Field(description="largest number of served queries compared")
     since: float | None = Field(
         None, description="when this process began the window (epoch seconds)"

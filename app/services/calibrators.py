@@ -294,7 +294,6 @@ class CalibratorsService(Part):
             status="no-reference",
             n_queries=0,
             min_queries=settings.drift_min_queries,
-            needed=settings.drift_min_queries,
             window=settings.drift_window,
         )
         reference = reference_of(profile)

@@ -163,7 +163,7 @@ def judging_step(collection: str) -> NextStep:
         action="judge",
         url=JUDGE_PAGE.format(name=collection),
         detail=f"judge {FIT_MIN_QUERIES}-10 queries there, then fit: the "
-        "probabilities get this collection's level (and an abstain guarantee)",
+        "probabilities get this collection's level",
     )
 
 

@@ -124,6 +124,7 @@ def test_the_judging_loop_is_offered_until_the_collection_has_a_fit(client, sett
     default = _drift(client, _default_id(client))
     assert default["status"] == "no-reference" and default["next_step"] == step
     assert default["features"] == [] and default["positive_rate"] is None
+    assert default["needed"] is None  # no number of queries gives it a verdict
 
     fitted = _fit(client)
     ref = _search(client)["calibrator"]

@@ -470,7 +470,7 @@ class DriftReport(ResponseModel):
     reason: str | None = None
     n_queries: int
     min_queries: int
-    needed: int
+    needed: int | None = None
     window: int
     since: float | None = None
     reference_queries: int | None = None
