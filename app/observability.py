@@ -13,7 +13,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from prometheus_client import (
@@ -112,6 +112,40 @@ class _CollectionCollector(Collector):
         yield unavailable
 
 
+# ``(collection, drifting, PSI by feature)`` of each collection with a drift verdict.
+DriftSample = tuple[str, bool, dict[str, float]]
+
+
+class _DriftCollector(Collector):
+    """The last drift verdict of each collection, read at scrape time.
+
+    Scraping computes nothing: it reads the verdicts search last cached.
+    """
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[DriftSample]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        drifting = GaugeMetricFamily(
+            "normcal_calibrator_drifting",
+            "1 when a collection's served queries moved away from those its "
+            "calibrator was judged on, 0 when they did not (no row: no verdict yet).",
+            labels=["collection"],
+        )
+        psi = GaugeMetricFamily(
+            "normcal_calibrator_drift_psi",
+            "Population stability index of each drift feature, served against judged "
+            "queries (above 0.25: a shift).",
+            labels=["collection", "feature"],
+        )
+        for name, moved, features in self.source() if self.source else []:
+            drifting.add_metric([name], 1.0 if moved else 0.0)
+            for feature, value in features.items():
+                psi.add_metric([name, feature], value)
+        yield drifting
+        yield psi
+
+
 def _calibrator_labels(meta: dict[str, Any]) -> dict[str, str]:
     active = meta.get("active_calibrator")
     if not active:
@@ -179,10 +213,16 @@ class Metrics:
         )
         self._collections = _CollectionCollector()
         self.registry.register(self._collections)
+        self._drift = _DriftCollector()
+        self.registry.register(self._drift)
 
     def watch(self, registry: Registry[Any] | None) -> None:
         """Report index sizes and calibrators of ``registry`` (None: stop)."""
         self._collections.registry = registry
+
+    def watch_drift(self, source: Callable[[], list[DriftSample]] | None) -> None:
+        """Report the drift verdicts ``source`` lists at each scrape (None: stop)."""
+        self._drift.source = source
 
     def observe_request(
         self, method: str, route: str, status: int, seconds: float

@@ -223,6 +223,21 @@ class Settings(BaseSettings):
         description="browser origins allowed to call the API (comma-separated, "
         "e.g. https://app.example.com,http://localhost:3000; * for any); unset: no CORS",
     )
+    drift_window: int = Field(
+        1000,
+        ge=10,
+        le=100_000,
+        description="served queries per collection the drift check compares with the "
+        "judged ones: the last N, kept in memory by each process (a restart, or "
+        "another calibrator, starts afresh)",
+    )
+    drift_min_queries: int = Field(
+        50,
+        ge=10,
+        le=100_000,
+        description="served queries before the drift check gives a verdict (below: "
+        "insufficient-data); at most NORMCAL_DRIFT_WINDOW",
+    )
     log_level: str = Field("INFO")
     log_format: Literal["json", "text"] = Field(
         "json", description="serve logs: one JSON object per line, or plain text"
@@ -299,6 +314,18 @@ class Settings(BaseSettings):
         if value == "bf16" and info.data.get("embedding_backend") != "torch":
             raise ValueError(
                 "bf16 needs NORMCAL_EMBEDDING_BACKEND=torch (the onnx backend runs fp32)"
+            )
+        return value
+
+    @field_validator("drift_min_queries")
+    @classmethod
+    def _verdict_within_window(cls, value: int, info: ValidationInfo) -> int:
+        """A window smaller than the minimum would never give a verdict."""
+        window = info.data.get("drift_window")
+        if window is not None and value > window:
+            raise ValueError(
+                f"must be at most NORMCAL_DRIFT_WINDOW ({window}), or no verdict "
+                "could ever be given"
             )
         return value
 

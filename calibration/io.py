@@ -26,6 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from calibration.drift import (
+    DRIFT_FEATURES,
+    MAX_BINS,
+    DriftReference,
+    FeatureReference,
+)
 from calibration.exceptions import FORMAT_VERSION, UnsupportedFormatError
 from calibration.features import NormReference
 from calibration.metrics import BINNING, ReliabilityCurve
@@ -144,6 +150,8 @@ _DATACLASSES: dict[str, type[Any]] = {
     "ReliabilityCurve": ReliabilityCurve,
     "FitReport": FitReport,
     "QueryLevelReport": QueryLevelReport,
+    "DriftReference": DriftReference,
+    "FeatureReference": FeatureReference,
 }
 
 
@@ -653,6 +661,35 @@ def _extra_keys(values: dict[str, Any], path: str) -> None:
             raise _bad(_join(_join(path, "extra"), key), "shadows a report field")
 
 
+def _feature_bins(values: dict[str, Any], path: str) -> None:
+    """A drift feature: a known name, increasing finite edges, one count per bin.
+
+    At most :data:`~calibration.drift.MAX_BINS` bins.
+    """
+    if values["name"] not in DRIFT_FEATURES:
+        raise _bad(_join(path, "name"), f"must be one of {', '.join(DRIFT_FEATURES)}")
+    edges, counts = values["edges"], values["counts"]
+    if edges.ndim != 1 or len(edges) > MAX_BINS - 1:
+        raise _bad(_join(path, "edges"), f"at most {MAX_BINS - 1} edges (1-D)")
+    if not np.all(np.isfinite(edges)) or np.any(np.diff(edges) <= 0):
+        raise _bad(_join(path, "edges"), "finite and increasing")
+    if counts.ndim != 1 or len(counts) != len(edges) + 1:
+        raise _bad(_join(path, "counts"), "one count per bin (one more than edges)")
+
+
+def _drift_reference(values: dict[str, Any], path: str) -> None:
+    """Each feature once, every count summing to the judged queries."""
+    n = values["n_queries"]
+    if n < 1 or values["top_relevant"] > n:
+        raise _bad(path, "n_queries >= 1 and top_relevant <= n_queries")
+    names = [f.name for f in values["features"]]
+    if len(set(names)) != len(names):
+        raise _bad(_join(path, "features"), "each feature at most once")
+    for f in values["features"]:
+        if int(f.counts.sum()) != n:
+            raise _bad(_join(path, "features"), "counts must sum to n_queries")
+
+
 _RULES: dict[str, tuple[Callable[[dict[str, Any], str], None], ...]] = {
     "FitReport": (
         _non_negative("n_queries", "n_pairs", "n_positive", "n_splits", "k"),
@@ -667,6 +704,11 @@ _RULES: dict[str, tuple[Callable[[dict[str, Any], str], None], ...]] = {
         _non_negative("counts"),
         _probabilities("mean_predicted", "observed_frequency"),
         _curve_bins,
+    ),
+    "FeatureReference": (_non_negative("counts"), _feature_bins),
+    "DriftReference": (
+        _non_negative("n_queries", "top_relevant"),
+        _drift_reference,
     ),
 }
 

@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
+from calibration.drift import DriftReference, query_summary, reference_from
 from calibration.exceptions import InsufficientDataError, UnsupportedFormatError
 from calibration.features import (
     ELL_Q,
@@ -675,6 +676,7 @@ def fit_profile(
         fit_seconds=time.perf_counter() - started,
         evidence_lift=selection.evidence_lift,
         selection=selection.why,
+        drift_reference=drift_reference(evidence, X, groups, y, selection.estimator),
         extra=dict(extra_report or {}),
     )
     return Profile(
@@ -690,6 +692,29 @@ def fit_profile(
         report=report,
         confidence_weight=weight,
     )
+
+
+def drift_reference(
+    evidence: Sequence[QueryEvidence],
+    X: FloatArray,
+    groups: NDArray[np.int64],
+    y: FloatArray,
+    estimator: Any,
+) -> DriftReference:
+    """The judged queries summarised as search summarises served ones.
+
+    ``X``, ``groups`` and ``y`` are :func:`build_features`' and :func:`labels_of`'
+    (one query's rows together, in its hits' order); the probabilities are the fitted
+    ``estimator``'s, the map served queries get.
+    """
+    p = estimator.predict_proba(X)
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    summaries, top_relevant = [], []
+    for rows in np.split(np.arange(len(groups)), starts[1:]):
+        e = evidence[int(groups[rows[0]])]
+        summaries.append(query_summary(e.scores, e.n_tokens, e.lexical, p[rows]))
+        top_relevant.append(y[rows][int(np.argmax(e.scores))] > 0)
+    return reference_from(np.array(summaries), np.array(top_relevant))
 
 
 def prior_profile(

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.drift import DriftReference, FeatureReference
 from calibration.metrics import ReliabilityCurve
 from calibration.query import AbstainPolicy
 from calibration.selection import (
@@ -94,6 +95,10 @@ class FitReport:
         (:func:`~calibration.selection.select_calibrator`); None in reports stored
         before it existed and in the shipped default's (then absent from the JSON
         form).
+    drift_reference : DriftReference or None
+        The judged queries summarised for drift (:mod:`calibration.drift`); None for
+        the shipped default (no judged queries of a collection) and in reports
+        stored before it existed (then absent from the JSON form).
     extra : dict
         Caller's JSON-able additions (``collection``, ``source`` ...), shown at the
         top level of the JSON form.
@@ -119,6 +124,7 @@ class FitReport:
     fit_seconds: float = 0.0
     evidence_lift: tuple[GroupLift, ...] | None = None
     selection: SelectionWhy | None = None
+    drift_reference: DriftReference | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_jsonable(self) -> dict[str, Any]:
@@ -142,6 +148,7 @@ class FitReport:
         abstain = data.get("abstain")
         lifts = data.get("evidence_lift")
         why = data.get("selection")
+        drift = data.get("drift_reference")
         return cls(
             requested_method=str(data["requested_method"]),
             allow_reorder=bool(data["allow_reorder"]),
@@ -181,12 +188,29 @@ class FitReport:
             if lifts is None
             else tuple(GroupLift(**_nan_for_none(g)) for g in lifts),
             selection=None if why is None else _why(why),
+            drift_reference=None if drift is None else _drift_reference(drift),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
 
 _FLATTENED = ("query_unit_norm", "doc_unit_norm", "extra")
-_OPTIONAL = ("evidence_lift", "selection")  # absent from the JSON form when None
+# Fields added after reports were first stored: absent from the JSON form when None.
+_OPTIONAL = ("evidence_lift", "selection", "drift_reference")
+
+
+def _drift_reference(data: dict[str, Any]) -> DriftReference:
+    return DriftReference(
+        n_queries=int(data["n_queries"]),
+        features=tuple(
+            FeatureReference(
+                name=str(f["name"]),
+                edges=_array(f["edges"]),
+                counts=np.asarray(f["counts"], dtype=np.int64),
+            )
+            for f in data["features"]
+        ),
+        top_relevant=int(data["top_relevant"]),
+    )
 
 
 def _nan_for_none(data: dict[str, Any]) -> dict[str, Any]:

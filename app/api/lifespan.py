@@ -113,6 +113,8 @@ def make_lifespan(
             job_error=job_error,
         )
         context.fit_jobs.open()  # fails the jobs a previous process left unfinished
+        if metrics is not None:
+            metrics.watch_drift(context.drift.samples)
         try:
             yield {"service": Service(context)}
         finally:
@@ -121,6 +123,7 @@ def make_lifespan(
             await context.fit_jobs.close()
             if metrics is not None:
                 metrics.watch(None)
+                metrics.watch_drift(None)
             pool.shutdown()
             registry.close()
             logger.info("normcal stopped")

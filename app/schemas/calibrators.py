@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.schemas.collections import NextStep
 from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
 
 # Grades are labels, stored as SQLite integers; int32 is far more than any scale needs.
@@ -206,3 +207,71 @@ class FeedbackDeleted(BaseModel):
     """How many judgments were deleted."""
 
     deleted: int
+
+
+class FeatureDrift(BaseModel):
+    """One feature of the served queries against the judged ones."""
+
+    feature: str = Field(
+        description="top_cosine, top_gap (top cosine minus the 5th), query_tokens, "
+        "top_lexical (the top hit's BM25 share of a perfect match) or "
+        "top_probability"
+    )
+    psi: float = Field(description="population stability index over the judged bins")
+    level: Literal["stable", "moderate", "shift"] = Field(
+        description="PSI below 0.1, 0.1 to 0.25, above 0.25"
+    )
+    critical: float = Field(
+        description="the PSI the two sample sizes alone reach by chance (at the "
+        "Bonferroni share of a 5% risk); a feature moves above both it and 0.25"
+    )
+    moved: bool
+
+
+class PositiveRate(BaseModel):
+    """Predicted precision at 1 of the served queries against the judged one."""
+
+    predicted: float = Field(description="mean probability of the served top hits")
+    judged: float = Field(
+        description="share of judged queries whose top hit was relevant"
+    )
+    interval: tuple[float, float] = Field(
+        description="Wilson interval of the judged share (at the same risk)"
+    )
+    moved: bool = Field(
+        description="predicted is outside the interval and at least 0.1 from judged"
+    )
+
+
+class DriftReport(BaseModel):
+    """Whether the queries a calibrator serves still look like those it was judged on.
+
+    ``status``: ``ok`` or ``drifting`` (``moved`` names what moved), ``insufficient-
+    data`` (fewer than ``min_queries`` served; ``needed`` more) or ``no-reference``
+    (no judged queries to compare with; ``reason`` says why). The served window is
+    the last ``window`` queries this process answered with this calibrator since
+    ``since``; it is kept in memory and starts afresh on restart.
+    """
+
+    collection: str
+    calibrator: str
+    status: Literal["ok", "drifting", "insufficient-data", "no-reference"]
+    reason: str | None = None
+    n_queries: int = Field(description="served queries in the window")
+    min_queries: int
+    needed: int | None = Field(
+        None,
+        description="served queries still needed for a verdict (null: no-reference, "
+        "which no number of queries changes)",
+    )
+    window: int = Field(description="largest number of served queries compared")
+    since: float | None = Field(
+        None, description="when this process began the window (epoch seconds)"
+    )
+    reference_queries: int | None = Field(
+        None, description="judged queries the calibrator was fitted on"
+    )
+    moved: list[str] = Field(default_factory=list)
+    features: list[FeatureDrift] = Field(default_factory=list)
+    positive_rate: PositiveRate | None = None
+    next_step: NextStep | None = None

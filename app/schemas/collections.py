@@ -30,6 +30,19 @@ class Guarantee(BaseModel):
     n_queries: int = Field(description="judged queries the threshold was certified on")
 
 
+DriftStatus = Literal["ok", "drifting"]
+
+
+class NextStep(BaseModel):
+    """What to do next for better probabilities, and where."""
+
+    action: Literal["judge"] = Field(
+        description="judge: label a few queries' hits, then fit a calibrator"
+    )
+    url: str = Field(description="the collection's judging page")
+    detail: str
+
+
 class CalibratorRef(BaseModel):
     """Which calibrator produced the probabilities, and how far to trust them.
 
@@ -56,6 +69,17 @@ class CalibratorRef(BaseModel):
         None,
         description="why there is no calibrator, or why the default in use is the "
         "model-agnostic one",
+    )
+    drift: DriftStatus | None = Field(
+        None,
+        description="search only: whether the collection's recent queries moved away "
+        "from the judged ones (GET .../calibrators/{id}/drift says which features); "
+        "null: not known yet (too few queries) or no judged queries to compare with",
+    )
+    next_step: NextStep | None = Field(
+        None,
+        description="set until the collection has a fitted calibrator: the judging "
+        "page that gets it one",
     )
 
 

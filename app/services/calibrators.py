@@ -23,16 +23,20 @@ from app.schemas.calibrators import (
     CalibratorInfo,
     CalibratorProfile,
     CalibratorSelection,
+    DriftReport,
+    FeatureDrift,
     FeedbackDeleted,
     FeedbackPage,
     FitRequest,
     Judgment,
     MethodMetrics,
+    PositiveRate,
     StoredJudgment,
 )
 from app.schemas.jobs import FitJob
 from app.services import limits
-from app.services.context import DEFAULT_PAGE_SIZE, Context, Part
+from app.services.context import DEFAULT_PAGE_SIZE, Context, Part, judging_step
+from app.services.drift import reference_of
 from app.services.jobs import Progress
 from app.services.next_query import FIT_MIN_QUERIES
 from app.services.paging import decode_cursor, encode_cursor
@@ -281,6 +285,65 @@ class CalibratorsService(Part):
             self._png_cache.move_to_end(key)
         return png
 
+    def drift_report(self, name: str, calibrator_id: str) -> DriftReport:
+        """Whether the queries this calibrator served look like those it was judged on."""
+        profile = self.profile(name, calibrator_id)
+        settings = self.settings
+        report = DriftReport(
+            collection=name,
+            calibrator=profile.id,
+            status="no-reference",
+            n_queries=0,
+            min_queries=settings.drift_min_queries,
+            window=settings.drift_window,
+        )
+        reference = reference_of(profile)
+        if reference is None:
+            return report.model_copy(update=_no_reference(name, profile))
+        measured = self.drift.measure(name, profile)
+        report = report.model_copy(
+            update={
+                "status": "insufficient-data",
+                "n_queries": measured.n_queries,
+                "needed": max(0, settings.drift_min_queries - measured.n_queries),
+                "since": measured.since,
+                "reference_queries": reference.n_queries,
+            }
+        )
+        verdict = measured.verdict
+        if verdict is None:
+            active = self._profile_for(self.registry.get(name))
+            if active is None or active.id != profile.id:
+                reason = (
+                    "it does not serve this collection: the window follows the "
+                    "calibrator that does"
+                )
+                return report.model_copy(update={"reason": reason})
+            return report
+        rate = verdict.positive_rate
+        return report.model_copy(
+            update={
+                "status": "drifting" if verdict.drifting else "ok",
+                "moved": verdict.moved,
+                "features": [
+                    FeatureDrift(
+                        feature=f.feature,
+                        psi=f.psi,
+                        level=f.level,
+                        critical=f.critical,
+                        moved=f.moved,
+                    )
+                    for f in verdict.features
+                ],
+                "positive_rate": PositiveRate(
+                    predicted=rate.predicted,
+                    judged=rate.judged,
+                    interval=(rate.low, rate.high),
+                    moved=rate.moved,
+                ),
+            }
+        )
+
     async def activate_calibrator(
         self, name: str, calibrator_id: str
     ) -> CalibratorInfo:
@@ -458,6 +521,20 @@ class CalibratorsService(Part):
             report=report.to_jsonable(),
             dropped_judgments=dropped,
         )
+
+
+def _no_reference(name: str, profile: Profile) -> dict[str, Any]:
+    """Why a calibrator has no judged queries to compare with, and what to do."""
+    if profile.default:
+        return {
+            "reason": "the shipped default was fitted on no judged queries of this "
+            "collection, so there is nothing to compare its queries with",
+            "next_step": judging_step(name),
+        }
+    return {
+        "reason": "fitted before drift references were recorded: refit it (the "
+        "stored feedback is reused) to get one"
+    }
 
 
 def _imported_profile(data: dict[str, Any], max_rank: int) -> Profile:

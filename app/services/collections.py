@@ -49,7 +49,9 @@ class CollectionsService(Part):
             lexical_indexed=lexical_indexed,
             stemmer=str(meta.get("stemmer", DEFAULT_STEMMER)),
             created_at=float(meta["created_at"]),
-            calibrator=self._calibrator_ref(self._profile_for(collection)),
+            calibrator=self._calibrator_ref(
+                collection.name, self._profile_for(collection)
+            ),
         )
 
     def list_collections(self) -> list[CollectionInfo]:
@@ -71,6 +73,7 @@ class CollectionsService(Part):
     def drop_collection(self, name: str) -> None:
         """Delete a collection and its files."""
         self.registry.drop(name)
+        self.drift.forget(name)
 
     # -- snapshots --------------------------------------------------------------------
     def create_snapshot(self, name: str) -> SnapshotInfo:
@@ -91,7 +94,9 @@ class CollectionsService(Part):
 
     def restore_snapshot(self, name: str, snapshot_id: str) -> CollectionInfo:
         """Replace a collection (served or quarantined) by one of its snapshots."""
-        return self._describe(self._snapshots(name).restore(name, snapshot_id))
+        restored = self._snapshots(name).restore(name, snapshot_id)
+        self.drift.forget(name)
+        return self._describe(restored)
 
     def _snapshots(self, name: str) -> Snapshots:
         """The snapshots; off the local backend, a 404 for an unknown collection, else 422."""

@@ -15,13 +15,16 @@ from app.concurrency import CpuPool
 from app.embedding import Embedder
 from app.embedding.batching import EmbedBatcher, lanes_for
 from app.observability import Metrics
-from app.schemas.collections import CalibratorRef, Guarantee
+from app.schemas.collections import CalibratorRef, DriftStatus, Guarantee, NextStep
+from app.services.drift import DriftMonitor
 from app.services.jobs import JOBS_FILE, Describe, FitJobs
+from app.services.next_query import FIT_MIN_QUERIES
 from app.settings import Settings
 from calibration.profile import Profile
 
 DEFAULT_PAGE_SIZE = 100  # items per page of a listing without a limit
 NO_DEFAULT_REASON = "no calibration profile ships for this embedding model"
+JUDGE_PAGE = "/ui/collections/{name}/judge"
 
 
 @dataclass
@@ -44,6 +47,8 @@ class Context:
     # Every embedding goes through it, so concurrent requests share forward passes.
     batcher: EmbedBatcher = field(init=False)
     fit_jobs: FitJobs = field(init=False)
+    # The served queries each collection's calibrator is compared with (in memory).
+    drift: DriftMonitor = field(init=False)
     # How a failed fit job is recorded: the HTTP layer's error table renders it.
     job_error: Describe = field(kw_only=True)
 
@@ -51,6 +56,9 @@ class Context:
         self.snapshots = self.registry.snapshots
         self.fit_jobs = FitJobs(
             self.settings.data_dir / JOBS_FILE, self.settings.limits, self.job_error
+        )
+        self.drift = DriftMonitor(
+            self.settings.drift_window, self.settings.drift_min_queries
         )
         self.batcher = EmbedBatcher(
             self.embedder,
@@ -105,6 +113,11 @@ class Part:
         return self.context.fit_jobs
 
     @property
+    def drift(self) -> DriftMonitor:
+        """The served-query windows of the drift check."""
+        return self.context.drift
+
+    @property
     def snapshots(self) -> Snapshots | None:
         """The snapshots (``None`` off the local backend)."""
         return self.context.snapshots
@@ -136,14 +149,38 @@ class Part:
             return default
         return None
 
-    def _calibrator_ref(self, profile: Profile | None) -> CalibratorRef:
+    def _calibrator_ref(
+        self,
+        collection: str,
+        profile: Profile | None,
+        *,
+        drift: DriftStatus | None = None,
+    ) -> CalibratorRef:
         return _calibrator_ref(
-            profile, self.no_default_reason, self.context.default_note
+            collection,
+            profile,
+            self.no_default_reason,
+            drift,
+            self.context.default_note,
         )
 
 
+def judging_step(collection: str) -> NextStep:
+    """The judging loop, offered until the collection has a fit of its own."""
+    return NextStep(
+        action="judge",
+        url=JUDGE_PAGE.format(name=collection),
+        detail=f"judge {FIT_MIN_QUERIES}-10 queries there, then fit: the "
+        "probabilities get this collection's level",
+    )
+
+
 def _calibrator_ref(
-    profile: Profile | None, no_default_reason: str, default_note: str | None = None
+    collection: str,
+    profile: Profile | None,
+    no_default_reason: str,
+    drift: DriftStatus | None,
+    default_note: str | None = None,
 ) -> CalibratorRef:
     """Status of the calibrator in use (see ``CalibratorRef``)."""
     if profile is None:
@@ -152,6 +189,7 @@ def _calibrator_ref(
             default=False,
             reason=f"{no_default_reason}; fit one from judgments "
             "(POST .../calibrators)",
+            next_step=judging_step(collection),
         )
     policy = None if profile.default else profile.certified_policy
     return CalibratorRef(
@@ -169,4 +207,6 @@ def _calibrator_ref(
             n_queries=policy.n_calibration,
         ),
         reason=default_note if profile.default else None,
+        drift=drift,
+        next_step=judging_step(collection) if profile.default else None,
     )

@@ -99,7 +99,7 @@ class JudgingService(Part):
                 source="none",
                 confidence=None,
                 hits=[],
-                calibrator=self._calibrator_ref(profile),
+                calibrator=self._calibrator_ref(name, profile),
                 progress=progress,
             )
         request = SearchRequest(queries=candidates, k=k, include_text=True)
@@ -107,11 +107,11 @@ class JudgingService(Part):
         pools = await self.pool.run(
             collection.search, batch.vectors, candidates, max(k, POOL_DEPTH), None
         )
-        results = await self.pool.run(
+        results, _ = await self.pool.run(
             search_results,
             batch,
             pools,
-            self._calibrator_ref(profile),
+            self._calibrator_ref(name, profile),
             profile,
             request,
             k,

@@ -1,7 +1,8 @@
 """Search: embed the queries, retrieve a pool, score it, pick hits by mode, cut.
 
 It also records searched texts in the collection's query log (``app.services.judging``
-sets the log up and judges from it).
+sets the log up and judges from it), and each calibrated query's summary in the
+collection's drift window (``app.services.drift``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from numpy.typing import NDArray
 
 from app.collections.base import CollectionBackend, Pool
 from app.embedding import EmbeddingBatch
@@ -19,6 +21,7 @@ from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.services import limits
 from app.services.calibrators import DEFAULT_FIT_K
 from app.services.context import Part
+from calibration.drift import query_summary
 from calibration.fusion import SearchMode, order_by_mode
 from calibration.profile import Profile
 
@@ -67,15 +70,13 @@ class SearchService(Part):
         pools = await self.pool.run(
             collection.search, batch.vectors, texts, n, request.filter
         )
-        results = await self.pool.run(
-            search_results,
-            batch,
-            pools,
-            self._calibrator_ref(profile),
-            profile,
-            request,
-            k,
+        ref = self._calibrator_ref(
+            name, profile, drift=self.drift.verdict(name, profile)
         )
+        results, summaries = await self.pool.run(
+            search_results, batch, pools, ref, profile, request, k
+        )
+        self.drift.observe(name, profile, summaries)
         await self._log_queries(collection, texts)
         return results
 
@@ -106,15 +107,20 @@ def search_results(
     profile: Profile | None,
     request: SearchRequest,
     k: int,
-) -> list[SearchResult]:
+) -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
     """Score each query's pool, pick its hits by mode, then apply the cuts.
 
-    ``ref`` describes ``profile`` (the same for every query of the request).
+    ``ref`` describes ``profile`` (the same for every query of the request). Also
+    returns the drift summary (``calibration.drift.query_summary``) of every query
+    that retrieved something and was calibrated.
     """
-    return [
-        _result(batch, i, pool, ref, profile, request, k)
-        for i, pool in enumerate(pools)
-    ]
+    results, summaries = [], []
+    for i, pool in enumerate(pools):
+        result, summary = _result(batch, i, pool, ref, profile, request, k)
+        results.append(result)
+        if summary is not None:
+            summaries.append(summary)
+    return results, summaries
 
 
 def _result(
@@ -125,16 +131,24 @@ def _result(
     profile: Profile | None,
     request: SearchRequest,
     k: int,
-) -> SearchResult:
+) -> tuple[SearchResult, NDArray[np.float64] | None]:
     """One query's answer: score the whole pool, order it by mode, cut.
 
     The whole pool is scored once, so a document's probability for a query is the
     same number whichever mode returned it; the mode alone picks and orders the hits.
+    With a calibrator, also the query's drift summary, taken from the whole pool.
     """
     norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
     hits, intervals = _scored(pool, profile, norm, n_tokens, request.include_text)
     out = [hits[j] for j in _order(pool, request.mode, hits, k)]
-    confidence = abstain = band = None
+    confidence = abstain = band = summary = None
+    if profile is not None and hits:
+        summary = query_summary(
+            [h.score for h in hits],
+            n_tokens,
+            pool.lexical,
+            [h.probability or 0.0 for h in hits],
+        )
     if profile is not None:
         out = _cut(out, request.min_probability, request.target_precision)
         # Confidence of the hits actually returned (after the cut).
@@ -149,7 +163,7 @@ def _result(
         )
         confidence, abstain = returned.confidence, returned.abstain
         band = returned.confidence_interval
-    return SearchResult(
+    result = SearchResult(
         query=QueryInfo(
             norm=norm, n_tokens=n_tokens, truncated=bool(batch.truncated[i])
         ),
@@ -160,6 +174,7 @@ def _result(
         abstain=abstain,
         calibrator=ref,
     )
+    return result, summary
 
 
 def _scored(

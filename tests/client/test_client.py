@@ -88,6 +88,11 @@ def test_real_validation_errors_are_typed(nc):
 def test_real_calibrators_and_feedback(nc):
     nc.create_collection("cal", exist_ok=True)
     nc.upsert_documents("cal", DOCS)
+    before = nc.search("cal", QUERIES["paris"], k=3).calibrator
+    assert before is not None and before.next_step is not None
+    assert before.next_step.url == "/ui/collections/cal/judge"
+    no_reference = nc.calibrator_drift("cal", str(before.id))
+    assert no_reference.status == "no-reference" and no_reference.next_step
     judgments = [
         {"query": q, "document_id": d, "relevance": int(d == key)}
         for key, q in QUERIES.items()
@@ -102,6 +107,10 @@ def test_real_calibrators_and_feedback(nc):
     assert "<html" in nc.calibrator_report("cal", info.id).lower()
     result = nc.search("cal", QUERIES["paris"], k=3)
     assert result.calibrator is not None and result.calibrator.id == info.id
+    assert result.calibrator.next_step is None and result.calibrator.drift is None
+    drift = nc.calibrator_drift("cal", info.id)
+    assert drift.status == "insufficient-data" and drift.n_queries == 1
+    assert drift.needed == drift.min_queries - 1
     stored = nc.feedback("cal", judgments[:3])
     assert stored.stored == 3 and stored.total >= 3
 

@@ -110,6 +110,38 @@ def test_activating_the_default_switches_back_from_a_fit(client, settings):
     assert _stored_active(settings) == fitted
 
 
+# -- the judging loop offered, drift ------------------------------------------------
+def _drift(client: TestClient, calibrator_id: str) -> dict:
+    r = client.get(f"/v1/collections/kb/calibrators/{calibrator_id}/drift")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_the_judging_loop_is_offered_until_the_collection_has_a_fit(client, settings):
+    step = _search(client)["calibrator"]["next_step"]
+    assert step["action"] == "judge" and step["url"] == "/ui/collections/kb/judge"
+    assert client.get("/v1/collections/kb").json()["calibrator"]["next_step"] == step
+    default = _drift(client, _default_id(client))
+    assert default["status"] == "no-reference" and default["next_step"] == step
+    assert default["features"] == [] and default["positive_rate"] is None
+    assert default["needed"] is None  # no number of queries gives it a verdict
+
+    fitted = _fit(client)
+    ref = _search(client)["calibrator"]
+    assert ref["next_step"] is None and ref["drift"] is None  # one query: no verdict
+    report = _drift(client, fitted)
+    assert report["status"] == "insufficient-data" and report["n_queries"] == 1
+    assert report["needed"] == settings.drift_min_queries - 1
+    assert report["reference_queries"] == len(JUDGMENTS) and report["reason"] is None
+
+    # Back to the default: offered again; the fitted one serves nothing now.
+    client.post(f"/v1/collections/kb/calibrators/{_default_id(client)}/activate")
+    assert _search(client)["calibrator"]["next_step"] == step
+    report = _drift(client, fitted)
+    assert report["status"] == "insufficient-data" and report["n_queries"] == 0
+    assert "does not serve" in report["reason"]
+
+
 # -- delete --------------------------------------------------------------------------
 def test_delete_a_fitted_calibrator(client, settings):
     kept = _fit(client)
@@ -148,6 +180,8 @@ def test_unknown_calibrator_or_collection_is_404(client):
         ("DELETE", "/v1/collections/kb/calibrators/nope"),
         ("POST", "/v1/collections/kb/calibrators/nope/activate"),
         ("GET", "/v1/collections/kb/calibrators/nope/export"),
+        ("GET", "/v1/collections/kb/calibrators/nope/drift"),
+        ("GET", "/v1/collections/missing/calibrators/nope/drift"),
         ("DELETE", "/v1/collections/missing/calibrators/nope"),
         ("GET", "/v1/collections/missing/feedback"),
         ("DELETE", "/v1/collections/missing/feedback"),

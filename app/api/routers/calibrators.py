@@ -1,7 +1,7 @@
 """Calibrators of a collection and its feedback.
 
-Calibrators: fit, list, report, diagram, switch, delete, export, import. Feedback:
-add, list, delete.
+Calibrators: fit, list, report, diagram, drift, switch, delete, export, import.
+Feedback: add, list, delete.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from app.schemas.calibrators import (
     CalibratorInfo,
     CalibratorList,
     CalibratorProfile,
+    DriftReport,
     FeedbackDeleted,
     FeedbackPage,
     FeedbackRequest,
@@ -53,6 +54,14 @@ def read_calibrator(
 ) -> CalibratorInfo:
     """A calibrator's report: CV metrics of every method, norm lift, abstain rule."""
     return service.calibrators.get_calibrator(name, calibrator_id)
+
+
+@router.get("/calibrators/{calibrator_id}/drift")
+def read_drift(
+    *, name: CollectionName, calibrator_id: str, service: ServiceDep
+) -> DriftReport:
+    """Whether the queries it served lately look like those it was judged on."""
+    return service.calibrators.drift_report(name, calibrator_id)
 
 
 @router.get(

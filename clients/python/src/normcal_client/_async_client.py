@@ -39,6 +39,7 @@ from normcal_client._models import (
     DocumentOut,
     DocumentPage,
     DocumentsFound,
+    DriftReport,
     EmbedResponse,
     FeedbackDeleted,
     FeedbackPage,
@@ -541,6 +542,13 @@ class AsyncNormcalClient(ClientBase):
     ) -> CalibratorInfo:
         """Make a calibrator the one search uses."""
         call = ep.ACTIVATE_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return await self._drive(op.one(call))
+
+    async def calibrator_drift(
+        self, collection: str, calibrator_id: str
+    ) -> DriftReport:
+        """Whether the queries it served lately look like those it was judged on."""
+        call = ep.CALIBRATOR_DRIFT(name=collection, calibrator_id=calibrator_id)
         return await self._drive(op.one(call))
 
     async def reliability_png(self, collection: str, calibrator_id: str) -> bytes:

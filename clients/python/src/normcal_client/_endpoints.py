@@ -105,6 +105,7 @@ LIST_FIT_JOBS = Endpoint("GET", _C + "/fit-jobs", m.FitJobList)
 GET_FIT_JOB = Endpoint("GET", _C + "/fit-jobs/{job_id}", m.FitJob)
 GET_CALIBRATOR = Endpoint("GET", _CAL, m.CalibratorInfo)
 ACTIVATE_CALIBRATOR = Endpoint("POST", _CAL + "/activate", m.CalibratorInfo)
+CALIBRATOR_DRIFT = Endpoint("GET", _CAL + "/drift", m.DriftReport)
 RELIABILITY_PNG = Endpoint("GET", _CAL + "/reliability.png", bytes, accept="image/png")
 CALIBRATOR_REPORT = Endpoint("GET", _CAL + "/report", str, accept="text/html")
 DELETE_CALIBRATOR = Endpoint("DELETE", _CAL, NoBody)
@@ -154,6 +155,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     GET_FIT_JOB,
     GET_CALIBRATOR,
     ACTIVATE_CALIBRATOR,
+    CALIBRATOR_DRIFT,
     RELIABILITY_PNG,
     CALIBRATOR_REPORT,
     DELETE_CALIBRATOR,

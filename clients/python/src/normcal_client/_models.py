@@ -244,12 +244,25 @@ class Guarantee(ResponseModel):
     n_queries: int
 
 
+class NextStep(ResponseModel):
+    """What to do next for better probabilities (``action="judge"``), and where."""
+
+    action: Literal["judge"]
+    url: str
+    detail: str
+
+
+DriftStatus = Literal["ok", "drifting"]
+
+
 class CalibratorRef(ResponseModel):
     """Which calibrator produced the probabilities, and how far to trust them.
 
     ``status``: ``"default"`` (shipped prior, no judgments from this collection),
     ``"fitted"`` (``n_queries`` judged) or ``"none"`` (no profile for this model;
     ``reason`` says why). ``guarantee`` only when certified on this collection.
+    ``next_step`` points at the judging page until the collection has a fit;
+    ``drift`` (search only) says whether recent queries moved from the judged ones.
     """
 
     status: Literal["default", "fitted", "none"]
@@ -260,6 +273,8 @@ class CalibratorRef(ResponseModel):
     n_queries: int | None = None
     guarantee: Guarantee | None = None
     reason: str | None = None
+    drift: DriftStatus | None = None
+    next_step: NextStep | None = None
 
 
 class CollectionInfo(ResponseModel):
@@ -441,6 +456,49 @@ class CalibratorInfo(ResponseModel):
     # Judgments the fit that made it left out (unknown_documents="skip"); only set
     # in that fit's answer.
     dropped_judgments: int | None = None
+
+
+class FeatureDrift(ResponseModel):
+    """One drift feature: its PSI against the judged queries, and whether it moved."""
+
+    feature: str
+    psi: float
+    level: Literal["stable", "moderate", "shift"]
+    critical: float
+    moved: bool
+
+
+class PositiveRate(ResponseModel):
+    """Predicted precision at 1 of served queries against the judged queries' one."""
+
+    predicted: float
+    judged: float
+    interval: tuple[float, float]
+    moved: bool
+
+
+class DriftReport(ResponseModel):
+    """``GET .../calibrators/{id}/drift``: served queries against the judged ones.
+
+    ``status``: ``"ok"``, ``"drifting"`` (``moved`` names what moved),
+    ``"insufficient-data"`` (``needed`` more served queries) or ``"no-reference"``
+    (``reason`` says why; ``next_step`` for the shipped default).
+    """
+
+    collection: str
+    calibrator: str
+    status: Literal["ok", "drifting", "insufficient-data", "no-reference"]
+    reason: str | None = None
+    n_queries: int
+    min_queries: int
+    needed: int | None = None
+    window: int
+    since: float | None = None
+    reference_queries: int | None = None
+    moved: list[str] = Field(default_factory=list)
+    features: list[FeatureDrift] = Field(default_factory=list)
+    positive_rate: PositiveRate | None = None
+    next_step: NextStep | None = None
 
 
 FitJobStatus = Literal["queued", "running", "succeeded", "failed"]

@@ -35,6 +35,7 @@ from normcal_client._models import (
     DocumentOut,
     DocumentPage,
     DocumentsFound,
+    DriftReport,
     EmbedResponse,
     FeedbackDeleted,
     FeedbackPage,
@@ -525,6 +526,11 @@ class NormcalClient(ClientBase):
     ) -> CalibratorInfo:
         """Make a calibrator the one search uses."""
         call = ep.ACTIVATE_CALIBRATOR(name=collection, calibrator_id=calibrator_id)
+        return self._drive(op.one(call))
+
+    def calibrator_drift(self, collection: str, calibrator_id: str) -> DriftReport:
+        """Whether the queries it served lately look like those it was judged on."""
+        call = ep.CALIBRATOR_DRIFT(name=collection, calibrator_id=calibrator_id)
         return self._drive(op.one(call))
 
     def reliability_png(self, collection: str, calibrator_id: str) -> bytes:
