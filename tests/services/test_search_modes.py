@@ -187,7 +187,11 @@ def test_lexical_returns_k_hits_beyond_the_lexical_feature_depth(tmp_path, embed
         assert len(r.json()["hits"]) == 110
 
 
-def test_hybrid_without_a_calibrator_is_a_clear_422_dense_still_works(tmp_path):
+def test_hybrid_without_a_calibrator_is_a_clear_422_dense_still_works(
+    tmp_path, monkeypatch
+):
+    # No profile of its own and no model-agnostic file: no calibrator at all.
+    monkeypatch.setattr("app.profiles.AGNOSTIC_PROFILE", tmp_path / "missing.json")
     settings = Settings(data_dir=tmp_path / "data")
     with TestClient(create_app(settings, embedder=HashEmbedder())) as c:
         c.post("/v1/collections", json={"name": "kb"})
