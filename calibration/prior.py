@@ -10,16 +10,19 @@ in one query's score list recovered it. So the prior is a logistic model
 with :math:`\tilde\phi` the standardised transferable features, one shared slope
 vector :math:`w`, and a per-domain level :math:`c_k`. :func:`fit_prior` fits it on
 several labelled sets, **each set weighted equally** (not each pair), and summarises the
-levels as a distribution :math:`c \sim \mathcal N(\mu, \tau^2)` across domains and the
-slopes' spread :math:`\tau_w` across domains (per-set refits).
+levels as a heavy-tailed distribution :math:`c \sim t_4(\mu, \tau^2)` across domains
+and the slopes' spread :math:`\tau_w` across domains (per-set refits).
 
-* With no judgments, :meth:`CrossDomainPrior.predict_proba` predicts at the mean level
-  and :meth:`CrossDomainPrior.predict_interval` gives the interval a new domain's level
-  would fall in (Student-t with ``K - 1`` degrees of freedom, ``K`` domains, widened by
-  :math:`\sqrt{1 + 1/K}` for a new draw), so a user sees "between 0.2 and 0.8" instead of
-  a false 0.56.
+* With no judgments, :meth:`CrossDomainPrior.predict_proba` predicts at the served
+  level :math:`\mu + \delta` and :meth:`CrossDomainPrior.predict_interval` gives the
+  interval a new domain's level would fall in (the t quantile, scale widened by
+  :math:`\sqrt{1 + 1/K}` for a new draw, times a width multiplier), so a user sees
+  "between 0.05 and 0.8" instead of a false 0.3. :func:`lodo_calibrate` chooses
+  :math:`\delta` and the multiplier leave-one-dataset-out: the level that minimises
+  the held-out Brier score relative to each set's own base rate, and the smallest
+  width at which every held-out set is covered.
 * With ``n`` judged queries, :class:`PriorCalibrator` fits the collection's level by
-  MAP under that Gaussian prior and shrinks the slopes toward :math:`w` with prior SD
+  MAP under that t prior and shrinks the slopes toward :math:`w` with prior SD
   :math:`\tau_w \max(1, \sqrt{n / n_0})` (the prior loosens as judgments arrive, as the
   NT family does for its norm terms). Its intervals come from the Laplace posterior, so
   they shrink as judgments arrive.
