@@ -1011,7 +1011,7 @@ def _stage(method: str, raw: FloatArray, data: _Pairs) -> _Stage:
     used = pays or fixes
     detail = (
         f"{method} recalibrated inside the grouped CV: held-out NLL {s_raw.nll:.4f} "
-        f"-> {s_rec.nll:.4f} (gain {gain:+.4f} +/- {se:.4f} nats per pair), ECE "
+        f"-> {s_rec.nll:.4f} (gain {gain:+.3g} +/- {se:.3g} nats per pair), ECE "
         f"{s_raw.ece:.4f} -> {s_rec.ece:.4f} (noise floor {f_raw:.4f} -> {f_rec:.4f}); "
         f"{'applied' if used else 'not applied'}: {verdict}."
     )
@@ -1059,7 +1059,7 @@ def _one_se_rule(
     gain, se = paired_nll_gain(stages[best].oof, stages[base].oof, y, codes)
     kept = gain > se
     detail = (
-        f"{best} beat {base} (the baseline) by {gain:.4f} +/- {se:.4f} held-out nats "
+        f"{best} beat {base} (the baseline) by {gain:.3g} +/- {se:.3g} held-out nats "
         "per pair, "
         + (
             "more than one standard error: kept."
