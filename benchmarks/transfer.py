@@ -547,8 +547,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="other embedding models (benchmarks.models) for leave-one-model-out",
     )
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="--models: only the sets already embedded under that model",
+    )
     args = parser.parse_args(argv)
     from app.api.lifespan import load_embedder
+    from app.cli.beir import corpus_is_cached
     from app.settings import Settings
     from benchmarks.models import load_model
 
@@ -579,11 +585,17 @@ def main(argv: list[str] | None = None) -> int:
             by_model = {embedder.model_name: domains}
             for model in args.models:
                 other = load_model(model)
-                print(f"model: {other.model_name}", file=sys.stderr, flush=True)
+                names = [
+                    n
+                    for n in args.sets
+                    if not args.cached_only
+                    or corpus_is_cached(other.model_name, args.data / n, args.cache)
+                ]
+                print(f"model: {other.model_name} {names}", file=sys.stderr)
                 by_model[other.model_name] = {
                     name: d
                     for name, (d, _) in hybrid_domains(
-                        other, args.sets, args.data, args.cache
+                        other, names, args.data, args.cache
                     ).items()
                 }
             payload["leave_one_model_out"] = {}

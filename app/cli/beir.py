@@ -100,6 +100,13 @@ def _corpus_key(model_name: str, data_dir: Path) -> str:
     ).hexdigest()[:16]
 
 
+def corpus_is_cached(model_name: str, data_dir: Path, cache_dir: Path) -> bool:
+    """Whether :func:`embed_corpus` would read this corpus from ``cache_dir``."""
+    return (
+        cache_dir / f"{data_dir.name}-{_corpus_key(model_name, data_dir)}.npz"
+    ).exists()
+
+
 def embed_corpus(
     embedder: Embedder, data_dir: Path, cache_dir: Path | None = None
 ) -> EmbeddedCorpus:
