@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from app.api.lifespan import load_embedder  # noqa: E402
+from app.cli.beir import corpus_is_cached  # noqa: E402
 from app.embedding.identity import model_identity  # noqa: E402
 from app.profiles import AGNOSTIC_MODEL, AGNOSTIC_PROFILE, default_profile_path  # noqa: E402
 from app.settings import Settings  # noqa: E402
@@ -112,11 +113,24 @@ class Labelled:
         return query_ref, doc_ref
 
 
-def labelled(embedders: list[Any], data: Path, cache: Path) -> Labelled:
-    """Every set under every model (keys ``model/set`` when there are several)."""
+def labelled(
+    embedders: list[Any], data: Path, cache: Path, *, cached_only: bool = False
+) -> Labelled:
+    """Every set under every model (keys ``model/set`` when there are several).
+
+    ``cached_only``: the models after the first take only the sets already embedded
+    under them (all-mpnet-base-v2 is slow on a CPU).
+    """
     domains, dataset_of, corpora = {}, {}, []
-    for embedder in embedders:
-        for name, (d, corpus) in hybrid_domains(embedder, SETS, data, cache).items():
+    for i, embedder in enumerate(embedders):
+        names = [
+            n
+            for n in SETS
+            if i == 0
+            or not cached_only
+            or corpus_is_cached(embedder.model_name, data / n, cache)
+        ]
+        for name, (d, corpus) in hybrid_domains(embedder, names, data, cache).items():
             key = name if len(embedders) == 1 else f"{embedder.model_name}/{name}"
             domains[key], dataset_of[key] = d, name
             corpora.append(corpus)
@@ -235,10 +249,12 @@ def agnostic_profile(data: Labelled, models: list[str]) -> tuple[Profile, list[s
         ),
         profile_id="default-model-agnostic",
         extra_report={
-            "source": f"cross-domain prior over {', '.join(SETS)} under the models "
-            f"{', '.join(models)} (test qrels, hybrid pool of {K}); every (model, "
-            "set) pair a domain, each held out with its set under every model",
+            "source": f"cross-domain prior over the shared relevance sets under the "
+            f"models {', '.join(models)} (test qrels, hybrid pool of {K}; the sets "
+            "under each model in 'domains'); every (model, set) pair a domain, each "
+            "held out with its set under every model",
             "models": models,
+            "domains": list(data.domains),
             "day_one": day_one(prior, choice),
             "script": "scripts/fit_default_profile.py --agnostic",
         },
@@ -269,6 +285,11 @@ def main() -> int:
     parser.add_argument(
         "--models", nargs="*", default=[], help="other models (benchmarks.models)"
     )
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="--models: only the sets already embedded under each",
+    )
     args = parser.parse_args()
     embedders = [load_embedder(Settings())]
     if args.models:
@@ -276,7 +297,7 @@ def main() -> int:
 
         embedders += [load_model(name) for name in args.models]
     with single_threaded_blas():
-        data = labelled(embedders, args.data, args.cache)
+        data = labelled(embedders, args.data, args.cache, cached_only=args.cached_only)
         if args.agnostic:
             models = [e.model_name for e in embedders]
             profile, lines = agnostic_profile(data, models)
