@@ -162,5 +162,7 @@ def test_loading_then_empty_says_how_to_add_queries(chromium, tmp_path, embedder
         assert browser.evaluate(f"{STATE} === 'loading' && !{_shown('empty')}")
         assert browser.evaluate(f"{SEQ} === {before}")
         browser.evaluate("held.pop()(); true")
-        assert browser.wait_for(f"{STATE} === 'judging' && {_shown('query')}") == "paris"
+        assert (
+            browser.wait_for(f"{STATE} === 'judging' && {_shown('query')}") == "paris"
+        )
         assert not browser.evaluate(_shown("loading"))
