@@ -38,10 +38,11 @@ def no_delay(transport: asyncio.BaseTransport) -> None:
     """Send small writes at once (``TCP_NODELAY``) on a TCP connection.
 
     asyncio sets it only on sockets whose ``proto`` is ``IPPROTO_TCP``; the socket
-    :func:`serve` binds (:func:`bind_socket`, as ``uvicorn.Config.bind_socket`` does) has proto 0, and so do the
-    connections it accepts. With Nagle on, a response's body waited for the client to
-    acknowledge its head, which a keep-alive client delays by ~40 ms: every request
-    after a connection's first took 44 ms longer than it did work.
+    :func:`serve` binds (:func:`bind_socket`, as ``uvicorn.Config.bind_socket`` would)
+    has proto 0, and so do the connections it accepts. With Nagle on, a response's
+    body waited for the client to acknowledge its head, which a keep-alive client
+    delays by ~40 ms: every request after a connection's first took 44 ms longer than
+    it did work.
     """
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -38,7 +38,7 @@ exit status:
   {EXIT_UNREACHABLE}    the server at --url did not answer (is normcal serve running there?)
   {EXIT_API}    the server refused the request (its problem title and detail are printed)
   {EXIT_BUSY}    the data dir is in use by another normcal process (its pid is printed)
-  {EXIT_CANNOT_LISTEN}    serve cannot listen on its host:port (in use by another process, or not allowed)
+  {EXIT_CANNOT_LISTEN}    serve cannot listen on its host:port (another process has it, or not allowed)
   {EXIT_INTERRUPTED}  interrupted (ingest --skip-existing resumes)
 
 environment:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -420,7 +421,7 @@ def test_busy_port_is_one_line_naming_it_and_exit_7(tmp_path):
                 NORMCAL_LOG_FORMAT="text",
             )
         finally:
-            assert first.stop() in (0, -15)
+            assert first.stop() in (0, -signal.SIGTERM)
     line = _one_line_error(err)
     assert code == EXIT_CANNOT_LISTEN, err
     assert line.startswith(
