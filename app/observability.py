@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -370,15 +370,33 @@ class AccessLogMiddleware:
 
 
 # Attributes every LogRecord has; anything else came in through ``extra=``.
+# uvicorn adds ``color_message`` (its message with ANSI colours) to some records:
+# a terminal's concern, never a field of a log line.
 _RECORD_FIELDS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
     "asctime",
     "taskName",
+    "color_message",
 }
+
+LogFormat = Literal["auto", "json", "text"]
+
+
+def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields ``record`` received through ``extra=`` (request id, status, ...)."""
+    return {
+        key: value
+        for key, value in record.__dict__.items()
+        if key not in _RECORD_FIELDS and not key.startswith("_")
+    }
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and ``extra`` fields."""
+    """One JSON object per line: time, level, logger, message and ``extra`` fields.
+
+    ``json.dumps`` escapes control characters, so a line never holds a raw ANSI
+    escape whatever a message contains.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         """Render ``record`` as JSON."""
@@ -387,23 +405,42 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
+            **_extra_fields(record),
         }
-        for key, value in record.__dict__.items():
-            if key not in _RECORD_FIELDS and not key.startswith("_"):
-                entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def configure_logging(level: str = "INFO", *, json_lines: bool = True) -> None:
-    """Send every log record to stderr, as JSON lines by default."""
+class TextFormatter(logging.Formatter):
+    """``time level logger message key=value ...``: a log for a person at a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as one readable line (and its traceback, if any)."""
+        line = super().format(record)
+        fields = " ".join(f"{k}={v}" for k, v in _extra_fields(record).items())
+        if not fields:
+            return line
+        head, newline, rest = line.partition("\n")
+        return f"{head} {fields}{newline}{rest}"
+
+
+def resolve_log_format(log_format: LogFormat, stream: IO[str]) -> LogFormat:
+    """``auto`` is ``text`` when ``stream`` is a terminal and ``json`` otherwise."""
+    if log_format != "auto":
+        return log_format
+    isatty = getattr(stream, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
+
+def configure_logging(level: str = "INFO", log_format: LogFormat = "auto") -> None:
+    """Send every log record, uvicorn's included, to stderr in ``log_format``."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if json_lines
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
-    )
+    chosen = resolve_log_format(log_format, sys.stderr)
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

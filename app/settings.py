@@ -239,8 +239,10 @@ class Settings(BaseSettings):
         "insufficient-data); at most NORMCAL_DRIFT_WINDOW",
     )
     log_level: str = Field("INFO")
-    log_format: Literal["json", "text"] = Field(
-        "json", description="serve logs: one JSON object per line, or plain text"
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="serve logs: one JSON object per line (json), readable lines "
+        "(text), or text on a terminal and JSON otherwise (auto)",
     )
     limits: Limits = Field(default_factory=Limits)
     host: str = Field("127.0.0.1", description="`normcal serve` address")

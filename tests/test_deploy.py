@@ -303,7 +303,7 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
         assert proc.wait(60) in (0, -signal.SIGTERM), "graceful stop on SIGTERM"
     # the image's log format: one JSON object per line, nothing else (no progress bars)
     lines = (tmp_path / "stderr").read_text().splitlines()
-    assert any("Uvicorn running" in line for line in lines)
+    assert any("normcal listening on http://" in line for line in lines)
     for line in lines:
         assert isinstance(json.loads(line), dict), line
     assert (

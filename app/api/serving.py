@@ -12,6 +12,7 @@ every connection (see :func:`no_delay`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import resource
@@ -37,10 +38,11 @@ def no_delay(transport: asyncio.BaseTransport) -> None:
     """Send small writes at once (``TCP_NODELAY``) on a TCP connection.
 
     asyncio sets it only on sockets whose ``proto`` is ``IPPROTO_TCP``; the socket
-    :func:`serve` binds (``uvicorn.Config.bind_socket``) has proto 0, and so do the
-    connections it accepts. With Nagle on, a response's body waited for the client to
-    acknowledge its head, which a keep-alive client delays by ~40 ms: every request
-    after a connection's first took 44 ms longer than it did work.
+    :func:`serve` binds (:func:`bind_socket`, as ``uvicorn.Config.bind_socket`` would)
+    has proto 0, and so do the connections it accepts. With Nagle on, a response's
+    body waited for the client to acknowledge its head, which a keep-alive client
+    delays by ~40 ms: every request after a connection's first took 44 ms longer than
+    it did work.
     """
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -182,13 +184,52 @@ def write_port_file(path: Path, port: int) -> None:
     os.replace(partial, path)
 
 
+class CannotListenError(Exception):
+    """``normcal serve`` could not bind its address: the reason and what to do."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = (error.strerror or str(error)).lower()
+        super().__init__(f"cannot listen on {address}: {reason}; {_listen_hint(error)}")
+
+
+def _listen_hint(error: OSError) -> str:
+    if error.errno == errno.EADDRINUSE:
+        return (
+            "another process listens there (a normcal serve already running?): "
+            "stop it, or choose another --port (NORMCAL_PORT)"
+        )
+    if error.errno == errno.EACCES:
+        return "ports below 1024 need privileges: choose another --port (NORMCAL_PORT)"
+    return "check --host and --port (NORMCAL_HOST, NORMCAL_PORT)"
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, as uvicorn would bind it.
+
+    uvicorn logs a bind failure without the address and exits 3 (``sys.exit``);
+    this raises :class:`CannotListenError`, which names the address.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise CannotListenError(host, port, error) from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(
     app: FastAPI, settings: Settings, *, host: str, port: int, port_file: Path | None
 ) -> int:
     """Serve ``app`` until a signal stops it; return the process exit code.
 
     The socket is bound here, before the model loads, so ``port=0`` gets a free
-    port from the kernel with no race, and ``port_file`` names it for callers.
+    port from the kernel with no race, and ``port_file`` names it for callers. An
+    address that cannot be bound raises :class:`CannotListenError`.
     """
     nofile = raise_open_file_limit()
     if nofile < settings.max_connections + 64:
@@ -215,9 +256,12 @@ def serve(
         timeout_graceful_shutdown=30,
     )
     server = uvicorn.Server(config)
-    sock = config.bind_socket()
+    sock = bind_socket(host, port)
+    bound = int(sock.getsockname()[1])
+    # uvicorn says where it listens only when it binds itself.
+    logger.info("normcal listening on http://%s:%d", host, bound)
     if port_file is not None:
-        write_port_file(port_file, int(sock.getsockname()[1]))
+        write_port_file(port_file, bound)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

@@ -27,16 +27,18 @@ EXIT_INPUT = 3  # a file, folder or split is missing or malformed
 EXIT_UNREACHABLE = 4  # no HTTP answer from --url
 EXIT_API = 5  # the server answered with a problem (4xx/5xx)
 EXIT_BUSY = 6  # another normcal process owns the data dir
+EXIT_CANNOT_LISTEN = 7  # serve cannot bind its host:port (in use, or not allowed)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EPILOG = f"""\
 exit status:
   0    success
-  {EXIT_USAGE}    usage: bad arguments or invalid NORMCAL_* settings
+  {EXIT_USAGE}    usage: no command, bad arguments or invalid NORMCAL_* settings
   {EXIT_INPUT}    input: a file, folder or qrels split is missing or malformed
   {EXIT_UNREACHABLE}    the server at --url did not answer (is normcal serve running there?)
   {EXIT_API}    the server refused the request (its problem title and detail are printed)
   {EXIT_BUSY}    the data dir is in use by another normcal process (its pid is printed)
+  {EXIT_CANNOT_LISTEN}    serve cannot listen on its host:port (another process has it, or not allowed)
   {EXIT_INTERRUPTED}  interrupted (ingest --skip-existing resumes)
 
 environment:
@@ -88,10 +90,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stderr and exit status 2, before anything loads. The data dir is locked before
     anything opens (:mod:`app.collections.ownership`), with either storage backend
     (the data dir keeps the fit jobs too): a second server on it exits 6 with one
-    line naming the holder's pid.
+    line naming the holder's pid. An address it cannot bind (another process
+    listens there) ends it with one line naming the address and exit status 7.
     """
     from app.api.app import create_app
-    from app.api.serving import serve
+    from app.api.serving import CannotListenError, serve
     from app.observability import configure_logging
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,15 +102,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
     settings = _settings(**overrides)
-    configure_logging(settings.log_level, json_lines=settings.log_format == "json")
+    configure_logging(settings.log_level, settings.log_format)
     with _own_data_dir(Path(settings.data_dir), "serve"):
-        return serve(
-            create_app(settings),
-            settings,
-            host=settings.host if args.host is None else args.host,
-            port=settings.port if args.port is None else args.port,
-            port_file=args.port_file,
-        )
+        try:
+            return serve(
+                create_app(settings),
+                settings,
+                host=settings.host if args.host is None else args.host,
+                port=settings.port if args.port is None else args.port,
+                port_file=args.port_file,
+            )
+        except CannotListenError as error:
+            raise CliError(EXIT_CANNOT_LISTEN, str(error)) from None
 
 
 @contextmanager
@@ -836,6 +842,34 @@ def add_export_onnx(sub: Subcommands) -> None:
 COMMANDS = (add_serve, add_ingest, add_fit, add_eval, add_restore, add_export_onnx)
 
 
+def version_line() -> str:
+    """``normcal --version``: the version, the Python and the configured model."""
+    import platform
+
+    from pydantic import ValidationError
+
+    from app import __version__
+    from app.settings import Settings
+
+    try:
+        model = Settings().model_name
+    except ValidationError:
+        model = "unknown (invalid NORMCAL_* settings)"
+    return f"normcal {__version__} (python {platform.python_version()}, model {model})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_line` and exit 0 (built only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print the version, the Python and the model; exit")
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``normcal``: one ``add_<command>`` per subcommand."""
     parser = argparse.ArgumentParser(
@@ -844,15 +878,25 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=_HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action=_VersionAction, default=argparse.SUPPRESS)
+    # Not required: with no command, main() prints this help rather than one line.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``normcal`` script: user errors are one line and a code."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``normcal`` script: user errors are one line and a code.
+
+    With no command, the help (every command and exit status) goes to stdout and
+    the status is 2, a usage error: a script calling ``normcal $EMPTY`` fails.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
     try:
         return int(args.func(args))
     except CliError as error:

@@ -62,7 +62,10 @@ class SearchHit(BaseModel):
     id: str
     score: float = Field(description="cosine similarity")
     bm25: float = Field(
-        description="BM25 of the hit (0: it has none of the query's terms)"
+        description="BM25 of the hit (0: it has none of the query's terms); SQLite "
+        "FTS5's score, higher is better, unbounded, comparable only among one query's "
+        "hits: a term in half the documents or more weighs 1e-6, so on a collection "
+        "of a few documents a match scores ~1e-6 per term (docs/api.md#search-hits)"
     )
     probability: float | None = Field(description="calibrated P(relevant)")
     probability_interval: tuple[float, float] | None = Field(

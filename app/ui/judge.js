@@ -25,6 +25,14 @@ let busy = false;
 function setState(state) {
   document.body.dataset.state = state;
   document.body.dataset.seq = String(Number(document.body.dataset.seq) + 1);
+  document.querySelector("main").setAttribute("aria-busy", "false");
+}
+
+// While a query loads: "Loading the next query…" shows instead of the card. The
+// render that follows bumps data-seq; this does not (it is not an outcome).
+function showLoading() {
+  document.body.dataset.state = "loading";
+  document.querySelector("main").setAttribute("aria-busy", "true");
 }
 
 async function call(method, path, body) {
@@ -77,7 +85,7 @@ function render() {
     ` · a fit needs ${p.target} judged queries, one with a relevant hit`;
   $("fit").disabled = !canFit();
   const hit = current.hits[hitIndex];
-  $("query").textContent = current.query || "Nothing left to judge.";
+  $("query").textContent = current.query || "";
   $("source").textContent = current.query ? `(from the ${current.source === "log" ? "query log" : "uploaded list"})` : "";
   $("position").textContent = hit ? `${hitIndex + 1} of ${current.hits.length}` : "";
   $("score").textContent = hit
@@ -86,12 +94,54 @@ function render() {
     : "";
   $("hit").textContent = hit ? hit.text : "";
   $("hit").dataset.docId = hit ? hit.id : "";
-  setState(current.query ? "judging" : "done");
+  if (current.query) return setState("judging");
+  showNothingToJudge();
+  setState(p.judged_queries + p.skipped === 0 ? "empty" : "done");
+}
+
+// Paragraphs of text and {code} parts, built as nodes (nothing is parsed as HTML).
+function paragraphs(...lines) {
+  return lines.map((parts) => {
+    const p = document.createElement("p");
+    for (const part of parts) {
+      if (typeof part === "string") p.append(part);
+      else p.append(Object.assign(document.createElement("code"), { textContent: part.code }));
+    }
+    return p;
+  });
+}
+
+// No query to judge: say so, and how to get some (queue them, or log searches).
+function showNothingToJudge() {
+  const p = current.progress;
+  const path = `/v1/collections/${encodeURIComponent(collection)}`;
+  const log = current.queryLog;
+  const head = p.judged_queries + p.skipped === 0
+    ? "No query to judge yet."
+    : `Nothing left to judge: ${p.judged_queries} judged, ${p.skipped} skipped.`;
+  const queue = [
+    "Queue queries: ", { code: `POST ${path}/judging/queries` }, " with ",
+    { code: '{"queries": ["…", "…"]}' }, ".",
+  ];
+  const logged = log && log.enabled
+    ? [`The query log is on (${log.entries} logged): queries searched from now on appear here too.`]
+    : [
+      "Or turn on the query log, ", { code: `PUT ${path}/query-log` }, " with ",
+      { code: '{"enabled": true}' }, ", and the queries searched from then on appear here.",
+    ];
+  $("empty").replaceChildren(
+    ...paragraphs([head], queue, logged, ["Then press ", { code: "n" }, " to look again."]),
+  );
 }
 
 function load() {
   return exclusive(async () => {
+    showLoading();
     current = await call("GET", `judging/next?k=${HITS}`);
+    if (!current.query) {
+      // Whether searches are logged changes the advice; without it, give both.
+      current.queryLog = await call("GET", "query-log").catch(() => null);
+    }
     hitIndex = 0;
     judgedHere = 0;
     render();

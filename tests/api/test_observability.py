@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
+import sys
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.app import create_app
-from app.observability import JsonFormatter
+from app.observability import (
+    JsonFormatter,
+    TextFormatter,
+    configure_logging,
+    resolve_log_format,
+)
 from app.settings import Settings
 
 # What the model makes of a text does not matter here: the deterministic fake.
@@ -201,3 +209,65 @@ def test_500_logs_the_request_id_of_its_problem(
     assert any("boom-1" in rec.getMessage() for rec in errors)
     access = [rec for rec in caplog.records if rec.name == "normcal.access"]
     assert [(a.request_id, a.status) for a in access] == [("boom-1", 500)]
+
+
+def _uvicorn_record() -> logging.LogRecord:
+    """A record as uvicorn logs its start: an ANSI ``color_message`` beside the text."""
+    record = logging.LogRecord(
+        "uvicorn.error", logging.INFO, "", 0, "Started server process [%d]", (42,), None
+    )
+    record.color_message = "Started server process [\x1b[36m%d\x1b[0m]"
+    record.request_id = "req-1"
+    return record
+
+
+def test_log_lines_carry_no_color_message():
+    entry = json.loads(JsonFormatter().format(_uvicorn_record()))
+    assert entry["msg"] == "Started server process [42]"
+    assert entry["request_id"] == "req-1" and "color_message" not in entry
+    line = TextFormatter().format(_uvicorn_record())
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO    uvicorn\.error "
+        r"Started server process \[42\] request_id=req-1",
+        line,
+    ), line
+
+
+def test_a_json_line_never_holds_a_raw_escape():
+    record = logging.LogRecord("x", logging.INFO, "", 0, "red \x1b[31mtext", None, None)
+    line = JsonFormatter().format(record)
+    assert "\x1b" not in line and json.loads(line)["msg"] == "red \x1b[31mtext"
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_auto_log_format_is_text_on_a_terminal_and_json_otherwise():
+    assert resolve_log_format("auto", _Stream(tty=True)) == "text"
+    assert resolve_log_format("auto", _Stream(tty=False)) == "json"
+    for chosen in ("json", "text"):
+        assert resolve_log_format(chosen, _Stream(tty=True)) == chosen
+        assert resolve_log_format(chosen, _Stream(tty=False)) == chosen
+
+
+def test_configure_logging_formats_uvicorn_records_too(monkeypatch):
+    root, access = logging.getLogger(), logging.getLogger("uvicorn.access")
+    saved = root.handlers[:], root.level, access.disabled
+    stream = _Stream(tty=False)
+    monkeypatch.setattr(sys, "stderr", stream)
+    try:
+        for log_format, formatter in (("text", TextFormatter), ("json", JsonFormatter)):
+            configure_logging("INFO", log_format)
+            (handler,) = root.handlers
+            assert isinstance(handler.formatter, formatter)
+            assert logging.getLogger("uvicorn.error").propagate
+            assert not logging.getLogger("uvicorn.error").handlers
+    finally:
+        root.handlers[:], level, access.disabled = saved
+        root.setLevel(level)

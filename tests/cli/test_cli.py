@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import signal
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from normcal_client import NormcalClient
 from app.api.app import create_app
 from app.cli.main import (
     EXIT_API,
+    EXIT_CANNOT_LISTEN,
     EXIT_INPUT,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
@@ -30,7 +32,12 @@ from app.cli.main import (
 from app.settings import Settings
 from tests.support.fakes import HashEmbedder
 from tests.support.live import ThreadServer
-from tests.support.server import refused_port, source_env, wait_for_port_file
+from tests.support.server import (
+    ServerProcess,
+    refused_port,
+    source_env,
+    wait_for_port_file,
+)
 
 TOPICS = {
     "volcano": [
@@ -365,6 +372,65 @@ def test_help_shows_defaults_and_exit_codes(capsys):
     assert "(default: 128)" in every and "(default: 5 10 30 100)" in every
     for code in ("2 ", "3 ", "4 ", "5 "):
         assert f"\n  {code}   " in texts[0]
+
+
+def test_no_command_prints_every_command_and_exits_2(capsys):
+    """``normcal`` alone: the help, with the commands and exit statuses, to stdout."""
+    assert main([]) == EXIT_USAGE
+    out = capsys.readouterr().out
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name in commands:
+        assert f"\n    {name}" in out, name
+    assert "exit status:" in out and f"\n  {EXIT_CANNOT_LISTEN}    " in out
+
+
+def test_version_is_one_line_with_python_and_model(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    line = capsys.readouterr().out
+    assert re.fullmatch(
+        r"normcal \d+\.\d+\.\d+\S* \(python 3\.\d+\.\d+, model \S+\)\n", line
+    ), line
+
+
+@pytest.mark.server
+def test_busy_port_is_one_line_naming_it_and_exit_7(tmp_path):
+    """A second server on a port in use names host and port; the first logs JSON.
+
+    The first server's stderr is a file, not a terminal: ``NORMCAL_LOG_FORMAT=auto``
+    writes JSON lines, and uvicorn's ``color_message`` (ANSI) stays out of them.
+    """
+    log_path = tmp_path / "first.log"
+    with log_path.open("wb") as log:
+        first = ServerProcess(
+            tmp_path / "first",
+            env=source_env(NORMCAL_LOG_LEVEL="INFO", NORMCAL_LOG_FORMAT="auto"),
+            log=log,
+        ).start()
+        try:
+            code, err = _cli(
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                first.port,
+                "--data-dir",
+                tmp_path / "second",
+                NORMCAL_LOG_LEVEL="WARNING",
+                NORMCAL_LOG_FORMAT="text",
+            )
+        finally:
+            assert first.stop() in (0, -signal.SIGTERM)
+    line = _one_line_error(err)
+    assert code == EXIT_CANNOT_LISTEN, err
+    assert line.startswith(
+        f"normcal: cannot listen on 127.0.0.1:{first.port}: address already in use;"
+    ), line
+    text = log_path.read_text()
+    assert "\x1b[" not in text and "color_message" not in text
+    entries = [json.loads(raw) for raw in text.splitlines()]
+    assert any(e["msg"].startswith("normcal listening on") for e in entries)
 
 
 @pytest.mark.slow

@@ -287,7 +287,7 @@ def test_served_connections_send_without_nagle_delays(monkeypatch):
         lifespan="off",
         log_config=None,
     )
-    sock = config.bind_socket()  # as serve() does
+    sock = serving.bind_socket("127.0.0.1", 0)  # as serve() does
     assert sock.proto == 0  # what asyncio skips when it sets NODELAY itself
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})

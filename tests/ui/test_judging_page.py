@@ -117,3 +117,52 @@ def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
         # Learn-then-Test to certify an abstain rate, so no guarantee is claimed.
         assert served["status"] == "fitted" and served["n_queries"] >= 5
         assert served["guarantee"] is None
+
+
+def _shown(element: str) -> str:
+    """JS: ``element``'s text when it is displayed, else ``''``."""
+    return (
+        f"(getComputedStyle(document.getElementById('{element}')).display !== 'none'"
+        f" && document.getElementById('{element}').textContent)"
+    )
+
+
+def test_loading_then_empty_says_how_to_add_queries(chromium, tmp_path, embedder):
+    """While a query loads the page says so; with none, it says how to get some."""
+    settings = Settings(data_dir=tmp_path / "data")
+    with (
+        ThreadServer(create_app(settings, embedder=embedder)) as server,
+        httpx.Client(base_url=server.url) as api,
+        Browser(chromium, tmp_path / "profile") as browser,
+    ):
+        api.post("/v1/collections", json={"name": "kb"}).raise_for_status()
+        docs = [{"id": key, "text": text} for key, text in CORPUS.items()]
+        api.put("/v1/collections/kb/documents", json={"documents": docs})
+        browser.goto(f"{server.url}/ui/collections/kb/judge")
+        empty = browser.wait_for(f"{STATE} === 'empty' && {_shown('empty')}")
+        assert empty.startswith("No query to judge yet.")
+        assert 'POST /v1/collections/kb/judging/queries with {"queries"' in empty
+        assert 'PUT /v1/collections/kb/query-log with {"enabled": true}' in empty
+        assert not browser.evaluate(_shown("card"))
+
+        api.put("/v1/collections/kb/query-log", json={"enabled": True})
+        _press(browser, "n")
+        assert "The query log is on (0 logged)" in browser.evaluate(_shown("empty"))
+
+        # Hold the next request, to see the page while it waits for the answer.
+        browser.evaluate(
+            "window.held = []; const send = window.fetch; window.fetch = (...a) =>"
+            " new Promise((ok) => held.push(() => ok(send(...a)))); true"
+        )
+        api.post("/v1/collections/kb/judging/queries", json={"queries": ["paris"]})
+        before = browser.evaluate(SEQ)
+        browser.press("n")
+        loading = browser.wait_for(f"held.length === 1 && {_shown('loading')}")
+        assert loading == "Loading the next query…"
+        assert browser.evaluate(f"{STATE} === 'loading' && !{_shown('empty')}")
+        assert browser.evaluate(f"{SEQ} === {before}")
+        browser.evaluate("held.pop()(); true")
+        assert (
+            browser.wait_for(f"{STATE} === 'judging' && {_shown('query')}") == "paris"
+        )
+        assert not browser.evaluate(_shown("loading"))
