@@ -34,7 +34,6 @@ DocumentId = Annotated[str, StringConstraints(pattern=DOCUMENT_ID_PATTERN)]
 # use it without loading storage; the registry checks the same pattern.
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-MetadataScalar = str | int | float | bool | None
 Metadata = dict[str, Any]
 
 
