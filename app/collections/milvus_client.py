@@ -37,6 +37,10 @@ BACKEND = "milvus"
 DOCS, STATE = "ncd_", "ncs_"
 QUERY_BATCH = 1000  # rows per query-iterator page and per get/delete by ids
 _INT64 = (-(2**63), 2**63 - 1)
+# A filter's pre-filter expression stays small: a longer $in, or a longer expression,
+# selects everything instead, and the rows are matched in Python.
+_MAX_IN_VALUES = 64
+_MAX_EXPR_CHARS = 65_536
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
 _NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
 _NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
@@ -110,7 +114,9 @@ class MilvusFilter:
     (Milvus Lite finds ``true`` equal to ``1``, and ``is null`` true of a missing
     key), and its ``not`` is three-valued (``not (x == 1)`` is not true of a
     missing ``x``), so only conditions on strings are claimed exact; every row
-    Milvus returns is checked again by :func:`app.schemas.filters.evaluate`.
+    Milvus returns is checked again by :func:`app.schemas.filters.evaluate`. A
+    value Milvus cannot write (a control character other than tab and newlines) and
+    an overlong expression select everything, inexact: matched in Python too.
     """
 
     expr: str
@@ -118,8 +124,13 @@ class MilvusFilter:
 
 
 def milvus_filter(node: filters.Node) -> MilvusFilter:
-    """The Milvus pre-filter of ``node`` (values escaped, never pasted)."""
+    """The Milvus pre-filter of ``node`` (values escaped, never pasted).
+
+    An expression past :data:`_MAX_EXPR_CHARS` is dropped for "everything", inexact.
+    """
     expr, exact = _superset(node, positive=True)
+    if expr is not None and len(expr) > _MAX_EXPR_CHARS:
+        return MilvusFilter("", exact=False)
     return MilvusFilter(expr or "", exact)
 
 
@@ -141,10 +152,20 @@ def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
         return "(" + " or ".join(c for c, _ in parts if c is not None) + ")", exact
     if not positive or isinstance(node, filters.Exists):
         return None, False
+    try:
+        return _leaf(node)
+    except InvalidRequestError:  # a value Milvus cannot write: matched in Python
+        return None, False
+
+
+def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
+    """``(expression, exact)`` of a positive comparison of one key."""
     field = f"metadata[{string_literal(node.key)}]"
     if isinstance(node, filters.Compare):
         sql_op = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}[node.op]
         return f"{field} {sql_op} {_literal(node.value)}", isinstance(node.value, str)
+    if not 0 < len(node.values) <= _MAX_IN_VALUES:  # Milvus has no "false"
+        return None, False
     clauses = [
         f"{field} is null" if v is None else f"{field} == {_literal(v)}"
         for v in node.values

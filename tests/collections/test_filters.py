@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.collections.base import NewDocument
@@ -154,7 +154,6 @@ def test_a_filter_nested_past_the_recursion_limit_is_refused_not_crashed():
         parse(raw, Bounds())
 
 
-MISSING = object()
 DOC = {"i": 1, "f": 1.0, "b": True, "s": "1", "n": None, "l": [1, "a"], "o": {"x": 1}}
 
 
@@ -220,7 +219,16 @@ FILTERS = st.recursive(
     max_leaves=8,
 )
 DOCUMENTS = st.lists(METADATA, min_size=1, max_size=10)
-LOOSE = Bounds(max_depth=32, max_conditions=1000)
+# Always tried: empty lists, and the values that collide across JSON types.
+EDGE_DOCUMENTS = [{"a": 1}, {"a": 1.0}, {"a": True}, {"a": "1"}, {"a": None}, {}]
+EDGE_FILTERS = [
+    {"a": {"$in": []}},
+    {"a": {"$nin": []}},
+    {"$not": {"a": 1}},
+    {"a": {"$gte": 1}},
+    {"a": None},
+]
+LOOSE = Bounds(max_depth=32, max_conditions=1000, max_chars=1 << 20)
 
 
 def _expected(raw: dict[str, Any], metadatas: list[dict[str, Any]]) -> list[str]:
@@ -242,6 +250,7 @@ def _documents(metadatas: list[dict[str, Any]]) -> list[NewDocument]:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(metadatas=DOCUMENTS, raws=st.lists(FILTERS, min_size=1, max_size=4))
+@example(metadatas=EDGE_DOCUMENTS, raws=EDGE_FILTERS)
 def test_sqlite_matches_the_evaluator(
     store: CollectionStore, metadatas: list[dict[str, Any]], raws: list[dict[str, Any]]
 ):
@@ -253,6 +262,49 @@ def test_sqlite_matches_the_evaluator(
         assert found == sorted(_expected(raw, metadatas)), raw
     deleted = store.delete_where(parse(raws[0], LOOSE))
     assert sorted(ids[s] for s in deleted) == sorted(_expected(raws[0], metadatas))
+
+
+# Hostile strings, as values and as keys, under every operator.
+INJECTIONS = [
+    'x" or 1==1 or metadata["k"] == "',
+    "x' or 1==1 or metadata['k'] == '",
+    "x\\",
+    'x\\" or true or "',
+    "x or 1==1",
+    "x) or (1==1",
+    "ünïcödé ✓ 日本語",
+    "tab\tnew\nline",
+    "control \x01 \x1f \x7f characters",
+    "v" * 20_000,
+]
+
+
+def every_operator(key: str, value: str) -> list[dict[str, Any]]:
+    """Filters using ``key`` and ``value`` with every operator of the language."""
+    return [
+        {key: value},
+        *({key: {op: value}} for op in ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")),
+        {key: {"$in": ["x", value]}},
+        {key: {"$nin": [value]}},
+        {key: {"$exists": True}},
+        {key: {"$exists": False}},
+        {"$not": {key: value}},
+        {"$or": [{key: "none"}, {key: value}]},
+        {"$and": [{key: {"$ne": "none"}}, {key: value}]},
+    ]
+
+
+@pytest.mark.parametrize("value", INJECTIONS)
+def test_sqlite_takes_hostile_keys_and_values_literally(store: CollectionStore, value):
+    """Every operator, with a hostile value and with a hostile key: bound
+    parameters, so the value is a literal and the key a key."""
+    metas = [{"k": value}, {"k": "x"}, {"k": value + "y", value: "x"}]
+    store.upsert(_documents(metas))
+    ids = {d.seq: d.id for d in store.page(0, 10)}
+    for raw in every_operator("k", value) + every_operator(value, "x"):
+        found = sorted(ids[int(s)] for s in store.filter_seqs(parse(raw, LOOSE)))
+        assert found == _expected(raw, metas), raw
+    assert [ids[s] for s in store.delete_where(parse({"k": value}, LOOSE))] == ["d0"]
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +324,7 @@ def milvus_kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(metadatas=DOCUMENTS, raws=st.lists(FILTERS, min_size=1, max_size=3))
+@example(metadatas=EDGE_DOCUMENTS, raws=EDGE_FILTERS)
 def test_milvus_matches_the_evaluator(
     milvus_kb: Any, metadatas: list[dict[str, Any]], raws: list[dict[str, Any]]
 ):

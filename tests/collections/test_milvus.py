@@ -19,13 +19,14 @@ import pytest
 
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
 
-from app.collections import milvus
+from app.collections import milvus, milvus_client
 from app.collections.base import NewDocument
 from app.collections.milvus import MilvusCollection, MilvusStorage
-from app.collections.milvus_client import milvus_filter, milvus_name
+from app.collections.milvus_client import MilvusFilter, milvus_filter, milvus_name
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
 from app.schemas.filters import evaluate
 from tests.collections.conftest import DIM, new_docs, unit_vectors, where
+from tests.collections.test_filters import INJECTIONS, every_operator
 from tests.support.milvus_lite import milvus_lite_server
 
 META = {"name": "kb", "model": "m", "dim": DIM, "created_at": 0.0}
@@ -243,34 +244,6 @@ def test_lex_is_a_share_of_a_perfect_match_however_common_the_terms(
         assert np.all(pool.lexical.bm25 <= 2.2 * pool.lexical.idf_mass + 1e-9)
 
 
-INJECTIONS = [
-    'x" or 1==1 or metadata["k"] == "',
-    "x' or 1==1 or metadata['k'] == '",
-    "x\\",
-    'x\\" or true or "',
-    "x or 1==1",
-    "x) or (1==1",
-    "ünïcödé ✓ 日本語",
-    "tab\tnew\nline",
-    "v" * 20_000,
-]
-
-
-def every_operator(key: str, value: str) -> list[dict[str, Any]]:
-    """Filters using ``key`` and ``value`` with every operator of the language."""
-    return [
-        {key: value},
-        *({key: {op: value}} for op in ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")),
-        {key: {"$in": ["x", value]}},
-        {key: {"$nin": [value]}},
-        {key: {"$exists": True}},
-        {key: {"$exists": False}},
-        {"$not": {key: value}},
-        {"$or": [{key: "none"}, {key: value}]},
-        {"$and": [{key: {"$ne": "none"}}, {key: value}]},
-    ]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("value", INJECTIONS)
 def test_filter_values_match_literally_and_never_widen(
@@ -299,16 +272,24 @@ def test_filter_values_match_literally_and_never_widen(
     assert kb.missing(["hit", "other", "third"]) == ["hit"]
 
 
-@pytest.mark.slow
-def test_values_that_cannot_be_written_are_refused(kb: MilvusCollection[Cal]) -> None:
-    with pytest.raises(InvalidRequestError, match="control character U\\+0000"):
-        milvus_filter(where({"k": {"$gt": "a\x00b"}}))
-    with pytest.raises(InvalidRequestError, match="control character U\\+0001"):
-        milvus_filter(where({"$or": [{"k\x01": 1}, {"j": 2}]}))
-    with pytest.raises(InvalidRequestError, match="64-bit"):
-        milvus_filter(where({"k": {"$in": [1, 2**64]}}))
-    with pytest.raises(InvalidRequestError, match="finite"):
-        milvus_filter(where({"k": {"$lt": float("nan")}}))
+def test_what_milvus_cannot_write_is_left_to_python() -> None:
+    """A value with a control character, an empty or too long $in, a too long
+    expression: the pre-filter selects everything (inexact), the evaluator decides."""
+    everything = MilvusFilter("", exact=False)
+    assert milvus_filter(where({"k": {"$gt": "a\x00b"}})) == everything
+    assert milvus_filter(where({"$or": [{"k\x01": 1}, {"j": 2}]})) == everything
+    assert milvus_filter(where({"k": {"$in": [1, 2**64]}})) == everything
+    assert milvus_filter(where({"k": {"$lt": float("nan")}})) == everything
+    at = [f"v{i}" for i in range(milvus_client._MAX_IN_VALUES)]
+    assert milvus_filter(where({"k": {"$in": at}})).exact
+    assert milvus_filter(where({"k": {"$in": [*at, "w"]}})) == everything
+    assert milvus_filter(where({"k": {"$in": []}})) == everything
+    long = "v" * milvus_client._MAX_EXPR_CHARS
+    assert milvus_filter(where({"k": long})) == everything
+    assert milvus_filter(where({"k": long[:-100], "j": "x"})).exact
+    assert milvus_filter(where({"k": "x", "n": 1})) == MilvusFilter(
+        '(metadata["k"] == "x") and (metadata["n"] == 1)', exact=False
+    )
 
 
 @pytest.mark.slow
