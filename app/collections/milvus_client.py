@@ -162,8 +162,8 @@ def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
     """``(expression, exact)`` of a positive comparison of one key."""
     field = f"metadata[{string_literal(node.key)}]"
     if isinstance(node, filters.Compare):
-        sql_op = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}[node.op]
-        return f"{field} {sql_op} {_literal(node.value)}", isinstance(node.value, str)
+        expr = f"{field} {filters.SYMBOL[node.op]} {_literal(node.value)}"
+        return expr, isinstance(node.value, str)
     if not 0 < len(node.values) <= _MAX_IN_VALUES:  # Milvus has no "false"
         return None, False
     clauses = [

@@ -476,8 +476,8 @@ class CollectionStore:
     ) -> list[int]:
         """Delete, in one transaction, every document matching ``where``.
 
-        :data:`~app.schemas.filters.MATCH_ALL` matches every document. Returns the deleted seqs (for the
-        index); the lexical index follows by its delete trigger.
+        :data:`~app.schemas.filters.MATCH_ALL` matches every document. Returns the
+        deleted seqs (for the index); the lexical index follows by its delete trigger.
         """
         condition, params = _filter_condition(where)
         with self._write_documents(derive) as (conn, changes):
@@ -645,8 +645,8 @@ def _key_match(
         return "m.key = ?", []
     if isinstance(node, filters.Compare):
         kind = "= 'text'" if isinstance(node.value, str) else f"IN {_NUMBER}"
-        sql_op = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}[node.op]
-        return f"m.key = ? AND m.type {kind} AND m.value {sql_op} ?", [node.value]
+        symbol = filters.SYMBOL[node.op]
+        return f"m.key = ? AND m.type {kind} AND m.value {symbol} ?", [node.value]
     same_type = f"(v.type = m.type OR (v.type IN {_NUMBER} AND m.type IN {_NUMBER}))"
     return (
         f"m.key = ? AND EXISTS (SELECT 1 FROM json_each(?) AS v WHERE {same_type}"

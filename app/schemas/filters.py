@@ -41,6 +41,7 @@ COMPARE: dict[Comparison, Callable[[Any, Any], bool]] = {
     "$lt": operator.lt,
     "$lte": operator.le,
 }
+SYMBOL: dict[Comparison, str] = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 LOGICAL = ("$and", "$or", "$not")
 FIELD_OPERATORS = ("$eq", "$ne", "$in", "$nin", *COMPARE, "$exists")
 

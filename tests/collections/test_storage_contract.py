@@ -206,6 +206,7 @@ FILTERS = [
     {"$or": [{"topic": "tech"}, {"n": {"$lte": 0}}]},
     {"$not": {"$and": [{"topic": {"$gt": "p"}}, {"n": {"$exists": True}}]}},
     {"n": {"$exists": False}},
+    {"topic": {"$nin": ["te\u0001ch"]}, "n": {"$lt": 3}},  # Milvus cannot write it
 ]
 
 
