@@ -48,7 +48,7 @@ def test_every_operator_parses_to_its_node():
     assert parse({"t": {"$in": ["a", 2]}}, b) == In("t", ("a", 2))
     assert parse({"t": {"$nin": [True]}}, b) == Not(In("t", (True,)))
     for op in ("$gt", "$gte", "$lt", "$lte"):
-        assert parse({"y": {op: 2.5}}, b) == Compare("y", op, 2.5)  # type: ignore[arg-type]
+        assert parse({"y": {op: 2.5}}, b) == Compare("y", op, 2.5)
     assert parse({"x": {"$exists": True}}, b) == Exists("x")
     assert parse({"x": {"$exists": False}}, b) == Not(Exists("x"))
     assert parse({"y": {"$gte": 1, "$lt": "z"}}, b) == And(
@@ -141,9 +141,7 @@ def test_every_bound_holds_at_the_limit_and_refuses_one_past(
     with pytest.raises(FilterBoundError) as caught:
         parse(past, bounds)
     assert caught.value.path == path
-    assert caught.value.actual == caught.value.limit + 1 or "characters" in str(
-        caught.value
-    )
+    assert caught.value.actual == caught.value.limit + 1
 
 
 def test_a_filter_nested_past_the_recursion_limit_is_refused_not_crashed():
