@@ -83,7 +83,20 @@ class Limits(BaseSettings):
         # Each key is one condition of a SQL expression, and SQLite refuses an
         # expression tree past its depth limit (1000) at about 990 keys.
         le=512,
-        description="keys of a metadata filter (search, POST .../documents/delete)",
+        description="conditions of a metadata filter (search, POST .../documents/"
+        "delete): each key's equality or operator, and each $and, $or, $not",
+    )
+    max_filter_depth: int = Field(
+        8,
+        ge=1,
+        le=32,
+        description="nesting of a metadata filter: $and, $or and $not add a level",
+    )
+    max_filter_values: int = Field(
+        256, ge=1, le=10_000, description="values of one $in or $nin list of a filter"
+    )
+    max_filter_value_chars: int = Field(
+        4096, ge=1, description="characters of one key or string value of a filter"
     )
     max_queued_fit_jobs: int = Field(
         4, ge=1, description="fit jobs queued or running; past it a fit gets 503"

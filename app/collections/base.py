@@ -32,14 +32,13 @@ from numpy.typing import NDArray
 
 from app.collections.index import IndexType
 from app.exceptions import CollectionUnavailableError
+from app.schemas import filters
 from calibration.features import LexicalEvidence
 
 if TYPE_CHECKING:  # the one capability only the local backend offers
     from app.collections.snapshots import Snapshots
 
 logger = logging.getLogger(__name__)
-
-MetadataValue = str | int | float | bool | None
 
 
 @dataclass(frozen=True)
@@ -319,8 +318,8 @@ class CollectionBackend(Protocol[C]):
         """The stored documents among ``ids``, by id."""
         ...
 
-    def delete_where(self, where: dict[str, MetadataValue]) -> int:
-        """Delete every document matching ``where`` (all when empty); return how many."""
+    def delete_where(self, where: filters.Node) -> int:
+        """Delete every document matching ``where``; return how many."""
         ...
 
     def delete_ids(self, ids: Sequence[str]) -> int:
@@ -332,7 +331,7 @@ class CollectionBackend(Protocol[C]):
         vectors: NDArray[np.float32],
         texts: Sequence[str],
         n: int,
-        where: dict[str, MetadataValue] | None = None,
+        where: filters.Node = filters.MATCH_ALL,
     ) -> list[Pool]:
         """The hybrid pool of depth ``n`` of each query, restricted by ``where``."""
         ...

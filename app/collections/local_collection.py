@@ -21,7 +21,6 @@ from numpy.typing import NDArray
 from app.collections.base import (
     C,
     CalibratorLoader,
-    MetadataValue,
     NewDocument,
     Pool,
     StoredDocument,
@@ -32,6 +31,7 @@ from app.collections.pool import pool_of
 from app.collections.store import CollectionStore, Derive
 from app.concurrency import RWLock
 from app.exceptions import NotFoundError
+from app.schemas import filters
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import hybrid_pool
 
@@ -172,8 +172,8 @@ class Collection(Generic[C]):
         with self._reading() as store:
             return store.get_many(ids)
 
-    def delete_where(self, where: dict[str, MetadataValue]) -> int:
-        """Delete every document matching ``where`` (all when empty); return how many."""
+    def delete_where(self, where: filters.Node) -> int:
+        """Delete every document matching ``where``; return how many."""
         return self._delete_many(lambda store, d: store.delete_where(where, d))
 
     def delete_ids(self, ids: Sequence[str]) -> int:
@@ -199,7 +199,7 @@ class Collection(Generic[C]):
         vectors: NDArray[np.float32],
         texts: Sequence[str],
         n: int,
-        where: dict[str, MetadataValue] | None = None,
+        where: filters.Node = filters.MATCH_ALL,
     ) -> list[Pool]:
         """The hybrid pool of depth ``n`` of each query, restricted by ``where``.
 
@@ -207,7 +207,7 @@ class Collection(Generic[C]):
         pool sees one state of the collection.
         """
         with self._reading() as store:
-            allowed = store.filter_seqs(where) if where else None
+            allowed = None if where == filters.MATCH_ALL else store.filter_seqs(where)
             scores, seqs = self.index.search(vectors, n, allowed)
             return [
                 self._pool(store, vectors[i], texts[i], n, allowed, row_s, row_c)

@@ -39,7 +39,6 @@ from app.collections import lexical
 from app.collections.base import (
     C,
     CalibratorLoader,
-    MetadataValue,
     NewDocument,
     Pool,
     StoredDocument,
@@ -52,8 +51,7 @@ from app.collections.milvus_client import (
     STATE,
     Guarded,
     chunks,
-    matches,
-    metadata_filter,
+    milvus_filter,
     milvus_name,
     query_all,
     string_literal,
@@ -71,6 +69,7 @@ from app.exceptions import (
     InvalidRequestError,
     NotFoundError,
 )
+from app.schemas import filters
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import hybrid_pool
 
@@ -370,16 +369,16 @@ class MilvusCollection(Generic[C]):
             int(r["seq"]) for r in query_all(self._client, self._docs, expr, ["seq"])
         )[:limit]
 
-    def delete_where(self, where: dict[str, MetadataValue]) -> int:
-        """Delete every document matching ``where`` (all when empty); return how many.
+    def delete_where(self, where: filters.Node) -> int:
+        """Delete every document matching ``where``; return how many.
 
         The matching ids are read and checked, then deleted by id: never by a filter
         that could match more than was checked.
         """
-        expr = metadata_filter(where)
+        expr = milvus_filter(where).expr
         with self._writing():
             rows = query_all(self._client, self._docs, expr, ["id", "metadata"])
-            ids = [r["id"] for r in rows if matches(r["metadata"], where)]
+            ids = [r["id"] for r in rows if filters.evaluate(where, r["metadata"])]
             for chunk in chunks(ids):
                 self._client.delete(self._docs, ids=chunk)
             self._forget_frequencies()
@@ -402,7 +401,7 @@ class MilvusCollection(Generic[C]):
         vectors: NDArray[np.float32],
         texts: Sequence[str],
         n: int,
-        where: dict[str, MetadataValue] | None = None,
+        where: filters.Node = filters.MATCH_ALL,
     ) -> list[Pool]:
         """The hybrid pool of each query: dense top-``n`` by IP, then Milvus's BM25.
 
@@ -410,12 +409,13 @@ class MilvusCollection(Generic[C]):
         BM25 is Milvus's (its analyzer, IDF per segment in Milvus Lite), listed to
         depth ``max(n, LEXICAL_DEPTH)``: a dense hit beyond it scores 0, where the
         SQLite backend scores every match. ``idf_mass`` uses cached document
-        frequencies (:meth:`_idf_masses`).
+        frequencies (:meth:`_idf_masses`). A filter Milvus cannot apply exactly
+        (:class:`~app.collections.milvus_client.MilvusFilter`) is first resolved to
+        the seqs it matches, so that the top ``n`` are the filter's top ``n``.
         """
-        where = where or {}
-        expr = metadata_filter(where)
         fields = [*_DOC_FIELDS, "vector"]
         with self._reading():
+            expr = self._exact_filter(where)
             dense = self._client.search(
                 self._docs,
                 data=np.asarray(vectors, dtype=np.float32).tolist(),
@@ -432,11 +432,26 @@ class MilvusCollection(Generic[C]):
             for i in range(len(texts))
         ]
 
+    def _exact_filter(self, where: filters.Node) -> str:
+        """A Milvus expression matching exactly the documents ``where`` matches.
+
+        An inexact pre-filter is read (seq and metadata of the rows it selects) and
+        checked by :func:`~app.schemas.filters.evaluate`: one scan of the superset.
+        """
+        pre = milvus_filter(where)
+        if pre.exact:
+            return pre.expr
+        rows = query_all(self._client, self._docs, pre.expr, ["seq", "metadata"])
+        seqs = sorted(
+            int(r["seq"]) for r in rows if filters.evaluate(where, r["metadata"])
+        )
+        return f"seq in {seqs}"
+
     def _pool(
         self,
         vector: NDArray[np.float32],
         n: int,
-        where: dict[str, MetadataValue],
+        where: filters.Node,
         dense: Sequence[dict[str, Any]],
         lex: Sequence[dict[str, Any]],
         idf_mass: float,
@@ -447,14 +462,14 @@ class MilvusCollection(Generic[C]):
         dense_ids: list[str] = []
         for hit in dense:
             entity = hit["entity"]
-            if matches(entity["metadata"], where):
+            if filters.evaluate(where, entity["metadata"]):
                 rows[entity["id"]] = entity
                 cosine[entity["id"]] = float(hit["distance"])
                 dense_ids.append(entity["id"])
         lex_ids: list[str] = []
         for hit in lex:
             entity = hit["entity"]
-            if matches(entity["metadata"], where):
+            if filters.evaluate(where, entity["metadata"]):
                 rows.setdefault(entity["id"], entity)
                 # BM25 is never negative; Milvus Lite reports it as a negative distance.
                 bm25[entity["id"]] = abs(float(hit["distance"]))

@@ -8,8 +8,8 @@ Shared by the documents (``app.collections.milvus``) and the state
   :class:`~app.exceptions.StorageUnavailableError` (HTTP 503 with ``Retry-After``),
   and reloads a collection a restarted server left released;
 * :func:`milvus_name`: the two Milvus collections of a normcal collection;
-* :func:`metadata_filter` and :func:`matches`: filters built from typed values,
-  never by pasting a user's string, and checked again in Python;
+* :func:`milvus_filter`: a filter tree as a Milvus pre-filter, built from typed
+  values (never by pasting a user's string) and checked again in Python;
 * :data:`SEQS`: increasing seqs for keyset paging and insertion order.
 """
 
@@ -19,23 +19,28 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pymilvus import MilvusException
 from pymilvus.exceptions import ParamError
 
-from app.collections.base import MetadataValue
 from app.exceptions import (
     InvalidRequestError,
     NormcalError,
     NotFoundError,
     StorageUnavailableError,
 )
+from app.schemas import filters
 
 BACKEND = "milvus"
 DOCS, STATE = "ncd_", "ncs_"
 QUERY_BATCH = 1000  # rows per query-iterator page and per get/delete by ids
 _INT64 = (-(2**63), 2**63 - 1)
+# A filter's pre-filter expression stays small: a longer $in, or a longer expression,
+# selects everything instead, and the rows are matched in Python.
+_MAX_IN_VALUES = 64
+_MAX_EXPR_CHARS = 65_536
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
 _NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
 _NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
@@ -70,7 +75,7 @@ def string_literal(value: str) -> str:
             raise InvalidRequestError(
                 f"filter values for the {BACKEND} backend cannot contain control "
                 f"character U+{ord(ch):04X}",
-                field="where",
+                field="filter",
             )
     escaped = (
         value.replace("\\", "\\\\")
@@ -92,44 +97,81 @@ def _literal(value: str | int | float | bool) -> str:
             raise InvalidRequestError(
                 f"filter value {value} is outside the 64-bit range of the "
                 f"{BACKEND} backend",
-                field="where",
+                field="filter",
             )
         return str(value)
     if not math.isfinite(value):
-        raise InvalidRequestError("filter values must be finite", field="where")
+        raise InvalidRequestError("filter values must be finite", field="filter")
     return repr(float(value))
 
 
-def metadata_filter(where: dict[str, MetadataValue]) -> str:
-    """A Milvus filter true when metadata equals ``where`` on every key ("" = all)."""
-    clauses = []
-    for key, value in where.items():
-        field = f"metadata[{string_literal(key)}]"
-        if value is None:
-            clauses.append(f"{field} is null")
-        else:
-            clauses.append(f"{field} == {_literal(value)}")
-    return " and ".join(clauses)
+@dataclass(frozen=True)
+class MilvusFilter:
+    """A Milvus expression selecting a superset of a filter's matches.
 
-
-def matches(metadata: dict[str, Any], where: dict[str, MetadataValue]) -> bool:
-    """Whether ``metadata`` equals ``where`` on every key, JSON types kept apart.
-
-    The SQLite store's semantics (``true`` is not ``1``, ``"1"`` is not ``1``, a null
-    needs the key present); applied to every row Milvus returns for a filter.
+    ``expr`` is ``""`` when it selects everything; ``exact`` says the superset is
+    the set itself. Milvus's JSON comparisons do not keep every JSON type apart
+    (Milvus Lite finds ``true`` equal to ``1``, and ``is null`` true of a missing
+    key), and its ``not`` is three-valued (``not (x == 1)`` is not true of a
+    missing ``x``), so only conditions on strings are claimed exact; every row
+    Milvus returns is checked again by :func:`app.schemas.filters.evaluate`. A
+    value Milvus cannot write (a control character other than tab and newlines) and
+    an overlong expression select everything, inexact: matched in Python too.
     """
-    for key, value in where.items():
-        if key not in metadata:
-            return False
-        have = metadata[key]
-        if value is None or isinstance(value, bool | str):
-            if type(have) is not type(value) or have != value:
-                return False
-        elif isinstance(have, bool) or not isinstance(have, int | float):
-            return False
-        elif have != value:
-            return False
-    return True
+
+    expr: str
+    exact: bool
+
+
+def milvus_filter(node: filters.Node) -> MilvusFilter:
+    """The Milvus pre-filter of ``node`` (values escaped, never pasted).
+
+    An expression past :data:`_MAX_EXPR_CHARS` is dropped for "everything", inexact.
+    """
+    expr, exact = _superset(node, positive=True)
+    if expr is not None and len(expr) > _MAX_EXPR_CHARS:
+        return MilvusFilter("", exact=False)
+    return MilvusFilter(expr or "", exact)
+
+
+def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
+    """``(expression, exact)`` of ``node`` (or of its negation): ``None`` is all rows.
+
+    Negations are pushed to the leaves (De Morgan); a negated leaf is all rows.
+    """
+    if isinstance(node, filters.Not):
+        return _superset(node.part, positive=not positive)
+    if isinstance(node, filters.And | filters.Or):
+        parts = [_superset(p, positive=positive) for p in node.parts]
+        exact = all(e for _, e in parts)
+        if isinstance(node, filters.And) == positive:  # a conjunction
+            clauses = [c for c, _ in parts if c is not None]
+            return (" and ".join(clauses) or None), exact
+        if not parts or any(c is None for c, _ in parts):
+            return None, exact and bool(parts)
+        return "(" + " or ".join(c for c, _ in parts if c is not None) + ")", exact
+    if not positive or isinstance(node, filters.Exists):
+        return None, False
+    try:
+        return _leaf(node)
+    except InvalidRequestError:  # a value Milvus cannot write: matched in Python
+        return None, False
+
+
+def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
+    """``(expression, exact)`` of a positive comparison of one key."""
+    field = f"metadata[{string_literal(node.key)}]"
+    if isinstance(node, filters.Compare):
+        expr = f"{field} {filters.SYMBOL[node.op]} {_literal(node.value)}"
+        return expr, isinstance(node.value, str)
+    if not 0 < len(node.values) <= _MAX_IN_VALUES:  # Milvus has no "false"
+        return None, False
+    clauses = [
+        f"{field} is null" if v is None else f"{field} == {_literal(v)}"
+        for v in node.values
+    ]
+    exact = all(isinstance(v, str) for v in node.values)
+    return "(" + " or ".join(clauses) + ")", exact
 
 
 class _SeqClock:

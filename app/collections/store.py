@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
-from app.collections.base import MetadataValue, NewDocument, StoredDocument
+from app.collections.base import NewDocument, StoredDocument
 from app.collections.postings import LexicalBuilds, Postings, PostingsBuild, Ranking
 from app.collections.store_files import (
     ADDED_SCHEMA,
@@ -40,6 +40,7 @@ from app.collections.store_files import (
     write_meta,
 )
 from app.exceptions import NotFoundError
+from app.schemas import filters
 
 if TYPE_CHECKING:
     from app.collections.connections import OpenConnections
@@ -437,9 +438,9 @@ class CollectionStore:
         with self.connection() as conn:
             return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
-    def filter_seqs(self, where: dict[str, MetadataValue]) -> NDArray[np.int64]:
-        """Seqs of documents whose metadata equals ``where`` on every key."""
-        condition, params = _metadata_condition(where)
+    def filter_seqs(self, where: filters.Node) -> NDArray[np.int64]:
+        """Seqs of documents whose metadata matches ``where``."""
+        condition, params = _filter_condition(where)
         with self.connection() as conn:
             rows = conn.execute(
                 f"SELECT seq FROM documents WHERE {condition}", params
@@ -471,14 +472,14 @@ class CollectionStore:
         return {doc.id: doc for doc in docs}
 
     def delete_where(
-        self, where: dict[str, MetadataValue], derive: Derive | None = None
+        self, where: filters.Node, derive: Derive | None = None
     ) -> list[int]:
         """Delete, in one transaction, every document matching ``where``.
 
-        An empty ``where`` matches every document. Returns the deleted seqs (for the
-        index); the lexical index follows by its delete trigger.
+        :data:`~app.schemas.filters.MATCH_ALL` matches every document. Returns the
+        deleted seqs (for the index); the lexical index follows by its delete trigger.
         """
-        condition, params = _metadata_condition(where)
+        condition, params = _filter_condition(where)
         with self._write_documents(derive) as (conn, changes):
             rows = conn.execute(
                 f"DELETE FROM documents WHERE {condition} RETURNING seq", params
@@ -605,34 +606,53 @@ def _build_lexical_index(conn: sqlite3.Connection) -> None:
     )
 
 
-def _metadata_condition(
-    where: dict[str, MetadataValue],
-) -> tuple[str, list[str | int | float]]:
-    """A SQL condition on ``documents`` true when metadata equals ``where`` on every key.
+_NUMBER = "('integer','real')"
 
-    Keys are matched through ``json_each`` rather than a JSON path: a path has no
-    escape for every character a key may hold (``"`` inside a quoted label), and a
-    key compared as a bound parameter needs none. JSON types are kept apart
-    (``true`` is not ``1``, ``"1"`` is not ``1``). An empty ``where`` is ``1``: true.
+
+def _filter_condition(node: filters.Node) -> tuple[str, list[str | int | float]]:
+    """A SQL condition on ``documents`` true where metadata matches ``node``.
+
+    The meaning is :func:`app.schemas.filters.evaluate`'s. Every key and value is a
+    bound parameter: a key is matched through ``json_each`` rather than a JSON path
+    (a path has no escape for every character a key may hold), and an ``$in`` list
+    is one JSON-array parameter read by ``json_each`` too. ``json_each`` tells the
+    JSON type apart (``true`` is not ``1``, ``"1"`` is not ``1``), which the SQL
+    value alone would not. An empty conjunction is ``1``: true.
     """
-    clauses: list[str] = []
-    params: list[str | int | float] = []
-    for key, value in where.items():
-        if value is None:
-            kind = "'null'"
-        else:
-            kind = {bool: "'true','false'", str: "'text'"}.get(
-                type(value), "'integer','real'"
-            )
-        match = f"m.key = ? AND m.type IN ({kind})"
-        params.append(key)
-        if value is not None:
-            match += " AND m.value = ?"
-            params.append(int(value) if isinstance(value, bool) else value)
-        clauses.append(
-            f"EXISTS (SELECT 1 FROM json_each(documents.metadata) AS m WHERE {match})"
-        )
-    return " AND ".join(clauses) or "1", params
+    if isinstance(node, filters.And | filters.Or):
+        joined = [_filter_condition(p) for p in node.parts]
+        if not joined:
+            return ("1" if isinstance(node, filters.And) else "0"), []
+        glue = " AND " if isinstance(node, filters.And) else " OR "
+        return "(" + glue.join(c for c, _ in joined) + ")", [
+            v for _, params in joined for v in params
+        ]
+    if isinstance(node, filters.Not):
+        condition, params = _filter_condition(node.part)
+        return f"NOT {condition}", params
+    match, params = _key_match(node)
+    return (
+        f"EXISTS (SELECT 1 FROM json_each(documents.metadata) AS m WHERE {match})",
+        [node.key, *params],
+    )
+
+
+def _key_match(
+    node: filters.In | filters.Compare | filters.Exists,
+) -> tuple[str, list[str | int | float]]:
+    """The ``WHERE`` of one key's ``json_each`` row ``m`` (after ``m.key = ?``)."""
+    if isinstance(node, filters.Exists):
+        return "m.key = ?", []
+    if isinstance(node, filters.Compare):
+        kind = "= 'text'" if isinstance(node.value, str) else f"IN {_NUMBER}"
+        symbol = filters.SYMBOL[node.op]
+        return f"m.key = ? AND m.type {kind} AND m.value {symbol} ?", [node.value]
+    same_type = f"(v.type = m.type OR (v.type IN {_NUMBER} AND m.type IN {_NUMBER}))"
+    return (
+        f"m.key = ? AND EXISTS (SELECT 1 FROM json_each(?) AS v WHERE {same_type}"
+        " AND v.value IS m.value)",
+        [json.dumps(list(node.values))],
+    )
 
 
 def _seqs_by_id(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, int]:

@@ -34,7 +34,6 @@ DocumentId = Annotated[str, StringConstraints(pattern=DOCUMENT_ID_PATTERN)]
 # use it without loading storage; the registry checks the same pattern.
 COLLECTION_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-MetadataScalar = str | int | float | bool | None
 Metadata = dict[str, Any]
 
 
@@ -114,7 +113,14 @@ def json_depth(value: object) -> int:
 
 # JSON that the store keeps and returns unchanged; the depth limit is in app.services.limits.
 MetadataIn = Annotated[Metadata, BeforeValidator(check_json)]
-Filter = Annotated[dict[str, MetadataScalar], BeforeValidator(check_json)]
+# A filter's JSON; app.schemas.filters is its language, parsed within the limits.
+Filter = Annotated[dict[str, Any], BeforeValidator(check_json)]
+FILTER_DESCRIPTION = (
+    "metadata filter: {key: value} equality, {key: {$eq|$ne|$in|$nin|$gt|$gte|"
+    "$lt|$lte|$exists: ...}}, $and/$or (arrays of filters), $not (a filter); see "
+    "docs/api.md (bounded by limits.max_filter_keys, max_filter_depth, "
+    "max_filter_values, max_filter_value_chars)"
+)
 
 
 class RequestModel(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from app.schemas.common import (
+    FILTER_DESCRIPTION,
     DocumentId,
     Filter,
     ListEnvelope,
@@ -91,7 +92,7 @@ class DocumentsDeleteRequest(RequestModel):
     )
     filter: Filter = Field(
         default_factory=dict,
-        description="metadata equality on every key (at most limits.max_filter_keys)",
+        description=FILTER_DESCRIPTION,
     )
     all: bool = Field(False, description="delete every document (no filter)")
 

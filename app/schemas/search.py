@@ -7,7 +7,14 @@ from typing import Literal, Self
 from pydantic import BaseModel, Field, model_validator
 
 from app.schemas.collections import CalibratorRef
-from app.schemas.common import Filter, Metadata, Probability, RequestModel, Text
+from app.schemas.common import (
+    FILTER_DESCRIPTION,
+    Filter,
+    Metadata,
+    Probability,
+    RequestModel,
+    Text,
+)
 
 SearchMode = Literal["dense", "lexical", "hybrid"]
 
@@ -33,7 +40,7 @@ class SearchRequest(RequestModel):
     )
     filter: Filter | None = Field(
         None,
-        description="metadata equality on every key (at most limits.max_filter_keys)",
+        description=FILTER_DESCRIPTION,
     )
     include_text: bool = False
     min_probability: Probability | None = Field(

@@ -167,7 +167,7 @@ class CalibratorsService(Part):
         queries = sorted(qrels)
         batch = await self.batcher.embed(queries, "query")
         progress("retrieving")
-        pools = await self.pool.run(collection.search, batch.vectors, queries, k, None)
+        pools = await self.pool.run(collection.search, batch.vectors, queries, k)
         progress("fitting")
         evidence = [
             QueryEvidence(

@@ -110,13 +110,13 @@ class DocumentsService(Part):
                 "(to delete every document)",
                 field="filter",
             )
-        limits.check_filter("filter", body.filter, self.settings.limits)
+        where = limits.parse_filter("filter", body.filter, self.settings.limits)
         collection = self.registry.get(name)
         if body.ids is not None:
             limits.check_count("ids", body.ids, self.settings.limits.max_ids_per_get)
             deleted = await self.pool.run(collection.delete_ids, body.ids)
         else:
-            deleted = await self.pool.run(collection.delete_where, body.filter)
+            deleted = await self.pool.run(collection.delete_where, where)
         return DocumentsDeleted(deleted=deleted)
 
     def export_documents(self, name: str) -> AsyncIterator[bytes]:

@@ -105,7 +105,7 @@ class JudgingService(Part):
         request = SearchRequest(queries=candidates, k=k, include_text=True)
         batch = await self.batcher.embed(candidates, "query")
         pools = await self.pool.run(
-            collection.search, batch.vectors, candidates, max(k, POOL_DEPTH), None
+            collection.search, batch.vectors, candidates, max(k, POOL_DEPTH)
         )
         results, _ = await self.pool.run(
             search_results,

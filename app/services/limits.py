@@ -10,8 +10,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from app.exceptions import LimitExceededError
+from app.exceptions import InvalidRequestError, LimitExceededError
 from app.schemas.common import json_depth
+from app.schemas.filters import Bounds, FilterBoundError, FilterError, Node, parse
 from app.settings import Limits
 
 
@@ -21,12 +22,27 @@ def check_count(field: str, items: Sequence[Any], limit: int) -> None:
         raise LimitExceededError(field, limit, len(items))
 
 
-def check_filter(field: str, where: dict[str, Any] | None, limits: Limits) -> None:
-    """Reject a metadata filter with more than ``limits.max_filter_keys`` keys.
+def parse_filter(field: str, raw: dict[str, Any] | None, limits: Limits) -> Node:
+    """The filter tree of ``raw`` within the declared bounds (no filter: match all).
 
-    Each key is one condition of the query that applies the filter (SQL, Milvus).
+    A filter outside the language is an :class:`InvalidRequestError`, one past a
+    bound a :class:`LimitExceededError`; both name the JSON path
+    (``filter.$and[1].year.$gt``).
     """
-    check_count(field, list(where or ()), limits.max_filter_keys)
+    bounds = Bounds(
+        max_depth=limits.max_filter_depth,
+        max_conditions=limits.max_filter_keys,
+        max_values=limits.max_filter_values,
+        max_chars=limits.max_filter_value_chars,
+    )
+    try:
+        return parse(raw or {}, bounds, field)
+    except FilterBoundError as error:
+        raise LimitExceededError(
+            error.path, error.limit, error.actual, rule=error.what
+        ) from None
+    except FilterError as error:
+        raise InvalidRequestError(str(error), field=error.path) from None
 
 
 def check_texts(field: str, texts: Sequence[str], limits: Limits) -> None:

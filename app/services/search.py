@@ -52,7 +52,7 @@ class SearchService(Part):
             )
         limits.check_count("queries", texts, lim.max_queries_per_search)
         limits.check_texts("queries" if request.queries else "query", texts, lim)
-        limits.check_filter("filter", request.filter, lim)
+        where = limits.parse_filter("filter", request.filter, lim)
         collection = self.registry.get_compatible(name)
         profile = self._profile_for(collection)  # one snapshot for the whole request
         if profile is None and (
@@ -67,9 +67,7 @@ class SearchService(Part):
                 field="mode" if request.mode == "hybrid" else "min_probability",
             )
         batch = await self.batcher.embed(texts, "query")
-        pools = await self.pool.run(
-            collection.search, batch.vectors, texts, n, request.filter
-        )
+        pools = await self.pool.run(collection.search, batch.vectors, texts, n, where)
         ref = self._calibrator_ref(
             name, profile, drift=self.drift.verdict(name, profile)
         )

@@ -39,6 +39,9 @@ LIMITS = Limits(
     max_judgments_per_fit=4,
     max_body_bytes=BODY_CAP,
     max_filter_keys=3,
+    max_filter_depth=2,
+    max_filter_values=2,
+    max_filter_value_chars=8,
 )
 
 
@@ -121,11 +124,14 @@ def _search(k=1, chars=5, queries=None):
     return "/v1/collections/kb/search", body
 
 
-def _filtered(keys: int, path: str = "search", queries: int = 0):
-    where = {f"k{i}": i for i in range(keys)}
+def _shaped(where: dict[str, object], path: str = "search", queries: int = 0):
     if path == "delete":
         return "/v1/collections/kb/documents/delete", {"filter": where}
     return _search(queries=queries)[0], _search(queries=queries)[1] | {"filter": where}
+
+
+def _filtered(keys: int, path: str = "search", queries: int = 0):
+    return _shaped({f"k{i}": i for i in range(keys)}, path, queries)
 
 
 LIMIT_CASES = {
@@ -139,6 +145,31 @@ LIMIT_CASES = {
     "filter keys of a search": (_filtered(3), _filtered(4)),
     "filter keys of a batch search": (_filtered(3, queries=2), _filtered(4, queries=2)),
     "filter keys of a delete": (_filtered(3, "delete"), _filtered(4, "delete")),
+    "filter conditions with operators": (
+        _shaped({"$or": [{"a": 1}, {"b": {"$gt": 2}}]}),
+        _shaped({"$or": [{"a": 1}, {"b": {"$gt": 2, "$lt": 5}}]}),
+    ),
+    "filter depth": (
+        _shaped({"$not": {"a": 1}}),
+        _shaped({"$not": {"$not": {"a": 1}}}),
+    ),
+    "filter depth of a delete": (
+        _shaped({"$or": [{"a": 1}]}, "delete"),
+        _shaped({"$or": [{"$and": [{"a": 1}]}]}, "delete"),
+    ),
+    "values of a filter's $in": (
+        _shaped({"a": {"$in": [1, 2]}}),
+        _shaped({"a": {"$in": [1, 2, 3]}}),
+    ),
+    "values of a delete filter's $nin": (
+        _shaped({"a": {"$nin": [1, 2]}}, "delete"),
+        _shaped({"a": {"$nin": [1, 2, 3]}}, "delete"),
+    ),
+    "characters of a filter value": (
+        _shaped({"a": {"$gte": "x" * 8}}),
+        _shaped({"a": {"$gte": "x" * 9}}),
+    ),
+    "characters of a filter key": (_shaped({"k" * 8: 1}), _shaped({"k" * 9: 1})),
 }
 
 
@@ -149,6 +180,9 @@ def test_limit_at_bound_and_one_past(small, case):
     assert method(path, json=at).status_code == 200
     body = assert_problem(method(path, json=past), 422)
     assert body["type"] in ("/problems/limit-exceeded", "/problems/validation-error")
+    if "filter" in past:
+        assert body["type"] == "/problems/limit-exceeded"
+        assert body["errors"][0]["loc"][0] == "filter"
 
 
 def test_judgments_per_fit(small):

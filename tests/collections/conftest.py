@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 from app.collections.base import NewDocument
 from app.collections.store import CollectionStore
 from app.collections.store_files import build_store
+from app.schemas.filters import Bounds, Node, parse
 
 DIM = 8
 
@@ -39,6 +40,11 @@ def new_docs(ids: list[str], seed: int = 0, **metadata: Any) -> list[NewDocument
         )
         for i, doc_id in enumerate(ids)
     ]
+
+
+def where(raw: dict[str, Any]) -> Node:
+    """The filter tree of ``raw`` (bounds but for long strings: not tested here)."""
+    return parse(raw, Bounds(max_chars=1 << 20))
 
 
 @pytest.fixture

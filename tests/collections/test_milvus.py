@@ -19,12 +19,14 @@ import pytest
 
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
 
-from app.collections import milvus
+from app.collections import milvus, milvus_client
 from app.collections.base import NewDocument
 from app.collections.milvus import MilvusCollection, MilvusStorage
-from app.collections.milvus_client import metadata_filter, milvus_name
+from app.collections.milvus_client import MilvusFilter, milvus_filter, milvus_name
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
-from tests.collections.conftest import DIM, new_docs, unit_vectors
+from app.schemas.filters import evaluate
+from tests.collections.conftest import DIM, new_docs, unit_vectors, where
+from tests.collections.test_filters import INJECTIONS, every_operator
 from tests.support.milvus_lite import milvus_lite_server
 
 META = {"name": "kb", "model": "m", "dim": DIM, "created_at": 0.0}
@@ -107,12 +109,12 @@ def test_upsert_get_replace_delete_page_count(kb: MilvusCollection[Cal]) -> None
         kb.get("d1")
     with pytest.raises(NotFoundError):
         kb.delete("d1")
-    assert kb.delete_where({"tag": "y"}) == 1
+    assert kb.delete_where(where({"tag": "y"})) == 1
     assert kb.counts()[0] == 5
     norms, tokens = kb.norm_sample()
     assert sorted(norms.tolist()) == [1.0, 3.0, 5.0, 6.0, 7.0]
     assert sorted(tokens.tolist()) == [3, 5, 7, 8, 9]
-    assert kb.delete_where({}) == 5
+    assert kb.delete_where(where({})) == 5
     assert kb.counts() == (0, 0, 0)
 
 
@@ -128,24 +130,34 @@ def test_search_is_the_exact_top_k_under_a_filter(kb: MilvusCollection[Cal]) -> 
     cosine = vectors @ query[0]
     even = [i for i in range(40) if i % 2 == 0]
     expected = sorted(even, key=lambda i: -cosine[i])[:5]
-    (pool,) = kb.search(query, ["zzzz"], 5, {"even": True})
+    (pool,) = kb.search(query, ["zzzz"], 5, where({"even": True}))
     hits = [pool.hits[i] for i in pool.dense_top(5)]
     assert [h.document.id for h in hits] == [f"d{i}" for i in expected]
     assert [h.score for h in hits] == pytest.approx(
         [cosine[i] for i in expected], abs=1e-5
     )
-    (pool,) = kb.search(query, ["q"], 5, {"i": 7})
+    (pool,) = kb.search(query, ["q"], 5, where({"i": 7}))
     assert [h.document.id for h in pool.hits] == ["d7"]
     # 1 is not true, "7" is not 7: JSON types are kept apart as in the SQLite store.
-    assert kb.search(query, ["q"], 5, {"even": 1})[0].hits == []
-    assert kb.search(query, ["q"], 5, {"i": "7"})[0].hits == []
+    assert kb.search(query, ["q"], 5, where({"even": 1}))[0].hits == []
+    assert kb.search(query, ["q"], 5, where({"i": "7"}))[0].hits == []
     # A null matches a stored null, not a missing key.
     (extra,) = new_docs(["null"], seed=7)
     kb.upsert([NewDocument(**{**extra.__dict__, "metadata": {"even": None}})])
     assert [
-        h.document.id for h in kb.search(query, ["q"], 50, {"even": None})[0].hits
+        h.document.id
+        for h in kb.search(query, ["q"], 50, where({"even": None}))[0].hits
     ] == ["null"]
-    assert kb.search(query, ["q"], 50, {"missing": None})[0].hits == []
+    assert kb.search(query, ["q"], 50, where({"missing": None}))[0].hits == []
+    # A filter Milvus cannot apply exactly is resolved first: still the exact top k.
+    odd = sorted((i for i in range(40) if i % 2), key=lambda i: -cosine[i])[:5]
+    (pool,) = kb.search(
+        query, ["zzzz"], 5, where({"$not": {"even": {"$in": [True, None]}}})
+    )
+    assert [pool.hits[i].document.id for i in pool.dense_top(5)] == [
+        f"d{i}" for i in odd
+    ]
+    assert kb.search(query, ["q"], 5, where({"i": {"$gt": 99}}))[0].hits == []
 
 
 def test_lexical_part_of_the_pool_comes_from_milvus_bm25(
@@ -232,26 +244,15 @@ def test_lex_is_a_share_of_a_perfect_match_however_common_the_terms(
         assert np.all(pool.lexical.bm25 <= 2.2 * pool.lexical.idf_mass + 1e-9)
 
 
-INJECTIONS = [
-    'x" or 1==1 or metadata["k"] == "',
-    "x' or 1==1 or metadata['k'] == '",
-    "x\\",
-    'x\\" or true or "',
-    "x or 1==1",
-    "x) or (1==1",
-    "ünïcödé ✓ 日本語",
-    "tab\tnew\nline",
-    "v" * 20_000,
-]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("value", INJECTIONS)
 def test_filter_values_match_literally_and_never_widen(
     kb: MilvusCollection[Cal], value: str
 ) -> None:
+    """Every operator, with a hostile value and with a hostile key, selects what
+    the evaluator says: the value is a literal, the key a key."""
     docs = new_docs(["hit", "other", "third"], seed=3)
-    metas = [{"k": value}, {"k": "x"}, {"k": value + "y"}]
+    metas = [{"k": value}, {"k": "x"}, {"k": value + "y", value: "x"}]
     kb.upsert(
         [
             NewDocument(**{**d.__dict__, "metadata": m})
@@ -259,23 +260,36 @@ def test_filter_values_match_literally_and_never_widen(
         ]
     )
     query = unit_vectors(1, seed=4)
-    (pool,) = kb.search(query, ["text"], 10, {"k": value})
-    assert [h.document.id for h in pool.hits] == ["hit"]
-    (pool,) = kb.search(query, ["text"], 10, {value: "x"})  # a hostile key
-    assert pool.hits == []
-    assert kb.delete_where({value: "x"}) == 0
-    assert kb.delete_where({"k": value}) == 1
+    for raw in every_operator("k", value) + every_operator(value, "x"):
+        tree = where(raw)
+        expected = sorted(
+            d.id for d, m in zip(docs, metas, strict=True) if evaluate(tree, m)
+        )
+        (pool,) = kb.search(query, ["text"], 10, tree)
+        assert sorted(h.document.id for h in pool.hits) == expected, raw
+    assert kb.delete_where(where({value: "y"})) == 0
+    assert kb.delete_where(where({"k": value})) == 1
     assert kb.missing(["hit", "other", "third"]) == ["hit"]
 
 
-@pytest.mark.slow
-def test_values_that_cannot_be_written_are_refused(kb: MilvusCollection[Cal]) -> None:
-    with pytest.raises(InvalidRequestError, match="control character U\\+0000"):
-        metadata_filter({"k": "a\x00b"})
-    with pytest.raises(InvalidRequestError, match="64-bit"):
-        metadata_filter({"k": 2**64})
-    with pytest.raises(InvalidRequestError, match="finite"):
-        metadata_filter({"k": float("nan")})
+def test_what_milvus_cannot_write_is_left_to_python() -> None:
+    """A value with a control character, an empty or too long $in, a too long
+    expression: the pre-filter selects everything (inexact), the evaluator decides."""
+    everything = MilvusFilter("", exact=False)
+    assert milvus_filter(where({"k": {"$gt": "a\x00b"}})) == everything
+    assert milvus_filter(where({"$or": [{"k\x01": 1}, {"j": 2}]})) == everything
+    assert milvus_filter(where({"k": {"$in": [1, 2**64]}})) == everything
+    assert milvus_filter(where({"k": {"$lt": float("nan")}})) == everything
+    at = [f"v{i}" for i in range(milvus_client._MAX_IN_VALUES)]
+    assert milvus_filter(where({"k": {"$in": at}})).exact
+    assert milvus_filter(where({"k": {"$in": [*at, "w"]}})) == everything
+    assert milvus_filter(where({"k": {"$in": []}})) == everything
+    long = "v" * milvus_client._MAX_EXPR_CHARS
+    assert milvus_filter(where({"k": long})) == everything
+    assert milvus_filter(where({"k": long[:-100], "j": "x"})).exact
+    assert milvus_filter(where({"k": "x", "n": 1})) == MilvusFilter(
+        '(metadata["k"] == "x") and (metadata["n"] == 1)', exact=False
+    )
 
 
 @pytest.mark.slow

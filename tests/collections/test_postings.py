@@ -24,9 +24,10 @@ from app.collections.base import NewDocument
 from app.collections.postings import Postings, Tokenizer, top_order
 from app.collections.registry import Collection, CollectionRegistry
 from app.collections.store import CollectionStore
+from app.schemas.filters import MATCH_ALL
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import candidate_pool, lexical_ranks
-from tests.collections.conftest import DIM, unit_vectors
+from tests.collections.conftest import DIM, unit_vectors, where
 from tests.conftest import shared_dataset
 
 TEXTS = [
@@ -255,11 +256,11 @@ def test_collection_writes_reach_the_postings(registry) -> None:
     _check(collection, path)
     assert collection.delete_ids(["d2", "d3", "missing"]) == 2
     _check(collection, path)
-    assert collection.delete_where({"part": "1"}) > 0
+    assert collection.delete_where(where({"part": "1"})) > 0
     _check(collection, path)
     collection.upsert([_doc(f"e{i}", f"fox {i} beer", 60 + i) for i in range(5)])
     _check(collection, path)
-    assert collection.delete_where({}) > 0
+    assert collection.delete_where(where({})) > 0
     _check(collection, path)
     collection.upsert([_doc("back", "the fox is back", 70)])
     _check(collection, path)
@@ -409,10 +410,10 @@ def _assert_todays_pools(
 ) -> None:
     assert collection._store.wait_lexical(timeout=120)
     vectors = unit_vectors(len(queries), 77)
-    allowed = collection._store.filter_seqs({"part": "0"})
-    for where, keep in ((None, None), ({"part": "0"}, allowed)):
+    allowed = collection._store.filter_seqs(where({"part": "0"}))
+    for flt, keep in ((MATCH_ALL, None), (where({"part": "0"}), allowed)):
         for n in (10, LEXICAL_DEPTH, 150):
-            pools = collection.search(vectors, queries, n, where)
+            pools = collection.search(vectors, queries, n, flt)
             for i, (text, pool) in enumerate(zip(queries, pools, strict=True)):
                 seqs, order, bm25, rank, mass, top = _todays_evidence(
                     collection, vectors[i], text, n, keep
@@ -719,7 +720,7 @@ def test_a_document_write_that_fails_changes_nothing(
             [_doc("d7", "replaced: a fox and beer", 40), _doc("new", "fox", 41)]
         ),
         "delete": lambda: collection.delete("d7"),
-        "delete_where": lambda: collection.delete_where({"part": "a"}),
+        "delete_where": lambda: collection.delete_where(where({"part": "a"})),
         "delete_ids": lambda: collection.delete_ids(["d0", "d7"]),
     }
     with monkeypatch.context() as mp:

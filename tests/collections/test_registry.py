@@ -9,7 +9,7 @@ import pytest
 
 from app.collections.registry import CollectionRegistry
 from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
-from tests.collections.conftest import DIM, new_docs, unit_vectors
+from tests.collections.conftest import DIM, new_docs, unit_vectors, where
 
 
 def _registry(data: Path, model: str = "m", **kw) -> CollectionRegistry:
@@ -69,9 +69,9 @@ def test_drop_removes_the_files_and_the_name(registry):
     registry.create("KB")  # the name is free again, in any case
 
 
-def _dense(collection, vectors, k, where=None):
+def _dense(collection, vectors, k, raw=None):
     """Dense top-k per query vector (no query text, so no lexical candidates)."""
-    pools = collection.search(vectors, [""] * len(vectors), k, where)
+    pools = collection.search(vectors, [""] * len(vectors), k, where(raw or {}))
     return [[pool.hits[j] for j in pool.dense_top(k)] for pool in pools]
 
 

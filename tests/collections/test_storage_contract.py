@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
+from app.schemas.filters import Bounds, evaluate, parse
 from app.settings import Limits, Settings
 from tests.conftest import REPO, assert_problem
 from tests.support.corpus import CORPUS, QUERIES
@@ -161,19 +162,24 @@ def test_documents_upsert_get_replace_page_and_delete(kb: TestClient):
     assert_problem(kb.get(f"{URL}/documents/faiss"), 404)
     by_filter = kb.post(f"{URL}/documents/delete", json={"filter": {"topic": "tech"}})
     assert by_filter.json()["deleted"] == 1  # python (faiss is gone)
+    either = {"$or": [{"n": {"$gte": 3}}, {"topic": {"$in": ["nothing"]}}]}
+    r = kb.post(f"{URL}/documents/delete", json={"filter": either})
+    assert r.json()["deleted"] == 1  # photosynthesis, n = 3
     by_ids = kb.post(f"{URL}/documents/delete", json={"ids": ["aspirin", "nope"]})
     assert by_ids.json()["deleted"] == 1
-    assert kb.get(URL).json()["documents"] == 2
+    assert kb.get(URL).json()["documents"] == 1
     left = kb.post(f"{URL}/documents/get", json={"ids": list(CORPUS)}).json()
-    assert sorted(ids_of(left)) == ["paris", "photosynthesis"]
+    assert sorted(ids_of(left)) == ["paris"]
 
 
 # -- search -----------------------------------------------------------------------------
 def brute_force(
     client: TestClient, query: str, k: int, where: dict[str, Any]
 ) -> list[str]:
-    """The top-k ids by exact cosine among the documents matching ``where``."""
-    kept = [d for d in DOCS if all(d["metadata"][f] == v for f, v in where.items())]
+    """The top-k ids by exact cosine among the documents ``where`` matches (by the
+    filter language's evaluator)."""
+    tree = parse(where, Bounds())
+    kept = [d for d in DOCS if evaluate(tree, d["metadata"])]
     if not kept:
         return []
     docs = client.post(
@@ -189,7 +195,22 @@ def brute_force(
     return [kept[i]["id"] for i in order]
 
 
-@pytest.mark.parametrize("where", [{}, {"topic": "tech"}, {"n": 2}, {"topic": "none"}])
+FILTERS = [
+    {},
+    {"topic": "tech"},
+    {"n": 2},
+    {"topic": "none"},
+    {"n": {"$gte": 2, "$lt": 4}},
+    {"topic": {"$in": ["health", "places"]}},
+    {"topic": {"$nin": ["tech"]}, "n": {"$ne": 4}},
+    {"$or": [{"topic": "tech"}, {"n": {"$lte": 0}}]},
+    {"$not": {"$and": [{"topic": {"$gt": "p"}}, {"n": {"$exists": True}}]}},
+    {"n": {"$exists": False}},
+    {"topic": {"$nin": ["te\u0001ch"]}, "n": {"$lt": 3}},  # Milvus cannot write it
+]
+
+
+@pytest.mark.parametrize("where", FILTERS)
 def test_dense_search_returns_the_brute_force_top_k(kb: TestClient, where):
     query = QUERIES["faiss"]
     r = kb.post(f"{URL}/search", json={"query": query, "k": 3, "filter": where})
@@ -276,6 +297,29 @@ def test_a_calibrator_is_fitted_activated_listed_and_deleted(kb: TestClient):
 
 
 # -- errors change nothing --------------------------------------------------------------
+def _deep(levels: int) -> dict[str, Any]:
+    raw: dict[str, Any] = {"topic": "tech"}
+    for _ in range(levels - 1):
+        raw = {"$not": raw}
+    return raw
+
+
+BAD_FILTERS = [
+    ({"topic": {"$regex": "t.*"}}, ["filter", "topic", "$regex"]),
+    (
+        {"$or": [{"topic": "tech"}, {"n": {"$gt": True}}]},
+        ["filter", "$or[1]", "n", "$gt"],
+    ),
+    ({"n": {"$in": 3}}, ["filter", "n", "$in"]),
+    ({"$nor": [{"topic": "tech"}]}, ["filter", "$nor"]),
+    (_deep(Limits().max_filter_depth + 1), ["filter", *["$not"] * 8]),
+    (
+        {"topic": {"$in": ["tech"] * (Limits().max_filter_values + 1)}},
+        ["filter", "topic", "$in"],
+    ),
+]
+
+
 def test_errors_are_problems_and_change_nothing(kb: TestClient):
     before = everything(kb)
     q = {"query": QUERIES["paris"], "k": 2}
@@ -284,8 +328,10 @@ def test_errors_are_problems_and_change_nothing(kb: TestClient):
     assert_problem(kb.get(f"{URL}/documents/nope"), 404)
     assert_problem(kb.delete(f"{URL}/documents/nope"), 404)
     assert_problem(kb.post(f"{URL}/search", json={**q, "filter": {"topic": [1]}}))
-    bad = {"filter": {"topic": {"$ne": "x"}}}
-    assert_problem(kb.post(f"{URL}/documents/delete", json=bad))
+    for bad, loc in BAD_FILTERS:
+        body = assert_problem(kb.post(f"{URL}/documents/delete", json={"filter": bad}))
+        assert body["errors"][0]["loc"] == loc, bad
+        assert_problem(kb.post(f"{URL}/search", json={**q, "filter": bad}))
     assert_problem(kb.post("/v1/collections", json={"name": "kb"}), 409)
     assert_problem(kb.post(f"{URL}/calibrators/nope/activate"), 404)
     assert everything(kb) == before

@@ -19,8 +19,10 @@ from app.collections.local_state import LocalState
 from app.collections.store import CollectionStore
 from app.collections.store_files import SCHEMA_VERSION, build_store
 from app.exceptions import NotFoundError
+from app.schemas.filters import Bounds, parse
 from app.settings import Limits
 from tests.collections.conftest import DIM, new_docs
+from tests.collections.conftest import where as as_filter
 
 
 def test_build_store_writes_a_private_complete_file_and_never_overwrites(tmp_path):
@@ -79,7 +81,7 @@ def test_filter_compares_json_types_without_coercion(store):
     ids = {d.seq: d.id for d in store.get_by_seqs(range(1, 100)).values()}
 
     def matching(where):
-        return sorted(ids[int(s)] for s in store.filter_seqs(where))
+        return sorted(ids[int(s)] for s in store.filter_seqs(as_filter(where)))
 
     assert matching({"v": "1"}) == ["s"]
     assert matching({"v": 1}) == ["i"]
@@ -94,7 +96,9 @@ def test_filter_compares_json_types_without_coercion(store):
 
 def test_filter_on_a_key_with_a_double_quote(store):
     store.upsert(new_docs(["q"], **{'say "hi"': 1}))
-    assert store.filter_seqs({'say "hi"': 1}).tolist() == [store.seqs_of(["q"])["q"]]
+    assert store.filter_seqs(as_filter({'say "hi"': 1})).tolist() == [
+        store.seqs_of(["q"])["q"]
+    ]
 
 
 def test_the_largest_filter_the_settings_allow_is_one_sqlite_builds(store):
@@ -109,8 +113,9 @@ def test_the_largest_filter_the_settings_allow_is_one_sqlite_builds(store):
     where = {f"k{i}": i for i in range(le)}
     store.upsert(new_docs(["a", "b"], **where))
     store.upsert(new_docs(["c"], seed=1, **(where | {"k0": -1})))
-    assert len(store.filter_seqs(where)) == 2
-    assert store.delete_where(where) == [1, 2]
+    tree = parse(where, Bounds(max_conditions=le))
+    assert len(store.filter_seqs(tree)) == 2
+    assert store.delete_where(tree) == [1, 2]
 
 
 def test_iter_vectors_yields_every_vector_exactly_in_seq_order(store):

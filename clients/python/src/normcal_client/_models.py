@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MetadataScalar = str | int | float | bool | None
+# A metadata filter: {"topic": "x"} equality, or the operators of the server's filter
+# language ($eq $ne $in $nin $gt $gte $lt $lte $exists $and $or $not); the server
+# checks it.
+FilterJSON = dict[str, Any]
 CalibrationMethod = Literal["auto", "platt", "isotonic", "nt", "nt-list"]
 UnknownDocuments = Literal["error", "skip"]
 InputType = Literal["query", "document"]
@@ -75,7 +78,7 @@ class DocumentsDeleteRequest(RequestModel):
     """``POST /v1/collections/{name}/documents/delete``: ids, a filter, or ``all``."""
 
     ids: list[str] | None = None
-    filter: dict[str, MetadataScalar] = Field(default_factory=dict)
+    filter: FilterJSON = Field(default_factory=dict)
     all: bool = False
 
 
@@ -94,7 +97,7 @@ class SearchRequest(RequestModel):
     k: int | None = None
     mode: SearchMode = "dense"
     candidates: int | None = None
-    filter: dict[str, MetadataScalar] | None = None
+    filter: FilterJSON | None = None
     include_text: bool = False
     min_probability: float | None = None
     target_precision: float | None = None

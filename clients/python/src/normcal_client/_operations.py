@@ -50,7 +50,6 @@ from normcal_client._models import (
     InputType,
     JudgingNext,
     Judgment,
-    MetadataScalar,
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
@@ -68,7 +67,7 @@ R = TypeVar("R")
 
 DocumentLike = DocumentIn | Mapping[str, Any]
 JudgmentLike = Judgment | Mapping[str, Any]
-Filter = Mapping[str, MetadataScalar]
+Filter = Mapping[str, Any]  # the server's filter language (see _models.FilterJSON)
 Progress = Callable[[int], None]
 DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
 DEFAULT_IDS_PER_REQUEST = 500  # the server accepts 1000 per batch get/delete by default

@@ -32,7 +32,7 @@ from normcal_client._base import DEFAULT_URL
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
-    MetadataScalar,
+    FilterJSON,
     SearchMode,
     SearchResult,
 )
@@ -135,8 +135,8 @@ class NormcalRetriever(_Connection, BaseRetriever):
     """Drop hits whose calibrated probability is below this."""
     target_precision: float | None = Field(None, ge=0.0, le=1.0)
     """Keep the longest prefix whose mean probability reaches this."""
-    filter: dict[str, MetadataScalar] | None = None
-    """Metadata equality filter."""
+    filter: FilterJSON | None = None
+    """Metadata filter (equality, or the server's operators: ``$in``, ``$gte``, ...)."""
     honour_abstain: bool = True
     """Return nothing when the service abstains."""
     timeout: float = 120.0
