@@ -179,7 +179,7 @@ def test_a_filter_at_max_filter_keys_is_served_one_more_is_422(
         assert served_at.status_code == 200, served_at.text[:500]
         refused = assert_problem(c.post(path, json=body | {"filter": past}), 422)
         assert refused["type"] == "/problems/limit-exceeded"
-        assert refused["detail"].startswith("filter:")
+        assert refused["detail"].startswith("filter.one_more:")  # the JSON path
         assert str(MAX_FILTER_KEYS) in refused["detail"]
         # SQLite's own limit (~990 keys) is never reached either.
         assert_problem(
