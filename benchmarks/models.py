@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.embedding.base import Embedder, EmbeddingBatch, InputType, forward_passes
+from app.embedding.base import Embedder, EmbeddingBatch, InputType
 from app.embedding.identity import IDENTITY_PREFIX
-from app.embedding.tokens import Tokenised, truncating
+from app.embedding.tokens import pooled_in_passes, truncating
 
 if TYPE_CHECKING:
     from tokenizers import Encoding
@@ -117,15 +117,14 @@ class PooledOnnxEmbedder:
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
         """Embed texts (no prompts: the same for queries and documents)."""
         del input_type
-        if not texts:
-            return EmbeddingBatch.empty(self.dim)
-        tokens = Tokenised(self._tokenizer, list(texts))
-        pooled = np.empty((len(texts), self.dim), dtype=np.float64)
-        for rows in forward_passes(
-            tokens.lengths, self.batch_size, self.max_batch_tokens
-        ):
-            pooled[rows] = self._forward([tokens.encodings[i] for i in rows])
-        return EmbeddingBatch.from_pooled(pooled, tokens.lengths, tokens.truncated)
+        return pooled_in_passes(
+            self._tokenizer,
+            list(texts),
+            self.dim,
+            self.batch_size,
+            self.max_batch_tokens,
+            self._forward,
+        )
 
     def _forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad a pass to its longest text and run the graph."""

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from app.embedding.base import EmbeddingBatch, InputType, forward_passes
+from app.embedding.base import EmbeddingBatch, InputType
 from app.embedding.identity import model_identity
 from app.embedding.precision import PrecisionChoice
-from app.embedding.tokens import Tokenised, truncating
+from app.embedding.tokens import pooled_in_passes, truncating
 
 if TYPE_CHECKING:
     from tokenizers import Encoding
@@ -204,15 +204,14 @@ class OnnxEmbedder:
         """Embed texts; see :class:`EmbeddingBatch`."""
         prefix = self.prompts.get(input_type, "")
         inputs = [prefix + t for t in texts] if prefix else list(texts)
-        if not inputs:
-            return EmbeddingBatch.empty(self.dim)
-        tokens = Tokenised(self._tokenizer, inputs)
-        pooled = np.empty((len(inputs), self.dim), dtype=np.float64)
-        for rows in forward_passes(
-            tokens.lengths, self.batch_size, self.max_batch_tokens
-        ):
-            pooled[rows] = self._forward([tokens.encodings[i] for i in rows])
-        return EmbeddingBatch.from_pooled(pooled, tokens.lengths, tokens.truncated)
+        return pooled_in_passes(
+            self._tokenizer,
+            inputs,
+            self.dim,
+            self.batch_size,
+            self.max_batch_tokens,
+            self._forward,
+        )
 
     def _forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad a batch to its longest text, run the graph, pool."""

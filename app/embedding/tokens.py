@@ -8,15 +8,18 @@ mutable, so they need no lock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
+from app.embedding.base import EmbeddingBatch, forward_passes
+
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
 
-__all__ = ["Tokenised", "truncating"]
+__all__ = ["Tokenised", "pooled_in_passes", "truncating"]
 
 
 def truncating(tokenizer: Tokenizer, max_seq_length: int) -> Tokenizer:
@@ -43,3 +46,21 @@ class Tokenised:
         self.truncated: NDArray[np.bool_] = np.array(
             [bool(e.overflowing) for e in self.encodings], dtype=bool
         )
+
+
+def pooled_in_passes(
+    tokenizer: Tokenizer,
+    texts: list[str],
+    dim: int,
+    batch_size: int,
+    max_batch_tokens: int,
+    forward: Callable[[list[Encoding]], NDArray[np.float64]],
+) -> EmbeddingBatch:
+    """Embed ``texts`` pass by pass (:func:`forward_passes`); ``forward`` pools one."""
+    if not texts:
+        return EmbeddingBatch.empty(dim)
+    tokens = Tokenised(tokenizer, texts)
+    pooled = np.empty((len(texts), dim), dtype=np.float64)
+    for rows in forward_passes(tokens.lengths, batch_size, max_batch_tokens):
+        pooled[rows] = forward([tokens.encodings[i] for i in rows])
+    return EmbeddingBatch.from_pooled(pooled, tokens.lengths, tokens.truncated)
