@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks.eval_all import CACHE, DATA
 from calibration import (
     NormReference,
     PlattCalibrator,
@@ -56,8 +56,6 @@ from calibration.profile import QueryEvidence, build_features, single_threaded_b
 from calibration.report import to_jsonable
 
 FloatArray = NDArray[np.float64]
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
 SETS = (
     "scifact",
     "cranfield",
@@ -75,7 +73,6 @@ SETS = (
     "semeval2015-cqa",
 )
 K = 20
-CACHE = Path.home() / ".cache" / "normcal" / "corpus"
 SIZES = (5, 10, 30)
 MIN_TEST_QUERIES = 5  # a few-label size is skipped when it leaves fewer to score on
 TARGET_VS_FULL = {5: 1.20, 10: 1.10, 30: 1.05}

@@ -46,7 +46,8 @@ from app.cli.beir import corpus_is_cached  # noqa: E402
 from app.embedding.identity import model_identity  # noqa: E402
 from app.profiles import AGNOSTIC_MODEL, AGNOSTIC_PROFILE, default_profile_path  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from benchmarks.transfer import CACHE, DATA, SETS, Domain, K, hybrid_domains  # noqa: E402
+from benchmarks.eval_all import CACHE, DATA  # noqa: E402
+from benchmarks.transfer import SETS, Domain, K, hybrid_domains  # noqa: E402
 from calibration import (  # noqa: E402
     NormReference,
     fit_prior,
