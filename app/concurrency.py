@@ -71,10 +71,19 @@ class CpuPool:
         Threads running CPU-bound jobs.
     max_pending : int
         Jobs (running or queued) beyond which :meth:`run` raises ``OverloadedError``.
+    initializer : callable, optional
+        Run once in each thread as it starts (per-thread library settings).
     """
 
-    def __init__(self, workers: int, max_pending: int) -> None:
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="normcal-cpu")
+    def __init__(
+        self,
+        workers: int,
+        max_pending: int,
+        initializer: Callable[[], object] | None = None,
+    ) -> None:
+        self._executor = ThreadPoolExecutor(
+            workers, thread_name_prefix="normcal-cpu", initializer=initializer
+        )
         self._max_pending = max_pending
         self._pending = 0
         self._lock = threading.Lock()

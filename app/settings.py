@@ -150,16 +150,17 @@ class Settings(BaseSettings):
         1,
         ge=0,
         le=64,
-        description="intra-op threads of one forward pass (torch and ONNX Runtime); "
-        "0: one per core. Passes run in parallel on the CPU pool "
+        description="intra-op threads of one forward pass (torch and ONNX Runtime) "
+        "and of one FAISS search; 0: one per core. Passes run in parallel on the CPU pool "
         "(NORMCAL_WORKER_THREADS), so 1 keeps every core busy without threads "
         "waiting on each other beside a busy neighbour (benchmarks/threads.py)",
     )
-    embed_precision: Literal["auto", "fp32", "bf16"] = Field(
+    embed_precision: Literal["auto", "fp32", "mixed", "bf16"] = Field(
         "auto",
-        description="torch backend: auto uses bf16 where the CPU has it natively "
-        "(avx512_bf16, amx_bf16) or a GPU does, and a start-up self-check against "
-        "fp32 passes; fp32 or bf16 forces one",
+        description="torch backend: where the CPU has bf16 natively (avx512_bf16, "
+        "amx_bf16) or a GPU does, auto takes bf16, else mixed (bf16 feed-forward "
+        "layers only), whichever first passes a start-up self-check against fp32; "
+        "otherwise fp32. fp32, mixed or bf16 forces one",
     )
     onnx_path: Path | None = Field(
         None,
@@ -326,9 +327,10 @@ class Settings(BaseSettings):
     @classmethod
     def _bf16_needs_torch(cls, value: str, info: ValidationInfo) -> str:
         """Forced bf16 on a backend that runs fp32 only would silently be fp32."""
-        if value == "bf16" and info.data.get("embedding_backend") != "torch":
+        if value in ("bf16", "mixed") and info.data.get("embedding_backend") != "torch":
             raise ValueError(
-                "bf16 needs NORMCAL_EMBEDDING_BACKEND=torch (the onnx backend runs fp32)"
+                f"{value} needs NORMCAL_EMBEDDING_BACKEND=torch (the onnx backend "
+                "runs fp32)"
             )
         return value
 

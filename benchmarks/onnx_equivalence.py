@@ -5,13 +5,17 @@ abstracts (scifact), abstracts doubled past the 256-token limit (truncation), an
 non-Latin scripts (Chinese sentences from ``usts``, plus synthesised Russian, Greek,
 Arabic, Hindi, Japanese and Korean ones: no such set is staged); without the data,
 synthetic texts of the same spread. Each variant (``--variants``: ``onnx`` fp32,
-``bf16`` the torch backend under autocast) embeds them as queries and as documents.
+``mixed`` the torch backend with bf16 feed-forward layers, ``bf16`` under autocast)
+embeds them as queries and as documents.
 
 Gate (issues 14 and 24): max relative norm difference <= 0.5%, min cosine >= 0.9999,
 identical token counts and truncation flags, and probabilities within 0.005
 (absolute) of fp32's through the shipped profile
 (``app/profiles/all-minilm-l6-v2.json``): every query's top-10 hits among all the
-texts (by fp32 cosine) scored with each variant's cosines, norms and token counts.
+texts (by fp32 cosine), ordered and scored with each variant's cosines, norms and
+token counts, compared place by place in the list. Rank is a feature, so hits tied to
+within a variant's rounding may swap places; the per-document difference is reported
+beside it, with how many queries had a swap and the widest fp32 cosine gap swapped.
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/onnx_equivalence.py [--texts 1000]``.
 """
@@ -24,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -88,33 +93,63 @@ def mixed_texts(n: int, rng: np.random.Generator) -> tuple[list[str], str]:
     return texts, "scifact + usts + synthesised scripts"
 
 
-def max_probability_difference(
+@dataclass(frozen=True)
+class ProbabilityShift:
+    """How far a variant's probabilities are from fp32's over the same hits."""
+
+    by_position: float  # max |dP| at the same place in each list (the gate)
+    by_document: float  # max |dP| of the same document
+    flipped: int  # queries in which two hits swapped places
+    widest_flip: float  # largest fp32 cosine gap between hits put at one place
+
+
+def probability_shift(
     profile, queries: tuple[EmbeddingBatch, EmbeddingBatch], docs: tuple
-) -> float:
-    """Largest |P_variant - P_fp32| over every query's fp32 top-K hits."""
+) -> ProbabilityShift:
+    """Each query's fp32 top-K hits, ordered and scored by each variant's cosines.
+
+    Rank is a feature, so two hits whose cosines differ by less than a variant's
+    rounding can swap places and trade the probabilities of their places: that
+    moves a document's probability, not the list's. The gate is on the list (what a
+    place in it is worth); the per-document figure is reported with the swaps.
+    """
     (ref_q, got_q), (ref_d, got_d) = queries, docs
     top = np.argsort(-(ref_q.vectors @ ref_d.vectors.T), axis=1)[:, :K]
-    worst = 0.0
+    by_position = by_document = widest = 0.0
+    flipped = 0
     for i, hits in enumerate(top):
-        p = [
-            profile.score(
+        probs, orders, cosines = [], [], []
+        for q, d in ((ref_q, ref_d), (got_q, got_d)):
+            cos = (d.vectors[hits] @ q.vectors[i]).astype(np.float64)
+            order = np.argsort(-cos, kind="stable")
+            p = profile.score(
                 float(q.norms[i]),
                 int(q.n_tokens[i]),
-                (d.vectors[hits] @ q.vectors[i]).astype(np.float64),
-                d.norms[hits],
-                d.n_tokens[hits],
+                cos[order],
+                d.norms[hits][order],
+                d.n_tokens[hits][order],
             ).probabilities
-            for q, d in ((ref_q, ref_d), (got_q, got_d))
-        ]
-        worst = max(worst, float(np.max(np.abs(p[0] - p[1]))))
-    return worst
+            per_doc = np.empty(len(hits))
+            per_doc[order] = p
+            probs.append((p, per_doc))
+            orders.append(order)
+            cosines.append(cos)
+        (p_ref, doc_ref), (p_got, doc_got) = probs
+        by_position = max(by_position, float(np.max(np.abs(p_ref - p_got))))
+        by_document = max(by_document, float(np.max(np.abs(doc_ref - doc_got))))
+        if not np.array_equal(orders[0], orders[1]):
+            flipped += 1
+            # fp32 cosines of the two hits each variant puts at the same place
+            gap = cosines[0][orders[0]] - cosines[0][orders[1]]
+            widest = max(widest, float(np.abs(gap).max()))
+    return ProbabilityShift(by_position, by_document, flipped, widest)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1, help="NORMCAL_EMBED_THREADS")
-    parser.add_argument("--variants", default="onnx,bf16")
+    parser.add_argument("--variants", default="onnx,mixed,bf16")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     texts, source = mixed_texts(args.texts, rng)
@@ -127,8 +162,11 @@ def main() -> int:
             embedders["onnx"] = load_embedder(
                 Settings(**base, embedding_backend="onnx", onnx_path=graph)
             )
-        if "bf16" in variants:
-            embedders["bf16"] = load_embedder(Settings(**base, embed_precision="bf16"))
+        for precision in ("mixed", "bf16"):
+            if precision in variants:
+                embedders[precision] = load_embedder(
+                    Settings(**base, embed_precision=precision)
+                )
         reference = embedders["fp32"]
         default = load_default_profile(reference.model_name, reference.model_id)
         assert not isinstance(default, str) and default.agnostic_because is None
@@ -147,16 +185,17 @@ def main() -> int:
     )
     print(
         "\n| variant | input | max rel norm diff | min cosine | n_tokens and truncated "
-        "equal | max abs P(rel) diff | texts per CPU-second (fp32: "
+        "equal | max abs P(rel) diff by list position | by document (queries with "
+        "swapped hits; widest swapped cosine gap) | texts per CPU-second (fp32: "
         f"{speed['fp32']:.1f}) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     ok = True
     queries = [i for i in range(len(texts)) if len(texts[i].split()) < 40]
     for name in embedders:
         if name == "fp32":
             continue
-        p_diff = max_probability_difference(
+        shift = probability_shift(
             profile,
             tuple(_rows(batches[v, "query"], queries) for v in ("fp32", name)),
             (batches["fp32", "document"], batches[name, "document"]),
@@ -166,9 +205,11 @@ def main() -> int:
             print(
                 f"| {name} | {kind} | {agreement.max_norm_error:.2e} "
                 f"| {agreement.min_cosine:.7f} | {agreement.tokens_equal} "
-                f"| {p_diff:.5f} | {speed[name]:.1f} |"
+                f"| {shift.by_position:.5f} | {shift.by_document:.5f} "
+                f"({shift.flipped} of {len(queries)}; {shift.widest_flip:.1e}) "
+                f"| {speed[name]:.1f} |"
             )
-            ok &= agreement.failure() is None and p_diff <= 0.005
+            ok &= agreement.failure() is None and shift.by_position <= 0.005
     print("\ntargets met" if ok else "\nTARGETS MISSED")
     return 0 if ok else 1
 

@@ -1,7 +1,7 @@
 """Server configurations named on a benchmark's command line, and their CPU time.
 
 A mode is parts joined by ``/``, each optional, in any order: the backend (``torch``,
-``onnx``), the precision (``fp32``, ``bf16``, ``auto``), the threads per forward pass
+``onnx``), the precision (``fp32``, ``mixed``, ``bf16``, ``auto``), the threads per forward pass
 (``t0``: one per core, as before ``NORMCAL_EMBED_THREADS`` existed; ``t1``), and, for
 ``benchmarks/load.py``, batching across requests (``off``, or a window in ms). Unnamed
 parts keep the server's defaults. ``torch/fp32/t0/0`` is the default of the release
@@ -11,7 +11,7 @@ before issue 24.
 from __future__ import annotations
 
 BACKENDS = ("torch", "onnx")
-PRECISIONS = ("fp32", "bf16", "auto")
+PRECISIONS = ("fp32", "mixed", "bf16", "auto")
 
 
 def mode_env(mode: str, onnx_path: object = None) -> dict[str, str]:

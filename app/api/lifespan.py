@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import TypedDict
 
 from fastapi import FastAPI
 
 from app.api.errors import job_error
 from app.collections.backends import open_registry
+from app.collections.index import limit_threads
 from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
 from app.observability import Metrics
@@ -77,7 +79,11 @@ def make_lifespan(
             dim=model.dim,
             load_calibrator=Profile.from_json,
         )
-        pool = CpuPool(settings.worker_threads, settings.max_pending_jobs)
+        pool = CpuPool(
+            settings.worker_threads,
+            settings.max_pending_jobs,
+            initializer=partial(limit_threads, settings.embed_threads),
+        )
         default = load_default_profile(model.model_name, model.model_id)
         no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
         if isinstance(default, str):

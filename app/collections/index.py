@@ -20,6 +20,18 @@ faiss: Any = importlib.import_module("faiss")
 IndexType = Literal["flat", "hnsw"]
 
 
+def limit_threads(threads: int) -> None:
+    """OpenMP threads of FAISS calls from the calling thread; 0 leaves one per core.
+
+    OpenMP keeps the count per calling thread, so the CPU pool runs this in each of
+    its threads (``NORMCAL_EMBED_THREADS``): one search of one query is faster on one
+    thread (the scan is memory-bound) and does not oversubscribe the cores the other
+    pool threads use.
+    """
+    if threads > 0:
+        faiss.omp_set_num_threads(threads)
+
+
 class VectorIndex:
     """Cosine top-k search keyed by the store's ``seq`` ids.
 

@@ -7,8 +7,13 @@ fitted on fp32 embeddings, so bf16 is used only when a self-check at start-up sh
 that it changes nothing that matters on a fixed set of probe texts (:data:`PROBES`:
 queries, an abstract, texts past the token limit, non-Latin scripts): every norm
 within 0.5% (relative), every cosine at least 0.9999, token counts and truncation
-identical (:class:`Agreement`). Otherwise the model runs fp32 and the reason is
-logged. This module loads no model library.
+identical (:class:`Agreement`).
+
+Three levels, cheapest first: ``bf16`` (every matrix product, under autocast),
+``mixed`` (only the feed-forward layers, about two thirds of a transformer's
+products; attention, whose softmax magnifies rounding, stays fp32) and ``fp32``.
+``auto`` takes the cheapest that passes the self-check, and logs why. This module
+loads no model library.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Precision = Literal["fp32", "bf16"]
-PrecisionSetting = Literal["auto", "fp32", "bf16"]
+Precision = Literal["fp32", "mixed", "bf16"]
+PrecisionSetting = Literal["auto", "fp32", "mixed", "bf16"]
+# What ``auto`` tries where bf16 is native, cheapest first.
+REDUCED: tuple[Precision, ...] = ("bf16", "mixed")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 MAX_NORM_ERROR = 0.005  # relative
 MIN_COSINE = 0.9999
@@ -181,9 +188,9 @@ def select_precision(
     """Choose the precision for ``setting`` and leave ``embedder`` switched to it.
 
     ``native`` says where bf16 is native (e.g. ``"CPU flag avx512_bf16"``), None if
-    nowhere. ``auto`` runs the self-check only where bf16 is native and falls back to
-    fp32 when it fails; ``bf16`` forces bf16 and still runs the check, to log what it
-    costs in accuracy.
+    nowhere. ``auto`` runs the self-check only where bf16 is native: ``bf16`` if it
+    passes, else ``mixed`` if that passes, else fp32. ``bf16`` or ``mixed`` forced
+    still runs the check, to log what it costs in accuracy.
     """
     embedder.precision = "fp32"
     if setting == "fp32":
@@ -196,27 +203,35 @@ def select_precision(
                 "no bf16 GPU)",
             )
         )
-    started = time.perf_counter()
     reference = embedder.embed(list(probes), "document")
-    embedder.precision = "bf16"
-    agreement = Agreement.between(reference, embedder.embed(list(probes), "document"))
-    check = (
-        f"self-check on {len(probes)} probes against fp32: {agreement} "
-        f"({time.perf_counter() - started:.2f} s)"
-    )
-    failure = agreement.failure()
-    if setting == "bf16":
-        if failure is not None:
-            logger.warning("bf16 forced although its self-check failed: %s", failure)
-        return _logged(
-            PrecisionChoice("bf16", f"NORMCAL_EMBED_PRECISION=bf16; {check}")
+    failures: list[str] = []
+    for precision in REDUCED if setting == "auto" else (setting,):
+        started = time.perf_counter()
+        embedder.precision = precision
+        got = embedder.embed(list(probes), "document")
+        agreement = Agreement.between(reference, got)
+        check = (
+            f"self-check of {precision} on {len(probes)} probes against fp32: "
+            f"{agreement} ({time.perf_counter() - started:.2f} s)"
         )
-    if failure is not None:
-        embedder.precision = "fp32"
-        return _logged(
-            PrecisionChoice("fp32", f"bf16 failed its self-check ({failure}); {check}")
-        )
-    return _logged(PrecisionChoice("bf16", f"{native}; {check}"))
+        failure = agreement.failure()
+        if setting != "auto":
+            if failure is not None:
+                logger.warning(
+                    "%s forced although its self-check failed: %s", precision, failure
+                )
+            return _logged(
+                PrecisionChoice(
+                    precision, f"NORMCAL_EMBED_PRECISION={setting}; {check}"
+                )
+            )
+        if failure is None:
+            return _logged(
+                PrecisionChoice(precision, "; ".join([f"{native}", *failures, check]))
+            )
+        failures.append(f"{precision} failed its self-check ({failure}); {check}")
+    embedder.precision = "fp32"
+    return _logged(PrecisionChoice("fp32", "; ".join(failures)))
 
 
 def _logged(choice: PrecisionChoice) -> PrecisionChoice:

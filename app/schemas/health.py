@@ -24,7 +24,7 @@ class EmbeddingInfo(BaseModel):
     """How the model runs: backend, precision (and why), threads per forward pass."""
 
     backend: str = Field(description="NORMCAL_EMBEDDING_BACKEND: torch or onnx")
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "mixed", "bf16"] = Field(
         description="the precision in use (NORMCAL_EMBED_PRECISION chose it)"
     )
     reason: str = Field(

@@ -76,3 +76,28 @@ def test_emptied_is_a_new_empty_index_of_the_same_kind(index):
     assert (fresh._hnsw_m, fresh._ef_search) == (8, 64)
     fresh.add(SEQS[:1], unit_vectors(1))
     assert fresh.size == 1 and index.size == N - 1
+
+
+def test_limit_threads_holds_in_the_pool_thread_it_ran_in():
+    """OpenMP counts threads per calling thread: the CPU pool sets FAISS's in each
+    of its threads (NORMCAL_EMBED_THREADS), and 0 leaves the library's default."""
+    import asyncio
+
+    import faiss
+
+    from app.collections.index import limit_threads
+    from app.concurrency import CpuPool
+
+    default = faiss.omp_get_max_threads()
+    if default == 1:
+        pytest.skip("one core: FAISS's default is already one thread")
+
+    async def threads_seen(pool: CpuPool) -> int:
+        return await pool.run(faiss.omp_get_max_threads)
+
+    for setting, expected in ((1, 1), (0, default)):
+        pool = CpuPool(1, 4, initializer=lambda s=setting: limit_threads(s))
+        try:
+            assert asyncio.run(threads_seen(pool)) == expected
+        finally:
+            pool.shutdown()
