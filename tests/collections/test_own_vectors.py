@@ -286,3 +286,15 @@ def test_a_collection_of_own_vectors_survives_a_restart(
         assert r.status_code == 200, r.text
         assert r.json()["hits"][0]["id"] == "python"
         assert client.get(URL).json()["embedding"] == "client"
+
+
+@pytest.mark.parametrize("storage", ["local"])  # snapshots are the local backend's
+def test_a_snapshot_of_own_vectors_restores(own: TestClient):
+    snapshot = own.post(f"{URL}/snapshots").json()["id"]
+    assert own.delete(f"{URL}/documents/paris").status_code == 204
+    r = own.post(f"{URL}/snapshots/{snapshot}/restore")
+    assert r.status_code == 200, r.text
+    assert r.json()["embedding"] == "client" and r.json()["documents"] == len(CORPUS)
+    vector = query_vectors(own)[QUERIES["paris"]]
+    hits = own.post(f"{URL}/search", json={"vector": vector, "k": 1}).json()["hits"]
+    assert [h["id"] for h in hits] == ["paris"]
