@@ -71,7 +71,9 @@ def vector_batch(
     z = np.array(vectors, dtype=np.float64).reshape(len(vectors), dim)
     with np.errstate(over="ignore"):  # an overflowing length is refused below
         norms = np.linalg.norm(z, axis=1)
-    for i in np.flatnonzero(~(np.isfinite(norms) & (norms > 0))).tolist():
+    bad = np.flatnonzero(~(np.isfinite(norms) & (norms > 0)))
+    if bad.size:
+        i = int(bad[0])
         raise InvalidRequestError(
             f"{fields[i]} has length {norms[i]}: a vector needs a finite, non-zero "
             "length (its direction is what is searched)",
