@@ -104,6 +104,12 @@ class Limits(BaseSettings):
     max_finished_fit_jobs: int = Field(
         100, ge=1, description="finished fit jobs kept (the oldest are pruned)"
     )
+    max_dimension: int = Field(
+        4096,
+        ge=1,
+        le=32_768,  # Milvus's largest FLOAT_VECTOR dimension
+        description="dimension of a collection that brings its own vectors",
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):

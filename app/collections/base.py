@@ -409,3 +409,15 @@ class Registry(Protocol[C]):
     def close(self) -> None:
         """Close every collection and the storage."""
         ...
+
+
+CLIENT_EMBEDDING = "client"
+"""``meta["embedding"]`` of a collection whose clients send the vectors."""
+
+
+def own_vectors(meta: dict[str, Any]) -> bool:
+    """Whether a collection's vectors are the client's own (no server-side model).
+
+    Its meta records the client's ``model`` (a name only) and ``dim``, no ``model_id``.
+    """
+    return meta.get("embedding") == CLIENT_EMBEDDING

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -80,6 +80,7 @@ class StoredMeta(BaseModel):
     schema_version: int = Field(1, ge=1)
     active_calibrator: str | None = None
     query_log: QueryLogSettings | None = None
+    embedding: Literal["server", "client"] = "server"
 
     @field_validator("schema_version")
     @classmethod

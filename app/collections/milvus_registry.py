@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Generic
 
-from app.collections.base import C, CalibratorLoader, Unavailable
+from app.collections.base import C, CalibratorLoader, Unavailable, own_vectors
 from app.collections.index import IndexType
 from app.collections.milvus import MilvusCollection, MilvusStorage
 from app.collections.milvus_client import BACKEND
@@ -129,7 +129,7 @@ class MilvusRegistry(Generic[C]):
                 **extra_meta,
                 "stemmer": "none",
             }
-            if self.model_id is not None:
+            if self.model_id is not None and not own_vectors(meta):
                 meta["model_id"] = self.model_id
             collection = storage.create(name, meta)
             self._collections[name] = collection

@@ -33,6 +33,7 @@ from app.collections.base import (
     C,
     CalibratorLoader,
     Unavailable,
+    own_vectors,
 )
 from app.collections.checks import check_file
 from app.collections.connections import OpenConnections
@@ -169,7 +170,7 @@ class CollectionRegistry(Generic[C]):
                 "created_at": time.time(),
                 **extra_meta,
             }
-            if self.model_id is not None:
+            if self.model_id is not None and not own_vectors(meta):
                 meta["model_id"] = self.model_id
             with self._writing_files():
                 try:
@@ -324,6 +325,8 @@ class CollectionRegistry(Generic[C]):
             ) from error
         finally:
             trial.close()  # checkpoints the copy: it is one file again
+        if own_vectors(trial.meta):  # no model of the server's made its vectors
+            return trial
         if trial.meta.get("model") != self.model_name:
             raise ConflictError(
                 f"the snapshot was built with model {trial.meta.get('model')!r}, "
@@ -356,7 +359,11 @@ class CollectionRegistry(Generic[C]):
         if meta is None:
             meta = check_file(path)
         dim = meta["dim"]
-        if meta["model"] == self.model_name and dim != self.dim:
+        if (
+            meta["model"] == self.model_name
+            and dim != self.dim
+            and not own_vectors(meta)
+        ):
             raise UnusableStoreError(
                 f"meta dim {dim} differs from model {self.model_name!r} (dim {self.dim})"
             )
@@ -429,8 +436,11 @@ def check_model(
 ) -> None:
     """Refuse (409) a collection whose vectors another model made (see ``get_compatible``).
 
-    Shared by every registry, so both backends apply the same rule.
+    Shared by every registry, so both backends apply the same rule. A collection
+    of the client's own vectors (:func:`own_vectors`) has no server model to match.
     """
+    if own_vectors(meta):
+        return
     if meta.get("model") != model_name:
         raise ConflictError(
             f"collection {name!r} was built with model "

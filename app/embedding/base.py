@@ -139,3 +139,11 @@ class Embedder(Protocol):
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
         """Embed ``texts`` (blocking, CPU-bound); order is preserved."""
         ...
+
+    def token_counts(self, texts: list[str]) -> NDArray[np.int64]:
+        """Tokens of each text, special tokens included (blocking; no forward pass).
+
+        Some backends count after truncation, some before: callers that need the
+        count the model sees cap it at ``max_seq_length``.
+        """
+        ...

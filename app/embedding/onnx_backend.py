@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from app.embedding.base import EmbeddingBatch, InputType
 from app.embedding.identity import model_identity
 from app.embedding.precision import PrecisionChoice
-from app.embedding.tokens import pooled_in_passes, truncating
+from app.embedding.tokens import Tokenised, pooled_in_passes, truncating
 
 if TYPE_CHECKING:
     from tokenizers import Encoding
@@ -212,6 +212,10 @@ class OnnxEmbedder:
             self.max_batch_tokens,
             self._forward,
         )
+
+    def token_counts(self, texts: list[str]) -> NDArray[np.int64]:
+        """Tokens the model sees, special tokens included (thread-safe)."""
+        return Tokenised(self._tokenizer, texts).lengths
 
     def _forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad a batch to its longest text, run the graph, pool."""

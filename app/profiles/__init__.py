@@ -14,6 +14,7 @@ length), validated leave-one-model-out (``docs/calibration.md``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "PROFILES_DIR",
     "DefaultProfile",
     "ShippedProfile",
+    "agnostic_profile",
     "default_profile_path",
     "load_default_profile",
     "shipped_profiles",
@@ -114,6 +116,27 @@ def load_default_profile(model_name: str, model_id: str) -> DefaultProfile | str
     agnostic = Profile.from_json(_read(AGNOSTIC_PROFILE))
     bound = dataclasses.replace(agnostic, model=model_name, model_id=model_id)
     return DefaultProfile(bound, agnostic_because=problem)
+
+
+@functools.cache
+def _agnostic() -> Profile | None:
+    return (
+        Profile.from_json(_read(AGNOSTIC_PROFILE))
+        if AGNOSTIC_PROFILE.exists()
+        else None
+    )
+
+
+def agnostic_profile(model_name: str) -> Profile | None:
+    """The model-agnostic default bound to ``model_name`` (None if it is not shipped).
+
+    For collections whose clients bring their own vectors: no model files of the
+    server's made them, so the profile records the client's model name only.
+    """
+    agnostic = _agnostic()
+    if agnostic is None:
+        return None
+    return dataclasses.replace(agnostic, model=model_name, model_id=None)
 
 
 def _read(path: Path) -> dict[str, Any]:

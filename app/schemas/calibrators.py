@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.schemas.collections import NextStep
-from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text
+from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text, Vector
 
 # Grades are labels, stored as SQLite integers; int32 is far more than any scale needs.
 MAX_RELEVANCE = 2**31 - 1
@@ -60,6 +60,12 @@ class FitRequest(RequestModel):
         description="allow document-side evidence (BM25, document norm and length), "
         "whose probabilities can order a query's hits differently from cosine; "
         "false keeps probabilities monotone in cosine within a query",
+    )
+    query_vectors: dict[str, Vector] | None = Field(
+        None,
+        description="collections created with `embedding` only, and required there: "
+        "each judged query's own vector by its text (one for every judged query, "
+        "sent or stored as feedback; at most limits.max_judgments_per_fit)",
     )
 
 

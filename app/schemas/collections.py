@@ -9,6 +9,20 @@ from pydantic import BaseModel, Field
 from app.schemas.common import COLLECTION_NAME_PATTERN, ListEnvelope, RequestModel
 
 
+class OwnEmbedding(RequestModel):
+    """A collection whose clients send the vectors: no server-side model embeds it."""
+
+    dimension: int = Field(
+        ge=1, description="length of every vector; at most limits.max_dimension"
+    )
+    model: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"\S",
+        description="name of the model that made the vectors (recorded, not checked)",
+    )
+
+
 class CollectionCreate(RequestModel):
     """A new, empty collection."""
 
@@ -19,6 +33,11 @@ class CollectionCreate(RequestModel):
     stemmer: Literal["porter", "none"] = Field(
         "porter",
         description="stemming of the lexical (BM25) index: porter (English) or none",
+    )
+    embedding: OwnEmbedding | None = Field(
+        None,
+        description="bring your own vectors: documents and searches then carry "
+        "`vector`; absent: the server's model embeds texts",
     )
 
 
@@ -115,6 +134,11 @@ class CollectionInfo(BaseModel):
     stemmer: str | None = Field(None, description="stemming of the BM25 index")
     created_at: float | None = None
     calibrator: CalibratorRef | None = None
+    embedding: Literal["server", "client"] | None = Field(
+        None,
+        description="server: the server's model embeds texts; client: documents and "
+        "searches bring their own vectors (`model` names the client's model)",
+    )
 
 
 class CollectionList(ListEnvelope):

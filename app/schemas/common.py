@@ -137,3 +137,10 @@ class ListEnvelope(BaseModel):
     """Base of list responses: ``{"data": [...], "count": n}``."""
 
     count: int
+
+
+# A client's own embedding: finite numbers (the length and a non-zero norm are
+# checked against the collection in app.services.own_vectors).
+Vector = Annotated[
+    list[Annotated[float, Field(allow_inf_nan=False)]], Field(min_length=1)
+]

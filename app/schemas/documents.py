@@ -13,6 +13,7 @@ from app.schemas.common import (
     MetadataIn,
     RequestModel,
     Text,
+    Vector,
 )
 
 
@@ -25,6 +26,12 @@ class DocumentIn(RequestModel):
         default_factory=dict,
         description="JSON object: finite numbers, 64-bit integers, at most "
         "limits.max_metadata_depth levels deep",
+    )
+    vector: Vector | None = Field(
+        None,
+        description="the document's own embedding, raw (its length is stored as "
+        "`norm`; a unit vector is fine): required on, and only on, a collection "
+        "created with `embedding`",
     )
 
 

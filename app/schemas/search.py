@@ -14,6 +14,7 @@ from app.schemas.common import (
     Probability,
     RequestModel,
     Text,
+    Vector,
 )
 
 SearchMode = Literal["dense", "lexical", "hybrid"]
@@ -24,6 +25,16 @@ class SearchRequest(RequestModel):
 
     query: Text | None = None
     queries: list[Text] | None = Field(None, min_length=1)
+    vector: Vector | None = Field(
+        None,
+        description="a query's own embedding (collections created with `embedding`); "
+        "`query` beside it is its text, for BM25 and the calibrator",
+    )
+    vectors: list[Vector] | None = Field(
+        None,
+        min_length=1,
+        description="a batch of `vector`; `queries` beside it are their texts",
+    )
     k: int | None = Field(
         None, ge=1, description="hits per query; default 10, at most limits.max_k"
     )
@@ -53,9 +64,34 @@ class SearchRequest(RequestModel):
 
     @model_validator(mode="after")
     def _one_of_query_or_queries(self) -> Self:
+        if self.vector is not None or self.vectors is not None:
+            return self._texts_beside_vectors()
         if (self.query is None) == (self.queries is None):
             raise ValueError("give exactly one of 'query' or 'queries'")
         return self
+
+    def _texts_beside_vectors(self) -> Self:
+        one = self.vector is not None and self.vectors is None and not self.queries
+        batch = self.vectors is not None and self.vector is None and self.query is None
+        if not (one or batch):
+            raise ValueError(
+                "give exactly one of 'vector' (with an optional 'query') or "
+                "'vectors' (with optional 'queries')"
+            )
+        if (
+            batch
+            and self.queries is not None
+            and len(self.queries) != len(self.vectors or [])
+        ):
+            raise ValueError("'queries' beside 'vectors' needs one text per vector")
+        return self
+
+    @property
+    def own_vectors(self) -> list[list[float]] | None:
+        """The queries' own embeddings, batch or not (None: the server embeds)."""
+        if self.vector is not None:
+            return [self.vector]
+        return self.vectors
 
     @property
     def texts(self) -> list[str]:

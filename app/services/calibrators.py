@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.collections.base import CollectionBackend
+from app.embedding import EmbeddingBatch
 from app.exceptions import ConflictError, InvalidRequestError
 from app.schemas.calibrators import (
     CalibratorImport,
@@ -34,7 +35,7 @@ from app.schemas.calibrators import (
     StoredJudgment,
 )
 from app.schemas.jobs import FitJob
-from app.services import limits
+from app.services import limits, own_vectors
 from app.services.context import DEFAULT_PAGE_SIZE, Context, Part, judging_step
 from app.services.drift import reference_of
 from app.services.jobs import Progress
@@ -89,10 +90,45 @@ class CalibratorsService(Part):
         k = body.k if body.k is not None else min(DEFAULT_FIT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
         collection = self.registry.get_compatible(name)
+        own_vectors.check_kind(
+            collection, body.query_vectors is not None, "query_vectors"
+        )
+        limits.check_count(
+            "query_vectors", list(body.query_vectors or ()), lim.max_judgments_per_fit
+        )
         qrels, dropped = await self.pool.run(self._fit_qrels, collection, body)
+        batch = None  # the server's model embeds the queries in the job
+        if body.query_vectors is not None:
+            batch = await self.pool.run(
+                self._own_query_batch, collection, sorted(qrels), body.query_vectors
+            )
         return self.fit_jobs.submit(
             name,
-            lambda progress: self._fit(collection, body, qrels, k, dropped, progress),
+            lambda progress: self._fit(
+                collection, body, qrels, k, dropped, progress, batch
+            ),
+        )
+
+    def _own_query_batch(
+        self,
+        collection: CollectionBackend[Profile],
+        queries: list[str],
+        vectors: dict[str, list[float]],
+    ) -> EmbeddingBatch:
+        """The judged queries' own vectors, in ``queries`` order (422 if one lacks one)."""
+        missing = [q for q in queries if q not in vectors]
+        if missing:
+            shown = ", ".join(repr(q) for q in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise InvalidRequestError(
+                f"query_vectors lacks the vector of judged queries {shown}{more}",
+                field="query_vectors",
+            )
+        return own_vectors.vector_batch(
+            [f"query_vectors.{q}" for q in queries],
+            [vectors[q] for q in queries],
+            int(collection.meta["dim"]),
+            own_vectors.token_counts(self.embedder, list(queries)),
         )
 
     def _fit_qrels(
@@ -160,12 +196,18 @@ class CalibratorsService(Part):
         k: int,
         dropped: int,
         progress: Progress,
+        batch: EmbeddingBatch | None = None,
     ) -> CalibratorInfo:
-        """The fit of a job, reporting each stage it enters to ``progress``."""
+        """The fit of a job, reporting each stage it enters to ``progress``.
+
+        ``batch``: the queries' own vectors (in sorted order), on a collection of
+        the client's own vectors; otherwise the server's model embeds them.
+        """
         name = collection.name
         progress("embedding queries")
         queries = sorted(qrels)
-        batch = await self.batcher.embed(queries, "query")
+        if batch is None:
+            batch = await self.batcher.embed(queries, "query")
         progress("retrieving")
         pools = await self.pool.run(collection.search, batch.vectors, queries, k)
         progress("fitting")
@@ -186,20 +228,21 @@ class CalibratorsService(Part):
             for i, (q, pool) in enumerate(zip(queries, pools, strict=True))
         ]
         doc_norms, doc_tokens = collection.norm_sample()
+        own = own_vectors.is_own(collection)
         started = time.perf_counter()
         profile = await self.pool.run(
             fit_profile,
             evidence,
             doc_norms=doc_norms,
             doc_tokens=doc_tokens,
-            model=self.embedder.model_name,
-            model_id=self.embedder.model_id,
+            model=str(collection.meta["model"]),
+            model_id=None if own else self.embedder.model_id,
             method=body.method,
             allow_reorder=body.allow_reorder,
             abstain_target=body.abstain_target,
             abstain_delta=body.abstain_delta,
             extra_report={"collection": name},
-            prior=self._shipped_prior(),
+            prior=self._shipped_prior(collection),
         )
         seconds = time.perf_counter() - started
         logger.info(
@@ -391,7 +434,11 @@ class CalibratorsService(Part):
                 field="profile.model",
             )
         recorded = body.profile.get("model_id")
-        if recorded is not None and recorded != self.embedder.model_id:
+        if (
+            recorded is not None
+            and not own_vectors.is_own(collection)
+            and recorded != self.embedder.model_id
+        ):
             raise InvalidRequestError(
                 f"the profile was fitted for model files of identity {recorded!r}; "
                 f"the model served as {model!r} has identity "
@@ -486,8 +533,16 @@ class CalibratorsService(Part):
                 field="judgments",
             )
 
-    def _shipped_prior(self) -> CrossDomainPrior | None:
-        """The cross-domain prior of the shipped default profile (for few-label fits)."""
+    def _shipped_prior(
+        self, collection: CollectionBackend[Profile]
+    ) -> CrossDomainPrior | None:
+        """The cross-domain prior of the shipped default profile (for few-label fits).
+
+        On a collection of the client's own vectors, the model-agnostic one's.
+        """
+        if own_vectors.is_own(collection):
+            agnostic = self._default_for(collection)
+            return None if agnostic is None else agnostic.prior
         default = self.default_profile
         if default is None or default.model != self.embedder.model_name:
             return None

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from app.collections.base import CollectionBackend
+from app.collections.base import CLIENT_EMBEDDING, CollectionBackend, own_vectors
 from app.collections.snapshots import Snapshot, Snapshots
 from app.collections.store_files import DEFAULT_STEMMER
 from app.exceptions import BackendUnsupportedError, NotFoundError
-from app.schemas.collections import CollectionInfo
+from app.schemas.collections import CollectionInfo, OwnEmbedding
 from app.schemas.snapshots import SnapshotInfo
+from app.services import limits
 from app.services.context import Part
 from calibration.profile import Profile
 
@@ -19,14 +21,36 @@ class CollectionsService(Part):
 
     # -- collections ------------------------------------------------------------------
     def create_collection(
-        self, name: str, description: str, stemmer: str = DEFAULT_STEMMER
+        self,
+        name: str,
+        description: str,
+        stemmer: str = DEFAULT_STEMMER,
+        *,
+        embedding: OwnEmbedding | None = None,
     ) -> CollectionInfo:
-        """Create an empty collection and describe it (no second lookup to race)."""
+        """Create an empty collection and describe it (no second lookup to race).
+
+        With ``embedding``, one of the client's own vectors: it records their model
+        and dimension instead of the server's (``app.services.own_vectors``).
+        """
+        own: dict[str, Any] = {}
+        if embedding is not None:
+            limits.check_value(
+                "embedding.dimension",
+                embedding.dimension,
+                self.settings.limits.max_dimension,
+            )
+            own = {
+                "embedding": CLIENT_EMBEDDING,
+                "model": embedding.model,
+                "dim": embedding.dimension,
+            }
         collection = self.registry.create(
             name,
             description=description,
             index_type=self.settings.index_type,
             stemmer=stemmer,
+            **own,
         )
         return self._describe(collection)
 
@@ -50,8 +74,11 @@ class CollectionsService(Part):
             stemmer=str(meta.get("stemmer", DEFAULT_STEMMER)),
             created_at=float(meta["created_at"]),
             calibrator=self._calibrator_ref(
-                collection.name, self._profile_for(collection)
+                collection.name,
+                self._profile_for(collection),
+                reason=self._own_vectors_note(collection),
             ),
+            embedding="client" if own_vectors(meta) else "server",
         )
 
     def list_collections(self) -> list[CollectionInfo]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.collections.base import CollectionBackend, Registry
+from app.collections.base import CollectionBackend, Registry, own_vectors
 from app.collections.snapshots import Snapshots
 from app.concurrency import CpuPool
 from app.embedding import Embedder
 from app.embedding.batching import EmbedBatcher, lanes_for
 from app.observability import Metrics
+from app.profiles import agnostic_profile
 from app.schemas.collections import CalibratorRef, DriftStatus, Guarantee, NextStep
 from app.services.drift import DriftMonitor
 from app.services.jobs import JOBS_FILE, Describe, FitJobs
@@ -144,10 +145,21 @@ class Part:
 
     def _default_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
         """The shipped default profile, if it was fitted for the collection's model."""
+        if own_vectors(collection.meta):
+            return agnostic_profile(str(collection.meta["model"]))
         default = self.default_profile
         if default is not None and default.model == collection.meta.get("model"):
             return default
         return None
+
+    def _own_vectors_note(self, collection: CollectionBackend[Profile]) -> str | None:
+        """Why a collection of the client's own vectors gets the model-agnostic default."""
+        if not own_vectors(collection.meta):
+            return None
+        return (
+            "model-agnostic default: the vectors are the client's own, from model "
+            f"{collection.meta['model']!r}, for which no profile ships"
+        )
 
     def _calibrator_ref(
         self,
@@ -155,14 +167,26 @@ class Part:
         profile: Profile | None,
         *,
         drift: DriftStatus | None = None,
+        reason: str | None = None,
     ) -> CalibratorRef:
-        return _calibrator_ref(
-            collection,
-            profile,
-            self.no_default_reason,
-            drift,
-            self.context.default_note,
-        )
+        """The ref of ``profile``; ``reason`` only for the client's own vectors.
+
+        ``reason`` says why the default in use is the model-agnostic one, or why no
+        calibrator serves. Such a ref offers no judging page: it embeds queries with
+        the server's model.
+        """
+        if reason is None:
+            return _calibrator_ref(
+                collection,
+                profile,
+                self.no_default_reason,
+                drift,
+                self.context.default_note,
+            )
+        if profile is None:
+            return CalibratorRef(status="none", default=False, reason=reason)
+        ref = _calibrator_ref(collection, profile, reason, drift, reason)
+        return ref.model_copy(update={"next_step": None})
 
 
 def judging_step(collection: str) -> NextStep:

@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from app.collections.base import CollectionBackend, NewDocument, StoredDocument
+from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
 from app.schemas.documents import (
     DocumentIn,
@@ -16,7 +17,7 @@ from app.schemas.documents import (
     DocumentsFound,
     UpsertResponse,
 )
-from app.services import limits
+from app.services import limits, own_vectors
 from app.services.context import DEFAULT_PAGE_SIZE, Part
 from app.services.paging import decode_cursor, encode_cursor
 from calibration.profile import Profile
@@ -43,7 +44,7 @@ class DocumentsService(Part):
                 field="documents",
             )
         collection = self.registry.get_compatible(name)
-        batch = await self.batcher.embed([d.text for d in documents], "document")
+        batch = await self._document_batch(collection, documents)
         rows = [
             NewDocument(
                 id=d.id,
@@ -61,6 +62,24 @@ class DocumentsService(Part):
             upserted=len(rows),
             ids=ids,
             truncated=[r.id for r in rows if r.truncated],
+        )
+
+    async def _document_batch(
+        self, collection: CollectionBackend[Profile], documents: list[DocumentIn]
+    ) -> EmbeddingBatch:
+        """The documents embedded by the server's model, or their own vectors."""
+        fields = [f"documents.{i}.vector" for i in range(len(documents))]
+        for field, doc in zip(fields, documents, strict=True):
+            own_vectors.check_kind(collection, doc.vector is not None, field)
+        texts = [d.text for d in documents]
+        if not own_vectors.is_own(collection):
+            return await self.batcher.embed(texts, "document")
+        counts = await self.pool.run(own_vectors.token_counts, self.embedder, texts)
+        return own_vectors.vector_batch(
+            fields,
+            [d.vector or [] for d in documents],
+            int(collection.meta["dim"]),
+            counts,
         )
 
     def get_document(self, name: str, doc_id: str) -> DocumentOut:

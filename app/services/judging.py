@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from app.exceptions import NotFoundError
+from app.exceptions import InvalidRequestError, NotFoundError
 from app.schemas.judging import (
     JudgingHit,
     JudgingNext,
@@ -13,7 +13,7 @@ from app.schemas.judging import (
     QueryLogSettings,
 )
 from app.schemas.search import SearchRequest
-from app.services import limits, next_query
+from app.services import limits, next_query, own_vectors
 from app.services.context import Context, Part
 from app.services.search import POOL_DEPTH, query_log_settings, search_results
 
@@ -80,6 +80,13 @@ class JudgingService(Part):
         """The next query to judge with its top ``k`` hits (see ``app.services.next_query``)."""
         limits.check_value("k", k, self.settings.limits.max_k)
         collection = self.registry.get_compatible(name)
+        if own_vectors.is_own(collection):
+            raise InvalidRequestError(
+                f"collection {name!r} takes the client's own vectors, which the "
+                "judging loop cannot make for its queries: POST judgments to "
+                ".../feedback and fit with `query_vectors` (docs/api.md)",
+                field="name",
+            )
         source, candidates, remaining = collection.state.judging_candidates(
             next_query.CANDIDATE_POOL
         )

@@ -18,7 +18,7 @@ from app.exceptions import InvalidRequestError
 from app.schemas.collections import CalibratorRef
 from app.schemas.judging import QueryLogSettings
 from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
-from app.services import limits
+from app.services import limits, own_vectors
 from app.services.calibrators import DEFAULT_FIT_K
 from app.services.context import Part
 from calibration.drift import query_summary
@@ -40,6 +40,7 @@ class SearchService(Part):
         """Embed the queries; return each one's top-k hits with probabilities."""
         lim = self.settings.limits
         texts = request.texts
+        sent = request.own_vectors
         k = request.k if request.k is not None else min(DEFAULT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
         n = request.candidates
@@ -50,11 +51,22 @@ class SearchService(Part):
             raise InvalidRequestError(
                 f"candidates ({n}) must be at least k ({k})", field="candidates"
             )
-        limits.check_count("queries", texts, lim.max_queries_per_search)
+        limits.check_count(
+            "vectors" if request.vectors else "queries",
+            texts or sent or [],
+            lim.max_queries_per_search,
+        )
         limits.check_texts("queries" if request.queries else "query", texts, lim)
         where = limits.parse_filter("filter", request.filter, lim)
         collection = self.registry.get_compatible(name)
+        own_vectors.check_kind(
+            collection, sent is not None, "vectors" if request.vectors else "vector"
+        )
         profile = self._profile_for(collection)  # one snapshot for the whole request
+        reason = self._own_vectors_note(collection)
+        if sent is not None and not texts:
+            _check_vector_only(request)
+            profile, reason = None, own_vectors.NO_QUERY_TEXT
         if profile is None and (
             request.min_probability is not None
             or request.target_precision is not None
@@ -62,14 +74,19 @@ class SearchService(Part):
         ):
             raise InvalidRequestError(
                 "min_probability, target_precision and mode 'hybrid' need a "
-                "calibrator; none is available for model "
-                f"{self.embedder.model_name!r}",
+                "calibrator; "
+                + (
+                    reason
+                    or f"none is available for model {self.embedder.model_name!r}"
+                ),
                 field="mode" if request.mode == "hybrid" else "min_probability",
             )
-        batch = await self.batcher.embed(texts, "query")
-        pools = await self.pool.run(collection.search, batch.vectors, texts, n, where)
+        batch = await self._query_batch(collection, request)
+        pools = await self.pool.run(
+            collection.search, batch.vectors, texts or [""] * len(batch), n, where
+        )
         ref = self._calibrator_ref(
-            name, profile, drift=self.drift.verdict(name, profile)
+            name, profile, drift=self.drift.verdict(name, profile), reason=reason
         )
         results, summaries = await self.pool.run(
             search_results, batch, pools, ref, profile, request, k
@@ -78,12 +95,28 @@ class SearchService(Part):
         await self._log_queries(collection, texts)
         return results
 
+    async def _query_batch(
+        self, collection: CollectionBackend[Profile], request: SearchRequest
+    ) -> EmbeddingBatch:
+        """The queries embedded by the server's model, or their own vectors."""
+        sent = request.own_vectors
+        if sent is None:
+            return await self.batcher.embed(request.texts, "query")
+        texts: list[str | None] = list(request.texts) or [None] * len(sent)
+        counts = await self.pool.run(own_vectors.token_counts, self.embedder, texts)
+        fields = (
+            ["vector"] if request.vector else [f"vectors.{i}" for i in range(len(sent))]
+        )
+        return own_vectors.vector_batch(
+            fields, sent, int(collection.meta["dim"]), counts
+        )
+
     async def _log_queries(
         self, collection: CollectionBackend[Profile], texts: list[str]
     ) -> None:
         """Record searched texts when the log is on; a failure only gets logged."""
         current = query_log_settings(collection)
-        if not current.enabled:
+        if not current.enabled or not texts:
             return
         try:
             await self.pool.run(collection.state.log_queries, texts, current.retention)
@@ -91,6 +124,16 @@ class SearchService(Part):
             logger.warning(
                 "could not log queries of %s", collection.name, exc_info=True
             )
+
+
+def _check_vector_only(request: SearchRequest) -> None:
+    """Refuse (422) a lexical search with no text to match."""
+    if request.mode != "dense":
+        raise InvalidRequestError(
+            f"mode {request.mode!r} matches the query's text: send `query` "
+            "(`queries`) beside `vector` (`vectors`)",
+            field="mode",
+        )
 
 
 def query_log_settings(collection: CollectionBackend[Profile]) -> QueryLogSettings:

@@ -18,7 +18,7 @@ router = APIRouter(
 def create_collection(*, body: CollectionCreate, service: ServiceDep) -> CollectionInfo:
     """Create an empty collection."""
     return service.collections.create_collection(
-        body.name, body.description, body.stemmer
+        body.name, body.description, body.stemmer, embedding=body.embedding
     )
 
 

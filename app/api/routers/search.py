@@ -20,6 +20,6 @@ async def search_collection(
 ) -> SearchResult | BatchSearchResponse:
     """Top-k documents by cosine, with norms (and probabilities once calibrated)."""
     results = await service.search.search(name, body)
-    if body.query is not None:
+    if body.queries is None and body.vectors is None:  # one query (or vector)
         return results[0]
     return BatchSearchResponse(results=results)

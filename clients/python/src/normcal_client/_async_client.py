@@ -205,13 +205,16 @@ class AsyncNormcalClient(ClientBase):
         *,
         exist_ok: bool = False,
         stemmer: Stemmer | None = None,
+        embedding: op.OwnEmbeddingLike | None = None,
     ) -> CollectionInfo:
         """Create a collection; with ``exist_ok`` an existing one is returned.
 
         ``stemmer`` ("porter" or "none") fixes how its BM25 index stems words.
+        ``embedding`` (``{"dimension": D, "model": "name"}``) makes it a collection
+        of your own vectors: documents, searches and fits then carry them.
         """
         return await self._drive(
-            op.create_collection(name, description, exist_ok, stemmer)
+            op.create_collection(name, description, exist_ok, stemmer, embedding)
         )
 
     async def list_collections(self) -> list[CollectionInfo]:
@@ -381,8 +384,9 @@ class AsyncNormcalClient(ClientBase):
     async def search(
         self,
         collection: str,
-        query: str,
+        query: str | None = None,
         *,
+        vector: Sequence[float] | None = None,
         k: int | None = None,
         mode: SearchMode | None = None,
         candidates: int | None = None,
@@ -395,10 +399,13 @@ class AsyncNormcalClient(ClientBase):
 
         ``mode``: "dense" (cosine, the server's default), "lexical" (BM25) or "hybrid"
         (both top-``candidates`` lists ranked by calibrated probability).
+        ``vector``: your own, on a collection created with ``embedding``; ``query``
+        beside it is its text (BM25, and the probabilities need it).
         """
         plan = op.search(
             collection,
             query,
+            vector=vector,
             k=k,
             filter=filter,
             include_text=include_text,
@@ -412,8 +419,9 @@ class AsyncNormcalClient(ClientBase):
     async def search_batch(
         self,
         collection: str,
-        queries: Sequence[str],
+        queries: Sequence[str] | None = None,
         *,
+        vectors: Sequence[Sequence[float]] | None = None,
         k: int | None = None,
         mode: SearchMode | None = None,
         candidates: int | None = None,
@@ -422,10 +430,11 @@ class AsyncNormcalClient(ClientBase):
         min_probability: float | None = None,
         target_precision: float | None = None,
     ) -> list[SearchResult]:
-        """One :class:`SearchResult` per query, in order."""
+        """One :class:`SearchResult` per query (or own vector), in order."""
         plan = op.search(
             collection,
-            list(queries),
+            None if queries is None else list(queries),
+            vectors=vectors,
             k=k,
             filter=filter,
             include_text=include_text,
@@ -450,13 +459,15 @@ class AsyncNormcalClient(ClientBase):
         include_feedback: bool | None = None,
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
+        query_vectors: Mapping[str, Sequence[float]] | None = None,
     ) -> CalibratorInfo:
         """Fit a calibrator and wait for it; ``None`` options take the server default.
 
         ``abstain_target=False`` fits without an abstain rule.
         ``unknown_documents="skip"`` leaves out judgments naming documents the
         collection does not hold (the answer's ``dropped_judgments`` counts them)
-        instead of refusing the fit. A long fit holds the request open:
+        instead of refusing the fit. ``query_vectors``: on a collection of your own
+        vectors, each judged query's vector by its text. A long fit holds the request open:
         :meth:`start_fit` returns at once instead.
         """
         body = op.fit_request(
@@ -469,6 +480,7 @@ class AsyncNormcalClient(ClientBase):
             include_feedback=include_feedback,
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
+            query_vectors=query_vectors,
         )
         return await self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
 
@@ -485,6 +497,7 @@ class AsyncNormcalClient(ClientBase):
         include_feedback: bool | None = None,
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
+        query_vectors: Mapping[str, Sequence[float]] | None = None,
     ) -> FitJob:
         """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
 
@@ -500,6 +513,7 @@ class AsyncNormcalClient(ClientBase):
             include_feedback=include_feedback,
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
+            query_vectors=query_vectors,
         )
         return await self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
 

@@ -46,20 +46,29 @@ class ResponseModel(BaseModel):
 # --------------------------------------------------------------------------- requests
 
 
+class OwnEmbedding(RequestModel):
+    """A collection of the client's own vectors: their ``dimension`` and ``model``."""
+
+    dimension: int
+    model: str
+
+
 class CollectionCreate(RequestModel):
     """``POST /v1/collections``."""
 
     name: str
     description: str = ""
     stemmer: Stemmer = "porter"
+    embedding: OwnEmbedding | None = None
 
 
 class DocumentIn(RequestModel):
-    """A document to upsert."""
+    """A document to upsert; ``vector`` only on a collection of the client's own."""
 
     id: str
     text: str
     metadata: dict[str, Any] = Field(default_factory=dict)
+    vector: list[float] | None = None
 
 
 class UpsertRequest(RequestModel):
@@ -90,10 +99,16 @@ class EmbedRequest(RequestModel):
 
 
 class SearchRequest(RequestModel):
-    """``POST /v1/collections/{name}/search``: ``query`` or ``queries``."""
+    """``POST /v1/collections/{name}/search``: ``query``/``queries`` or own vectors.
+
+    ``vector`` (``vectors``) on a collection of the client's own vectors, with
+    ``query`` (``queries``) optional beside them.
+    """
 
     query: str | None = None
     queries: list[str] | None = None
+    vector: list[float] | None = None
+    vectors: list[list[float]] | None = None
     k: int | None = None
     mode: SearchMode = "dense"
     candidates: int | None = None
@@ -123,6 +138,7 @@ class FitRequest(RequestModel):
     include_feedback: bool = True
     unknown_documents: UnknownDocuments = "error"
     allow_reorder: bool = True
+    query_vectors: dict[str, list[float]] | None = None
 
 
 class FeedbackRequest(RequestModel):
@@ -301,6 +317,7 @@ class CollectionInfo(ResponseModel):
     stemmer: str | None = None
     created_at: float | None = None
     calibrator: CalibratorRef | None = None
+    embedding: Literal["server", "client"] | None = None
 
 
 class CollectionList(ResponseModel):

@@ -50,6 +50,7 @@ from normcal_client._models import (
     InputType,
     JudgingNext,
     Judgment,
+    OwnEmbedding,
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
@@ -66,6 +67,7 @@ from normcal_client._options import NO_RETRY
 R = TypeVar("R")
 
 DocumentLike = DocumentIn | Mapping[str, Any]
+OwnEmbeddingLike = OwnEmbedding | Mapping[str, Any]
 JudgmentLike = Judgment | Mapping[str, Any]
 Filter = Mapping[str, Any]  # the server's filter language (see _models.FilterJSON)
 Progress = Callable[[int], None]
@@ -113,11 +115,17 @@ def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedRespo
 
 
 def create_collection(
-    name: str, description: str | None, exist_ok: bool, stemmer: Stemmer | None = None
+    name: str,
+    description: str | None,
+    exist_ok: bool,
+    stemmer: Stemmer | None = None,
+    embedding: OwnEmbeddingLike | None = None,
 ) -> Plan[CollectionInfo]:
     """Create a collection; with ``exist_ok`` return the existing one instead."""
+    own = None if embedding is None else OwnEmbedding.model_validate(embedding)
     body = CollectionCreate(
-        name=name, **_given(description=description, stemmer=stemmer)
+        name=name,
+        **_given(description=description, stemmer=stemmer, embedding=own),
     )
     try:
         created: CollectionInfo = yield ep.CREATE_COLLECTION(body)
@@ -229,7 +237,7 @@ def delete_documents_where(
 
 def search(
     collection: str,
-    queries: str | Sequence[str],
+    queries: str | Sequence[str] | None,
     *,
     k: int | None,
     filter: Filter | None,
@@ -238,8 +246,13 @@ def search(
     target_precision: float | None,
     mode: SearchMode | None = None,
     candidates: int | None = None,
+    vector: Sequence[float] | None = None,
+    vectors: Sequence[Sequence[float]] | None = None,
 ) -> Plan[list[SearchResult]]:
-    """One result per query; a single ``str`` is sent as ``query``."""
+    """One result per query; a single ``str`` (or ``vector``) is sent as ``query``.
+
+    ``vector``/``vectors``: the client's own, with the texts (optional) beside them.
+    """
     options = _given(
         k=k,
         mode=mode,
@@ -247,12 +260,17 @@ def search(
         filter=dict(filter) if filter is not None else None,
         min_probability=min_probability,
         target_precision=target_precision,
+        vector=None if vector is None else list(vector),
+        vectors=None if vectors is None else [list(v) for v in vectors],
     )
-    if isinstance(queries, str):
-        body = SearchRequest(query=queries, include_text=include_text, **options)
+    if isinstance(queries, str) or vector is not None:
+        body = SearchRequest(
+            include_text=include_text, **options, **_given(query=queries)
+        )
         result: SearchResult = yield ep.SEARCH(body, name=collection)
         return [result]
-    body = SearchRequest(queries=list(queries), include_text=include_text, **options)
+    texts = None if queries is None else list(queries)
+    body = SearchRequest(include_text=include_text, **options, **_given(queries=texts))
     batch: BatchSearchResponse = yield ep.SEARCH_BATCH(body, name=collection)
     return list(batch.results)
 
@@ -268,9 +286,17 @@ def fit_request(
     include_feedback: bool | None,
     allow_reorder: bool | None,
     unknown_documents: UnknownDocuments | None = None,
+    query_vectors: Mapping[str, Sequence[float]] | None = None,
 ) -> FitRequest:
-    """The body of a fit; options left ``None`` take the server's defaults."""
+    """The body of a fit; options left ``None`` take the server's defaults.
+
+    ``query_vectors``: on a collection of the client's own vectors, each judged
+    query's vector by its text.
+    """
     options = _given(
+        query_vectors=None
+        if query_vectors is None
+        else {q: list(v) for q, v in query_vectors.items()},
         method=method,
         k=k,
         abstain_target=abstain_target,

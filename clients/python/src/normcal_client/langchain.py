@@ -259,6 +259,37 @@ class NormcalVectorStore(_Connection, VectorStore):
             await client.upsert_documents(self.collection, documents, **kwargs)
         return [d.id for d in documents]
 
+    def add_embeddings(
+        self,
+        text_embeddings: Iterable[tuple[str, list[float]]],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Upsert ``(text, vector)`` pairs; returns their ids.
+
+        The vectors are your own: the collection was created with ``embedding``.
+        """
+        documents = _documents_in(*_unzip(text_embeddings, metadatas, ids))
+        with self._sync() as client:
+            client.upsert_documents(self.collection, documents, **kwargs)
+        return [d.id for d in documents]
+
+    async def aadd_embeddings(
+        self,
+        text_embeddings: Iterable[tuple[str, list[float]]],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Upsert ``(text, vector)`` pairs (see :meth:`add_embeddings`)."""
+        documents = _documents_in(*_unzip(text_embeddings, metadatas, ids))
+        async with self._async() as client:
+            await client.upsert_documents(self.collection, documents, **kwargs)
+        return [d.id for d in documents]
+
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
         """Delete documents by id; unknown ids are no error."""
         with self._sync() as client:
@@ -318,6 +349,32 @@ class NormcalVectorStore(_Connection, VectorStore):
                 self.collection, query, **_search(k, self.mode, kwargs)
             )
         return [(doc, hit.score) for doc, hit in _pairs(result)]
+
+    def similarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, **kwargs: Any
+    ) -> list[Document]:
+        """The ``k`` documents nearest your own ``embedding``.
+
+        The collection was created with ``embedding``; ``query=`` text beside the
+        vector feeds BM25 and the probabilities.
+        """
+        text = kwargs.pop("query", None)
+        with self._sync() as client:
+            result = client.search(
+                self.collection, text, vector=embedding, **_search(k, self.mode, kwargs)
+            )
+        return [doc for doc, _ in _pairs(result)]
+
+    async def asimilarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, **kwargs: Any
+    ) -> list[Document]:
+        """The ``k`` documents nearest ``embedding`` (see :meth:`similarity_search_by_vector`)."""
+        text = kwargs.pop("query", None)
+        async with self._async() as client:
+            result = await client.search(
+                self.collection, text, vector=embedding, **_search(k, self.mode, kwargs)
+            )
+        return [doc for doc, _ in _pairs(result)]
 
     def similarity_search_with_relevance_scores(
         self, query: str, k: int = 4, **kwargs: Any
@@ -394,16 +451,40 @@ def _documents_in(
     texts: Iterable[str],
     metadatas: list[dict[str, Any]] | None,
     ids: Sequence[str | None] | None,
+    vectors: Sequence[list[float] | None] | None = None,
 ) -> list[DocumentIn]:
     texts = list(texts)
     metadatas = metadatas if metadatas is not None else [{} for _ in texts]
     given = list(ids) if ids is not None else [None] * len(texts)
-    if not len(texts) == len(metadatas) == len(given):
+    own = list(vectors) if vectors is not None else [None] * len(texts)
+    if not len(texts) == len(metadatas) == len(given) == len(own):
         raise ValueError("texts, metadatas and ids must have the same length")
     return [
-        DocumentIn(id=doc_id or str(uuid.uuid4()), text=text, metadata=metadata)
-        for text, metadata, doc_id in zip(texts, metadatas, given, strict=True)
+        DocumentIn(
+            id=doc_id or str(uuid.uuid4()),
+            text=text,
+            metadata=metadata,
+            **({} if vector is None else {"vector": vector}),
+        )
+        for text, metadata, doc_id, vector in zip(
+            texts, metadatas, given, own, strict=True
+        )
     ]
+
+
+def _unzip(
+    text_embeddings: Iterable[tuple[str, list[float]]],
+    metadatas: list[dict[str, Any]] | None,
+    ids: Sequence[str | None] | None,
+) -> tuple[
+    list[str],
+    list[dict[str, Any]] | None,
+    Sequence[str | None] | None,
+    list[list[float] | None],
+]:
+    """``_documents_in``'s arguments from ``(text, vector)`` pairs."""
+    pairs = list(text_embeddings)
+    return [t for t, _ in pairs], metadatas, ids, [list(v) for _, v in pairs]
 
 
 def _ids(ids: list[str] | None, kwargs: dict[str, Any]) -> list[str]:
