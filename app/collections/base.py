@@ -133,6 +133,8 @@ class StoredCalibrator(Protocol):
 
 
 C = TypeVar("C", bound=StoredCalibrator)
+# A document's new metadata from its id and current metadata (may raise to refuse).
+ReviseMetadata = Callable[[str, dict[str, Any]], dict[str, Any]]
 # Turns a stored calibrator's JSON back into the owner's object.
 CalibratorLoader = Callable[[dict[str, Any]], C]
 
@@ -324,6 +326,17 @@ class CollectionBackend(Protocol[C]):
 
     def delete_ids(self, ids: Sequence[str]) -> int:
         """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
+        ...
+
+    def update_metadata(
+        self, ids: Sequence[str], revise: ReviseMetadata
+    ) -> list[StoredDocument]:
+        """Set each document's metadata to ``revise(id, its metadata)``, as one write.
+
+        Text, vector, norm, token count, BM25 entry and ``seq`` stay as they are.
+        ``NotFoundError`` for the first id absent; then, as when ``revise`` raises,
+        nothing changes. Returns the documents as stored now, in ``ids`` order.
+        """
         ...
 
     def search(

@@ -23,6 +23,7 @@ from app.collections.base import (
     CalibratorLoader,
     NewDocument,
     Pool,
+    ReviseMetadata,
     StoredDocument,
 )
 from app.collections.index import IndexType, VectorIndex
@@ -179,6 +180,13 @@ class Collection(Generic[C]):
     def delete_ids(self, ids: Sequence[str]) -> int:
         """Delete the documents among ``ids`` (unknown ones are skipped); how many."""
         return self._delete_many(lambda store, d: store.delete_ids(ids, d))
+
+    def update_metadata(
+        self, ids: Sequence[str], revise: ReviseMetadata
+    ) -> list[StoredDocument]:
+        """New metadata for ``ids``, one transaction; FAISS and BM25 are untouched."""
+        with self._writing() as store:
+            return store.update_metadata(ids, revise)
 
     def _delete_many(
         self, delete: Callable[[CollectionStore, Derive], list[int]]

@@ -41,6 +41,7 @@ from app.collections.base import (
     CalibratorLoader,
     NewDocument,
     Pool,
+    ReviseMetadata,
     StoredDocument,
 )
 from app.collections.index import IndexType
@@ -324,6 +325,32 @@ class MilvusCollection(Generic[C]):
                 ):
                     out[str(row["id"])] = _document(row)
         return out
+
+    def update_metadata(
+        self, ids: Sequence[str], revise: ReviseMetadata
+    ) -> list[StoredDocument]:
+        """Upsert the rows of ``ids`` as read, but for the metadata.
+
+        The same seq, the same float32 vector (Milvus returns it exactly) and the same
+        text, from which Milvus derives the same BM25 entry.
+        """
+        with self._writing():
+            rows = {
+                str(row["id"]): row
+                for chunk in chunks(sorted(set(ids)))
+                for row in self._client.get(
+                    self._docs, ids=chunk, output_fields=[*_DOC_FIELDS, "vector"]
+                )
+            }
+            missing = next((i for i in ids if i not in rows), None)
+            if missing is not None:
+                raise NotFoundError("document", missing)
+            new = [
+                {**rows[i], "metadata": revise(i, dict(rows[i]["metadata"]))}
+                for i in ids
+            ]
+            self._client.upsert(self._docs, new)
+        return [_document(row) for row in new]
 
     def page(self, after: int, limit: int) -> list[StoredDocument]:
         """Up to ``limit`` documents with a seq above ``after``, in seq order.

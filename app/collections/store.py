@@ -12,6 +12,7 @@ query log, judging queue) shares the connection: :mod:`app.collections.local_sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -27,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections import lexical
-from app.collections.base import NewDocument, StoredDocument
+from app.collections.base import NewDocument, ReviseMetadata, StoredDocument
 from app.collections.postings import LexicalBuilds, Postings, PostingsBuild, Ranking
 from app.collections.store_files import (
     ADDED_SCHEMA,
@@ -497,6 +498,35 @@ class CollectionStore:
                 )
             )
         return changes.removed
+
+    def update_metadata(
+        self, ids: Sequence[str], revise: ReviseMetadata
+    ) -> list[StoredDocument]:
+        """Rewrite the metadata column of the documents ``ids`` in one transaction.
+
+        Only ``metadata`` changes: no trigger of the lexical index fires (they watch
+        ``text``), and ``seq``, the vector and the postings are untouched.
+        """
+        with self.transaction() as conn:
+            found = {
+                row[1]: row
+                for row in _in_chunks(
+                    conn, f"SELECT {_COLUMNS} FROM documents WHERE id IN", ids
+                )
+            }
+            missing = next((i for i in ids if i not in found), None)
+            if missing is not None:
+                raise NotFoundError("document", missing)
+            out = []
+            for doc_id in ids:
+                old = _to_document(found[doc_id])
+                metadata = revise(doc_id, old.metadata)
+                conn.execute(
+                    "UPDATE documents SET metadata = ?, updated_at = ? WHERE seq = ?",
+                    (json.dumps(metadata, ensure_ascii=False), time.time(), old.seq),
+                )
+                out.append(dataclasses.replace(old, metadata=metadata))
+        return out
 
     def iter_vectors(
         self, batch: int = 4096

@@ -1,8 +1,10 @@
-"""Schemas of the document resource: upsert, read, list, batch get, delete, export."""
+"""Schemas of the document resource: upsert, read, list, get, update, delete, export."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
 
 from app.schemas.common import (
     FILTER_DESCRIPTION,
@@ -108,3 +110,63 @@ class DocumentsDeleted(BaseModel):
     """How many documents a delete removed."""
 
     deleted: int
+
+
+MetadataMode = Literal["merge", "replace"]
+MODE_DESCRIPTION = (
+    "merge (default): the given keys are set and the others kept, a key given null "
+    "is removed (JSON Merge Patch, RFC 7386, at the top level); replace: the "
+    "metadata becomes the given object"
+)
+NOT_PATCHED = (
+    "changes metadata only (the vector, norm and BM25 entry stay as they are); "
+    "to change a document's text, upsert it with PUT .../documents, which "
+    "embeds it again"
+)
+
+
+class _MetadataOnly(RequestModel):
+    """Refuses ``text`` and ``vector`` with the reason, not as unknown fields."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metadata_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("text", "vector"):
+                if key in data:
+                    raise ValueError(
+                        f"`{key}` cannot be updated here: this {NOT_PATCHED}"
+                    )
+        return data
+
+
+class DocumentPatch(_MetadataOnly):
+    """New metadata for one document (``PATCH .../documents/{id}``)."""
+
+    metadata: MetadataIn
+    mode: MetadataMode = Field("merge", description=MODE_DESCRIPTION)
+
+
+class DocumentUpdate(_MetadataOnly):
+    """One document's new metadata in a batch update."""
+
+    id: DocumentId
+    metadata: MetadataIn
+
+
+class DocumentsUpdateRequest(RequestModel):
+    """New metadata for several documents: all of them change, or none does.
+
+    At most ``limits.max_documents_per_upsert`` updates, each id once; an unknown id
+    is a 404 naming it, and nothing changes.
+    """
+
+    updates: list[DocumentUpdate] = Field(min_length=1)
+    mode: MetadataMode = Field("merge", description=MODE_DESCRIPTION)
+
+
+class DocumentsUpdated(BaseModel):
+    """The documents a batch update changed, as stored now, in request order."""
+
+    updated: int
+    data: list[DocumentOut]

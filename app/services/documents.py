@@ -1,4 +1,4 @@
-"""Documents of a collection: upsert (embedded here), read, list, delete, export."""
+"""Documents of a collection: upsert (embedded here), read, list, update, delete, export."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from app.collections.base import CollectionBackend, NewDocument, StoredDocument
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
+from app.schemas.common import Metadata
 from app.schemas.documents import (
     DocumentIn,
     DocumentOut,
@@ -15,6 +16,7 @@ from app.schemas.documents import (
     DocumentsDeleted,
     DocumentsDeleteRequest,
     DocumentsFound,
+    MetadataMode,
     UpsertResponse,
 )
 from app.services import limits, own_vectors
@@ -37,12 +39,7 @@ class DocumentsService(Part):
             limits.check_value(f"documents.{i}.id", len(doc.id), lim.max_id_chars)
             limits.check_metadata(f"documents.{i}.metadata", doc.metadata, lim)
         limits.check_texts("documents.text", [d.text for d in documents], lim)
-        if len(set(ids)) != len(ids):
-            dup = next(i for i in ids if ids.count(i) > 1)
-            raise InvalidRequestError(
-                f"document id {dup!r} appears more than once in the batch",
-                field="documents",
-            )
+        _check_unique(ids, "documents")
         collection = self.registry.get_compatible(name)
         batch = await self._document_batch(collection, documents)
         rows = [
@@ -81,6 +78,49 @@ class DocumentsService(Part):
             int(collection.meta["dim"]),
             counts,
         )
+
+    async def update_metadata(
+        self,
+        name: str,
+        updates: list[tuple[str, Metadata]],
+        mode: MetadataMode,
+        field: str = "updates",
+    ) -> list[DocumentOut]:
+        """New metadata for documents, as one write, without embedding anything.
+
+        ``updates`` holds ``(id, metadata)`` pairs; ``field`` names them in errors
+        (``""``: the body's ``metadata``). The metadata is checked as sent and, after
+        a merge, as it would be stored.
+        """
+        lim = self.settings.limits
+        limits.check_count(field or "metadata", updates, lim.max_documents_per_upsert)
+        names = [
+            f"{field}.{i}.metadata" if field else "metadata"
+            for i in range(len(updates))
+        ]
+        for (doc_id, metadata), where in zip(updates, names, strict=True):
+            limits.check_value(
+                where.replace("metadata", "id"), len(doc_id), lim.max_id_chars
+            )
+            limits.check_metadata(where, metadata, lim)
+        ids = [doc_id for doc_id, _ in updates]
+        _check_unique(ids, field)
+        given = {
+            doc_id: (metadata, where)
+            for (doc_id, metadata), where in zip(updates, names, strict=True)
+        }
+
+        def revise(doc_id: str, old: Metadata) -> Metadata:
+            new, where = given[doc_id]
+            if mode == "replace":
+                return new
+            merged = merge_metadata(old, new)
+            limits.check_metadata(where, merged, lim)
+            return merged
+
+        collection = self.registry.get(name)
+        docs = await self.pool.run(collection.update_metadata, ids, revise)
+        return [_document_out(d) for d in docs]
 
     def get_document(self, name: str, doc_id: str) -> DocumentOut:
         """Read one document."""
@@ -161,6 +201,21 @@ class DocumentsService(Part):
                 for d in docs
             ).encode()
             after = docs[-1].seq
+
+
+def merge_metadata(old: Metadata, patch: Metadata) -> Metadata:
+    """``old`` with ``patch``'s keys set, and those it gives as null removed."""
+    merged = {**old, **patch}
+    return {k: v for k, v in merged.items() if not (k in patch and v is None)}
+
+
+def _check_unique(ids: list[str], field: str) -> None:
+    """Refuse (422) a batch naming a document twice."""
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise InvalidRequestError(
+            f"document id {dup!r} appears more than once in the batch", field=field
+        )
 
 
 def _document_out(doc: StoredDocument) -> DocumentOut:

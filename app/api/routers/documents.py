@@ -1,4 +1,4 @@
-"""Documents of a collection: batch upsert, list, batch get, read, delete, export.
+"""Documents of a collection: upsert, list, get, read, update metadata, delete, export.
 
 ``GET .../documents/export`` is declared before ``GET .../documents/{doc_id}``, so a
 document whose id is ``export`` is read with the batch get (``POST .../get``).
@@ -17,10 +17,13 @@ from app.api.routers.params import CollectionName, DocumentIdParam
 from app.schemas.documents import (
     DocumentOut,
     DocumentPage,
+    DocumentPatch,
     DocumentsDeleted,
     DocumentsDeleteRequest,
     DocumentsFound,
     DocumentsGetRequest,
+    DocumentsUpdated,
+    DocumentsUpdateRequest,
     UpsertRequest,
     UpsertResponse,
 )
@@ -80,6 +83,17 @@ async def delete_documents(
     return await service.documents.delete_documents(name, body)
 
 
+@router.post("/update")
+async def update_documents(
+    *, name: CollectionName, body: DocumentsUpdateRequest, service: ServiceDep
+) -> DocumentsUpdated:
+    """New metadata for several documents, without re-embedding; all or none."""
+    data = await service.documents.update_metadata(
+        name, [(u.id, u.metadata) for u in body.updates], body.mode
+    )
+    return DocumentsUpdated(updated=len(data), data=data)
+
+
 @router.get(
     "/export",
     response_class=NdjsonResponse,
@@ -99,6 +113,21 @@ def read_document(
 ) -> DocumentOut:
     """Read one document."""
     return service.documents.get_document(name, doc_id)
+
+
+@router.patch("/{doc_id:path}")
+async def update_document(
+    *,
+    name: CollectionName,
+    doc_id: DocumentIdParam,
+    body: DocumentPatch,
+    service: ServiceDep,
+) -> DocumentOut:
+    """New metadata for one document (merge or replace), without re-embedding it."""
+    (doc,) = await service.documents.update_metadata(
+        name, [(doc_id, body.metadata)], body.mode, field=""
+    )
+    return doc
 
 
 @router.delete("/{doc_id:path}", status_code=status.HTTP_204_NO_CONTENT)
