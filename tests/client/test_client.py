@@ -74,6 +74,25 @@ def test_real_lifecycle(nc):
         nc.get_collection("life")
 
 
+def test_real_metadata_updates(nc):
+    nc.create_collection("meta")
+    nc.upsert_documents("meta", DOCS)
+    norm = nc.get_document("meta", "paris").norm
+    merged = nc.update_document("meta", "paris", {"even": None, "city": True})
+    assert merged.metadata == {"topic": "paris", "city": True}
+    assert merged.norm == norm  # not re-embedded
+    replaced = nc.update_document("meta", "paris", {"only": 1}, mode="replace")
+    assert replaced.metadata == {"only": 1}
+    done = nc.update_documents("meta", {"faiss": {"x": 1}, "python": {"x": 2}})
+    assert [(d.id, d.metadata["x"]) for d in done] == [("faiss", 1), ("python", 2)]
+    with pytest.raises(NotFound):
+        nc.update_documents("meta", {"faiss": {"x": 3}, "nope": {}})
+    assert nc.get_document("meta", "faiss").metadata["x"] == 1  # all or nothing
+    with pytest.raises(InvalidRequest):  # past limits.max_metadata_bytes
+        nc.update_document("meta", "faiss", {"big": "x" * 20_000})
+    nc.delete_collection("meta")
+
+
 def test_real_validation_errors_are_typed(nc):
     nc.create_collection("val", exist_ok=True)
     with pytest.raises(InvalidRequest) as caught:

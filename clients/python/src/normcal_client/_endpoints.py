@@ -96,6 +96,12 @@ EXPORT_DOCUMENTS = Endpoint(
     "GET", _C + "/documents/export", str, accept="application/x-ndjson"
 )
 DELETE_DOCUMENT = Endpoint("DELETE", _C + "/documents/{doc_id}", NoBody)
+UPDATE_DOCUMENT = Endpoint(
+    "PATCH", _C + "/documents/{doc_id}", m.DocumentOut, m.DocumentPatch
+)
+UPDATE_DOCUMENTS = Endpoint(
+    "POST", _C + "/documents/update", m.DocumentsUpdated, m.DocumentsUpdateRequest
+)
 SEARCH = Endpoint("POST", _C + "/search", m.SearchResult, m.SearchRequest)
 SEARCH_BATCH = Endpoint("POST", _C + "/search", m.BatchSearchResponse, m.SearchRequest)
 FIT_CALIBRATOR = Endpoint("POST", _C + "/calibrators", m.CalibratorInfo, m.FitRequest)
@@ -145,6 +151,8 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     LIST_DOCUMENTS,
     GET_DOCUMENTS,
     DELETE_DOCUMENTS,
+    UPDATE_DOCUMENT,
+    UPDATE_DOCUMENTS,
     EXPORT_DOCUMENTS,
     SEARCH,
     SEARCH_BATCH,

@@ -91,6 +91,30 @@ class DocumentsDeleteRequest(RequestModel):
     all: bool = False
 
 
+MetadataMode = Literal["merge", "replace"]
+
+
+class DocumentPatch(RequestModel):
+    """``PATCH /v1/collections/{name}/documents/{id}``: new metadata only."""
+
+    metadata: dict[str, Any]
+    mode: MetadataMode = "merge"
+
+
+class DocumentUpdate(RequestModel):
+    """One document's new metadata in a batch update."""
+
+    id: str
+    metadata: dict[str, Any]
+
+
+class DocumentsUpdateRequest(RequestModel):
+    """``POST /v1/collections/{name}/documents/update``: all change, or none."""
+
+    updates: list[DocumentUpdate]
+    mode: MetadataMode = "merge"
+
+
 class EmbedRequest(RequestModel):
     """``POST /v1/embed``."""
 
@@ -193,7 +217,7 @@ class EmbeddingInfo(ResponseModel):
     """How the model runs: backend, precision (and why), threads per forward pass."""
 
     backend: str
-    precision: Literal["fp32", "bf16"]
+    precision: Literal["fp32", "mixed", "bf16"]
     reason: str
     threads: int
 
@@ -365,6 +389,13 @@ class DocumentOut(ResponseModel):
     norm: float
     n_tokens: int
     truncated: bool
+
+
+class DocumentsUpdated(ResponseModel):
+    """The documents a batch update changed, as stored now, in request order."""
+
+    updated: int
+    data: list[DocumentOut]
 
 
 class DocumentPage(ResponseModel):

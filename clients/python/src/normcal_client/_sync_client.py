@@ -34,7 +34,10 @@ from normcal_client._models import (
     CollectionInfo,
     DocumentOut,
     DocumentPage,
+    DocumentPatch,
     DocumentsFound,
+    DocumentsUpdateRequest,
+    DocumentUpdate,
     DriftReport,
     EmbedResponse,
     FeedbackDeleted,
@@ -46,6 +49,7 @@ from normcal_client._models import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
+    MetadataMode,
     QueryLogInfo,
     Readiness,
     SearchMode,
@@ -285,6 +289,45 @@ class NormcalClient(ClientBase):
         """Delete one document."""
         call = ep.DELETE_DOCUMENT(name=collection, doc_id=doc_id)
         self._drive(op.one(call))
+
+    def update_document(
+        self,
+        collection: str,
+        doc_id: str,
+        metadata: Mapping[str, Any],
+        *,
+        mode: MetadataMode = "merge",
+    ) -> DocumentOut:
+        """New metadata for one document, not re-embedded; the document as stored.
+
+        ``merge`` sets the given keys and removes those given as None; ``replace``
+        stores ``metadata`` as the whole object.
+        """
+        body = DocumentPatch(metadata=dict(metadata), mode=mode)
+        return self._drive(
+            op.one(ep.UPDATE_DOCUMENT(body, name=collection, doc_id=doc_id))
+        )
+
+    def update_documents(
+        self,
+        collection: str,
+        updates: Mapping[str, Mapping[str, Any]],
+        *,
+        mode: MetadataMode = "merge",
+    ) -> list[DocumentOut]:
+        """New metadata by document id, in one request: every one changes or none.
+
+        An unknown id raises ``NotFound`` (nothing changed); see :meth:`update_document`.
+        """
+        body = DocumentsUpdateRequest(
+            updates=[
+                DocumentUpdate(id=doc_id, metadata=dict(metadata))
+                for doc_id, metadata in updates.items()
+            ],
+            mode=mode,
+        )
+        done = self._drive(op.one(ep.UPDATE_DOCUMENTS(body, name=collection)))
+        return done.data
 
     def delete_documents(
         self,
