@@ -240,6 +240,7 @@ def test_store_query_maps_modes_filters_and_doc_ids():
     }
     # The store returns the top k whatever the abstain decision.
     assert result.ids == ["d0"] and result.similarities == [0.3]
+    store.query(VectorStoreQuery(query_str="q", node_ids=[]))  # as_retriever's
     assert result.nodes[0].metadata == {"lang": "en", "probability": "own"}
     for mode, sent in (
         (VectorStoreQueryMode.HYBRID, "hybrid"),

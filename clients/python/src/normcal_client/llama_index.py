@@ -501,7 +501,7 @@ class NormcalVectorStore(BasePydanticVectorStore):
                 "normcal embeds queries itself: give the query's text (query_str);"
                 " a query embedding alone cannot be searched"
             )
-        if query.node_ids is not None:
+        if query.node_ids:  # as_retriever passes [] for a store that keeps the text
             raise NotImplementedError("normcal's search cannot be limited to node_ids")
         documents = (
             {REF_DOC_ID: {"$in": query.doc_ids}} if query.doc_ids is not None else None
