@@ -216,7 +216,25 @@ def nodes_from_result(
 # -- the retriever
 
 
-class NormcalRetriever(Connection, BaseRetriever):
+class _Endpoint(Connection):
+    """A :class:`Connection` held by a LlamaIndex object rather than mixed in."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout: float,
+        client: NormcalClient | None,
+        async_client: AsyncNormcalClient | None,
+    ) -> None:
+        self.base_url = base_url
+        self.api_key = api_key
+        self.timeout = timeout
+        self.client = client
+        self.async_client = async_client
+
+
+class NormcalRetriever(BaseRetriever):
     """Retrieve from a normcal collection, scored by calibrated probability.
 
     ``similarity_top_k``, ``mode``, ``candidates``, ``filters`` (LlamaIndex
@@ -262,11 +280,7 @@ class NormcalRetriever(Connection, BaseRetriever):
         self.target_precision = target_precision
         self.honour_abstain = honour_abstain
         self.similarity: Similarity = similarity
-        self.base_url = base_url
-        self.api_key = api_key
-        self.timeout = timeout
-        self.client = client
-        self.async_client = async_client
+        self._endpoint = _Endpoint(base_url, api_key, timeout, client, async_client)
 
     def _search_kwargs(self) -> dict[str, Any]:
         return {
@@ -285,14 +299,14 @@ class NormcalRetriever(Connection, BaseRetriever):
         )
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        with self._sync() as client:
+        with self._endpoint._sync() as client:
             result = client.search(
                 self.collection, query_bundle.query_str, **self._search_kwargs()
             )
         return self._nodes(result)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        async with self._async() as client:
+        async with self._endpoint._async() as client:
             result = await client.search(
                 self.collection, query_bundle.query_str, **self._search_kwargs()
             )
@@ -307,22 +321,6 @@ _MODES: dict[VectorStoreQueryMode, SearchMode] = {
     VectorStoreQueryMode.SPARSE: "lexical",
 }
 _QUERY_OPTIONS = {"mode", "candidates", "min_probability", "target_precision"}
-
-
-class _Endpoint(Connection):
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        timeout: float,
-        client: NormcalClient | None,
-        async_client: AsyncNormcalClient | None,
-    ) -> None:
-        self.base_url = base_url
-        self.api_key = api_key
-        self.timeout = timeout
-        self.client = client
-        self.async_client = async_client
 
 
 class NormcalVectorStore(BasePydanticVectorStore):
