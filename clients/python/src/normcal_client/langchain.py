@@ -13,8 +13,7 @@ here, and the ``embedding`` argument LangChain passes to ``from_texts`` is ignor
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
 from langchain_core.callbacks import (
@@ -29,6 +28,7 @@ from pydantic import ConfigDict, Field
 
 from normcal_client._async_client import AsyncNormcalClient
 from normcal_client._base import DEFAULT_URL
+from normcal_client._integration import Connection, hit_metadata
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
@@ -52,64 +52,13 @@ def documents_from_result(
     """
     if honour_abstain and result.abstain:
         return []
-    calibrator = result.calibrator.id if result.calibrator is not None else None
     return [
-        Document(
-            id=hit.id,
-            page_content=hit.text or "",
-            metadata={
-                **hit.metadata,
-                "id": hit.id,
-                "score": hit.score,
-                "probability": hit.probability,
-                "norm": hit.norm,
-                "n_tokens": hit.n_tokens,
-                "rank": rank,
-                "confidence": result.confidence,
-                "calibrator": calibrator,
-            },
-        )
-        for rank, hit in enumerate(result.hits)
+        Document(id=hit.id, page_content=hit.text or "", metadata=metadata)
+        for hit, metadata in zip(result.hits, hit_metadata(result), strict=True)
     ]
 
 
-class _Connection:
-    """Where the service is, and the clients to reach it (given or short-lived).
-
-    A short-lived client is opened per call and closed after it, so nothing leaks
-    when a LangChain object is dropped; an ``AsyncClient`` is bound to one event
-    loop, another reason not to keep one. Pass ``client`` / ``async_client`` to
-    reuse connections; the caller owns and closes those.
-    """
-
-    base_url: str
-    api_key: str | None
-    timeout: float
-    client: NormcalClient | None
-    async_client: AsyncNormcalClient | None
-
-    @contextmanager
-    def _sync(self) -> Iterator[NormcalClient]:
-        if self.client is not None:
-            yield self.client
-            return
-        with NormcalClient(
-            self.base_url, api_key=self.api_key, timeout=self.timeout
-        ) as client:
-            yield client
-
-    @asynccontextmanager
-    async def _async(self) -> AsyncIterator[AsyncNormcalClient]:
-        if self.async_client is not None:
-            yield self.async_client
-            return
-        async with AsyncNormcalClient(
-            self.base_url, api_key=self.api_key, timeout=self.timeout
-        ) as client:
-            yield client
-
-
-class NormcalRetriever(_Connection, BaseRetriever):
+class NormcalRetriever(Connection, BaseRetriever):
     """Retrieve from a normcal collection, with calibrated probabilities.
 
     ``k``, ``mode``, ``candidates``, ``min_probability``, ``target_precision`` and
@@ -194,7 +143,7 @@ def _to_langchain(document: DocumentOut) -> Document:
     )
 
 
-class NormcalVectorStore(_Connection, VectorStore):
+class NormcalVectorStore(Connection, VectorStore):
     """A LangChain ``VectorStore`` over one normcal collection.
 
     Documents come back with their own metadata only (LangChain compares them);

@@ -1,0 +1,79 @@
+"""What the framework integrations share (LangChain, LlamaIndex)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from normcal_client._async_client import AsyncNormcalClient
+from normcal_client._models import SearchResult
+from normcal_client._sync_client import NormcalClient
+
+
+class Connection:
+    """Where the service is, and the clients to reach it (given or short-lived).
+
+    A short-lived client is opened per call and closed after it, so nothing leaks
+    when a framework's object is dropped; an ``AsyncClient`` is bound to one event
+    loop, another reason not to keep one. Pass ``client`` / ``async_client`` to
+    reuse connections; the caller owns and closes those.
+    """
+
+    base_url: str
+    api_key: str | None
+    timeout: float
+    client: NormcalClient | None
+    async_client: AsyncNormcalClient | None
+
+    @contextmanager
+    def _sync(self) -> Iterator[NormcalClient]:
+        if self.client is not None:
+            yield self.client
+            return
+        with NormcalClient(
+            self.base_url, api_key=self.api_key, timeout=self.timeout
+        ) as client:
+            yield client
+
+    @asynccontextmanager
+    async def _async(self) -> AsyncIterator[AsyncNormcalClient]:
+        if self.async_client is not None:
+            yield self.async_client
+            return
+        async with AsyncNormcalClient(
+            self.base_url, api_key=self.api_key, timeout=self.timeout
+        ) as client:
+            yield client
+
+
+HIT_KEYS = (
+    "id",
+    "score",
+    "probability",
+    "norm",
+    "n_tokens",
+    "rank",
+    "confidence",
+    "calibrator",
+)
+"""The keys :func:`hit_metadata` adds to a hit's own metadata."""
+
+
+def hit_metadata(result: SearchResult) -> list[dict[str, Any]]:
+    """Each hit's metadata with normcal's numbers added (``HIT_KEYS``; they win a clash)."""
+    calibrator = result.calibrator.id if result.calibrator is not None else None
+    return [
+        {
+            **hit.metadata,
+            "id": hit.id,
+            "score": hit.score,
+            "probability": hit.probability,
+            "norm": hit.norm,
+            "n_tokens": hit.n_tokens,
+            "rank": rank,
+            "confidence": result.confidence,
+            "calibrator": calibrator,
+        }
+        for rank, hit in enumerate(result.hits)
+    ]
