@@ -277,3 +277,40 @@ async def test_async_retriever_and_store(store):
     await store.async_add(_nodes())
     await store.aclear()
     assert await store.aget_nodes(["s1-a"]) == []
+
+
+def test_a_store_of_own_vectors_sends_node_and_query_embeddings(live):
+    """``own_vectors=True``: nodes carry their embedding, queries LlamaIndex's."""
+    dim = 4
+    axes = {
+        key: [float(i == j) * (j + 1) for j in range(dim)]
+        for i, key in enumerate(["aspirin", "python", "paris", "faiss"])
+    }
+    with NormcalClient(live.url) as nc:
+        nc.create_collection("own-li", embedding={"dimension": dim, "model": "mine"})
+        store = NormcalVectorStore("own-li", own_vectors=True, client=nc)
+        assert store.is_embedding_query
+        nodes = [TextNode(id_=k, text=CORPUS[k], embedding=v) for k, v in axes.items()]
+        assert store.add(nodes) == list(axes)
+        stored = nc.get_document("own-li", "paris")
+        assert stored.norm == pytest.approx(3.0)  # the raw length of the sent vector
+        found = store.query(
+            VectorStoreQuery(
+                query_embedding=[0.0, 0.0, 2.0, 0.0],
+                query_str=QUERIES["paris"],
+                similarity_top_k=2,
+            )
+        )
+        assert found.ids is not None and found.ids[0] == "paris"
+        with pytest.raises(ValueError, match="query_embedding"):
+            store.query(VectorStoreQuery(query_str="x", similarity_top_k=1))
+        with pytest.raises(ValueError):  # a node without its embedding
+            store.add([TextNode(id_="bare", text="no vector")])
+        # Through an index: LlamaIndex embeds the query (a mock here), normcal
+        # searches by that vector with the text beside it.
+        index = VectorStoreIndex.from_vector_store(
+            store, embed_model=MockEmbedding(embed_dim=dim)
+        )
+        hits = index.as_retriever(similarity_top_k=4).retrieve(QUERIES["aspirin"])
+        assert {h.node.node_id for h in hits} == set(axes)
+        nc.delete_collection("own-li")

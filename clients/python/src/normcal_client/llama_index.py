@@ -8,7 +8,8 @@ LlamaIndex vector store over a collection (add, delete by ``ref_doc_id``, query)
 whose similarities are the calibrated probabilities. Both embed on the server with
 the collection's model: no embedding model is needed here, a node's ``embedding`` is
 not sent, and the store asks LlamaIndex for no query embedding
-(``is_embedding_query = False``). :func:`to_filter` maps LlamaIndex
+(``is_embedding_query = False``) — except a store with ``own_vectors=True``, over a
+collection of the client's own vectors, which sends both. :func:`to_filter` maps LlamaIndex
 ``MetadataFilters`` onto normcal's filter language and refuses what has no
 equivalent there.
 """
@@ -136,20 +137,24 @@ def _both(first: FilterJSON | None, second: FilterJSON | None) -> FilterJSON | N
 # -- nodes
 
 
-def _document_in(node: BaseNode) -> DocumentIn:
+def _document_in(node: BaseNode, own_vectors: bool = False) -> DocumentIn:
     """What is stored of a node: its id, text, metadata and ``ref_doc_id``.
 
     The service embeds the text with the collection's model, so ``node.embedding``
-    is not sent (a collection taking vectors of its own would take it here).
+    is not sent, unless the collection takes vectors of its own (``own_vectors``):
+    then it is the document's vector and must be there.
     """
     metadata = dict(node.metadata)
     if node.ref_doc_id is not None:
         metadata[REF_DOC_ID] = node.ref_doc_id
-    return DocumentIn(
+    document = DocumentIn(
         id=node.node_id,
         text=node.get_content(metadata_mode=MetadataMode.NONE),
         metadata=metadata,
     )
+    if own_vectors:
+        document.vector = node.get_embedding()
+    return document
 
 
 def _text_node(
@@ -337,6 +342,11 @@ class NormcalVectorStore(BasePydanticVectorStore):
     (``alpha`` is not used), text search and sparse are its BM25 ("lexical").
     ``vector_store_kwargs`` of a retriever (``candidates``, ``min_probability``,
     ``target_precision``, ``mode``) reach the service.
+
+    ``own_vectors=True`` is for a collection created with ``embedding`` (the
+    client's own vectors): nodes are sent with their ``embedding`` and queries with
+    LlamaIndex's query embedding (``is_embedding_query``), its text beside it for
+    BM25 and the probabilities.
     """
 
     stores_text: bool = True
@@ -346,6 +356,7 @@ class NormcalVectorStore(BasePydanticVectorStore):
     collection: str
     mode: SearchMode = "dense"
     similarity: Similarity = "probability"
+    own_vectors: bool = False
 
     _endpoint: _Endpoint = PrivateAttr()
 
@@ -355,6 +366,7 @@ class NormcalVectorStore(BasePydanticVectorStore):
         *,
         mode: SearchMode = "dense",
         similarity: Similarity = "probability",
+        own_vectors: bool = False,
         base_url: str = DEFAULT_URL,
         api_key: str | None = None,
         timeout: float = 120.0,
@@ -362,7 +374,12 @@ class NormcalVectorStore(BasePydanticVectorStore):
         async_client: AsyncNormcalClient | None = None,
     ) -> None:
         super().__init__(
-            stores_text=True, collection=collection, mode=mode, similarity=similarity
+            stores_text=True,
+            is_embedding_query=own_vectors,
+            collection=collection,
+            mode=mode,
+            similarity=similarity,
+            own_vectors=own_vectors,
         )
         self._endpoint = _Endpoint(base_url, api_key, timeout, client, async_client)
 
@@ -379,14 +396,14 @@ class NormcalVectorStore(BasePydanticVectorStore):
     # -- writing
     def add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
         """Upsert the nodes (by node id); returns their ids."""
-        documents = [_document_in(node) for node in nodes]
+        documents = [_document_in(node, self.own_vectors) for node in nodes]
         with self._endpoint._sync() as client:
             client.upsert_documents(self.collection, documents, **kwargs)
         return [d.id for d in documents]
 
     async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
         """Upsert the nodes (by node id); returns their ids."""
-        documents = [_document_in(node) for node in nodes]
+        documents = [_document_in(node, self.own_vectors) for node in nodes]
         async with self._endpoint._async() as client:
             await client.upsert_documents(self.collection, documents, **kwargs)
         return [d.id for d in documents]
@@ -490,11 +507,17 @@ class NormcalVectorStore(BasePydanticVectorStore):
 
     def _search(
         self, query: VectorStoreQuery, kwargs: dict[str, Any]
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[str | None, dict[str, Any]]:
         unknown = set(kwargs) - _QUERY_OPTIONS
         if unknown:
             raise TypeError(f"unknown query options: {sorted(unknown)}")
-        if query.query_str is None:
+        vector = query.query_embedding if self.own_vectors else None
+        if self.own_vectors and vector is None:
+            raise ValueError(
+                "this store's collection takes the client's own vectors: the query "
+                "needs its embedding (query_embedding)"
+            )
+        if query.query_str is None and not self.own_vectors:
             raise ValueError(
                 "normcal embeds queries itself: give the query's text (query_str);"
                 " a query embedding alone cannot be searched"
@@ -511,6 +534,8 @@ class NormcalVectorStore(BasePydanticVectorStore):
             "filter": _both(to_filter(query.filters), documents),
             "include_text": True,
         }
+        if vector is not None:
+            options["vector"] = vector
         return query.query_str, options
 
     def _mode(self, mode: VectorStoreQueryMode) -> SearchMode:
