@@ -94,21 +94,14 @@ class DocumentsService(Part):
         """
         lim = self.settings.limits
         limits.check_count(field or "metadata", updates, lim.max_documents_per_upsert)
-        names = [
-            f"{field}.{i}.metadata" if field else "metadata"
-            for i in range(len(updates))
-        ]
-        for (doc_id, metadata), where in zip(updates, names, strict=True):
-            limits.check_value(
-                where.replace("metadata", "id"), len(doc_id), lim.max_id_chars
-            )
-            limits.check_metadata(where, metadata, lim)
+        given: dict[str, tuple[Metadata, str]] = {}  # id -> (metadata, its field)
+        for i, (doc_id, metadata) in enumerate(updates):
+            at = f"{field}.{i}." if field else ""
+            limits.check_value(f"{at}id", len(doc_id), lim.max_id_chars)
+            limits.check_metadata(f"{at}metadata", metadata, lim)
+            given[doc_id] = (metadata, f"{at}metadata")
         ids = [doc_id for doc_id, _ in updates]
         _check_unique(ids, field)
-        given = {
-            doc_id: (metadata, where)
-            for (doc_id, metadata), where in zip(updates, names, strict=True)
-        }
 
         def revise(doc_id: str, old: Metadata) -> Metadata:
             new, where = given[doc_id]
