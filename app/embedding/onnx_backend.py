@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from app.embedding.base import EmbeddingBatch, InputType
 from app.embedding.identity import model_identity
 from app.embedding.precision import PrecisionChoice
-from app.embedding.tokens import Tokenised, pooled_in_passes, truncating
+from app.embedding.tokens import Tokenised, padded, pooled_in_passes, truncating
 
 if TYPE_CHECKING:
     from tokenizers import Encoding
@@ -219,16 +219,7 @@ class OnnxEmbedder:
 
     def _forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad a batch to its longest text, run the graph, pool."""
-        width = max(len(e.ids) for e in encodings)
-        shape = (len(encodings), width)
-        ids = np.full(shape, self._pad_id, dtype=np.int64)
-        types = np.full(shape, self._pad_type_id, dtype=np.int64)
-        mask = np.zeros(shape, dtype=np.int64)
-        for row, enc in enumerate(encodings):
-            n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            types[row, :n] = enc.type_ids
-            mask[row, :n] = 1
+        ids, mask, types = padded(encodings, self._pad_id, self._pad_type_id)
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         (tokens,) = self._session.run(
             ["token_embeddings"], {k: v for k, v in feed.items() if k in self._inputs}

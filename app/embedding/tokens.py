@@ -19,7 +19,7 @@ from app.embedding.base import EmbeddingBatch, forward_passes
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
 
-__all__ = ["Tokenised", "pooled_in_passes", "truncating"]
+__all__ = ["Tokenised", "padded", "pooled_in_passes", "truncating"]
 
 
 def truncating(tokenizer: Tokenizer, max_seq_length: int) -> Tokenizer:
@@ -64,3 +64,20 @@ def pooled_in_passes(
     for rows in forward_passes(tokens.lengths, batch_size, max_batch_tokens):
         pooled[rows] = forward([tokens.encodings[i] for i in rows])
     return EmbeddingBatch.from_pooled(pooled, tokens.lengths, tokens.truncated)
+
+
+def padded(
+    encodings: list[Encoding], pad_id: int, pad_type_id: int = 0
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Token ids, attention mask and token type ids of one pass, padded to its longest."""
+    width = max(len(e.ids) for e in encodings)
+    shape = (len(encodings), width)
+    ids = np.full(shape, pad_id, dtype=np.int64)
+    types = np.full(shape, pad_type_id, dtype=np.int64)
+    mask = np.zeros(shape, dtype=np.int64)
+    for row, enc in enumerate(encodings):
+        n = len(enc.ids)
+        ids[row, :n] = enc.ids
+        types[row, :n] = enc.type_ids
+        mask[row, :n] = 1
+    return ids, mask, types

@@ -272,3 +272,73 @@ def test_version_readyz_and_metrics_show_the_precision_in_use(tmp_path, fp32):
         if s.name == "normcal_embedding_precision_info"
     ]
     assert sample.labels == {"precision": "bf16", "reason": choice.reason}
+
+
+# -- queries through the traced graph (auto, CPU) -----------------------------------
+
+
+def _lengths_and_batches() -> list[list[str]]:
+    """Queries of every token count up to the limit, one per call, then mixed
+    batches (padding inside a pass) and a pass past the limit (truncation)."""
+    words = "calibration of retrieval scores for rag pipelines".split()
+    single = [[" ".join(words * 40)[: 4 * n]] for n in range(0, 200, 7)]
+    return [*single, TEXTS, [t for [t] in single[::3]]]
+
+
+@pytest.fixture(scope="module")
+def auto():
+    return _model("auto")
+
+
+def test_auto_runs_queries_through_a_traced_graph_equal_to_the_eager_model(auto, fp32):
+    assert auto._graph is not None
+    assert "queries run a traced fp32 graph" in auto.precision_choice.reason
+    for texts in _lengths_and_batches():
+        ref, got = fp32.embed(texts, "query"), auto.embed(texts, "query")
+        np.testing.assert_array_equal(got.n_tokens, ref.n_tokens)
+        np.testing.assert_array_equal(got.truncated, ref.truncated)
+        # fp32 both ways, another kernel order: rounding only.
+        np.testing.assert_allclose(got.norms, ref.norms, rtol=1e-5)
+        np.testing.assert_allclose(got.vectors, ref.vectors, atol=1e-5)
+    # Documents keep the eager model at the chosen precision.
+    eager = _model(auto.precision)
+    np.testing.assert_array_equal(
+        auto.embed(TEXTS, "document").vectors, eager.embed(TEXTS, "document").vectors
+    )
+
+
+def test_a_traced_graph_that_fails_its_self_check_is_not_used(monkeypatch):
+    from app.embedding import torch_backend
+
+    real = torch_backend._frozen_transformer
+
+    def off_by_one_percent(transformer, torch):
+        graph = real(transformer, torch)
+        return lambda ids, mask, types: graph(ids, mask, types) * 1.01
+
+    monkeypatch.setattr(torch_backend, "_frozen_transformer", off_by_one_percent)
+    model = _model("auto")
+    assert model._graph is None
+    assert "queries run the eager model (the traced graph failed: a norm moved by" in (
+        model.precision_choice.reason
+    )
+
+
+def test_forced_precisions_run_no_graph(fp32):
+    assert fp32._graph is None
+    assert "graph" not in fp32.precision_choice.reason
+
+
+def test_a_pipeline_other_than_transformer_pooling_runs_queries_eager(monkeypatch):
+    from app.embedding import torch_backend
+    from app.embedding.onnx_backend import UnsupportedModelError
+
+    def unsupported(model_dir):
+        raise UnsupportedModelError(f"{model_dir} has a Dense module")
+
+    monkeypatch.setattr(torch_backend.PipelineConfig, "read", unsupported)
+    model = _model("auto")
+    assert model._graph is None
+    assert "queries run the eager model (its pipeline is not" in (
+        model.precision_choice.reason
+    )
