@@ -133,16 +133,18 @@ class Agreement:
             ),
         )
 
-    def failure(self) -> str | None:
+    def failure(
+        self, max_norm_error: float = MAX_NORM_ERROR, min_cosine: float = MIN_COSINE
+    ) -> str | None:
         """Why this agreement fails the gate, or None if it passes."""
         problems = []
-        if not self.max_norm_error <= MAX_NORM_ERROR:
+        if not self.max_norm_error <= max_norm_error:
             problems.append(
-                f"a norm moved by {self.max_norm_error:.3%} (gate {MAX_NORM_ERROR:.1%})"
+                f"a norm moved by {self.max_norm_error:.3%} (gate {max_norm_error:.1%})"
             )
-        if not self.min_cosine >= MIN_COSINE:
+        if not self.min_cosine >= min_cosine:
             problems.append(
-                f"a cosine fell to {self.min_cosine:.6f} (gate {MIN_COSINE})"
+                f"a cosine fell to {self.min_cosine:.6f} (gate {min_cosine})"
             )
         if not self.tokens_equal:
             problems.append("token counts or truncation differ")
