@@ -1,9 +1,11 @@
-"""One HTTP contract, two storage backends: every test here runs on ``local`` (SQLite +
-FAISS) and on ``milvus`` (Milvus Lite, a file under ``tmp_path``).
+"""One HTTP contract, three storage backends: every test here runs on ``local`` (SQLite
++ FAISS), on ``milvus`` (Milvus Lite 3.x, a file under ``tmp_path``) and on
+``milvus-engine`` (the real C++ engine, milvus-lite 2.5.1 over TCP: one server per
+session, see tests/support/milvus_engine.py).
 
 Real model, real engines, real HTTP through the app. The Milvus cases skip, with the
-reason, when the milvus extra (pymilvus, milvus-lite) is not installed; ``make test``
-and CI install it from the dev lock.
+reason, when the milvus extra (pymilvus, milvus-lite) is not installed, the engine
+cases when the engine's environment is not; ``make test`` and CI install both.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,12 @@ needs_milvus = pytest.mark.skipif(
 # The Milvus cases are slow (each collection waits on Milvus's index builds): `make
 # test` runs them, `make test-fast` the local ones and tests/collections/test_milvus.py's
 # smoke set.
-BACKENDS = ["local", pytest.param("milvus", marks=[needs_milvus, pytest.mark.slow])]
+MILVUS = [needs_milvus, pytest.mark.slow]
+BACKENDS = [
+    "local",
+    pytest.param("milvus", marks=MILVUS),
+    pytest.param("milvus-engine", marks=MILVUS),
+]
 LIMITS = Limits(
     max_k=8, max_page_size=4, max_judgments_per_collection=4, max_judging_queue=2
 )
@@ -67,13 +75,23 @@ def backend_settings(tmp_path: Path, storage: str, **extra: Any) -> Settings:
 
 
 @pytest.fixture(params=BACKENDS)
-def storage(request: pytest.FixtureRequest) -> str:
+def engine(request: pytest.FixtureRequest) -> str:
+    """The backend a test runs on: ``local``, ``milvus`` or ``milvus-engine``."""
     return str(request.param)
 
 
 @pytest.fixture
-def settings(tmp_path: Path, storage: str) -> Settings:
-    return backend_settings(tmp_path, storage)
+def storage(engine: str) -> str:
+    """The ``storage`` setting of :func:`engine`."""
+    return "local" if engine == "local" else "milvus"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> Settings:
+    if engine == "milvus-engine":
+        uri = request.getfixturevalue("engine_uri")
+        return backend_settings(tmp_path, "milvus", milvus_uri=uri)
+    return backend_settings(tmp_path, engine)
 
 
 @pytest.fixture
@@ -403,14 +421,25 @@ def test_an_unreachable_milvus_is_reported_by_readiness(tmp_path, embedder):
         assert_problem(client.post("/v1/collections", json={"name": "kb"}), 503)
 
 
-@needs_milvus
-@pytest.mark.slow
-def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
-    tmp_path, embedder
-):
+@contextmanager
+def milvus_server(kind: str, tmp_path: Path, request: pytest.FixtureRequest):
+    """A Milvus server several clients share: Milvus Lite 3.x's, or the engine."""
+    if kind == "milvus-engine":
+        yield request.getfixturevalue("engine_uri")
+        return
     from tests.support.milvus_lite import milvus_lite_server
 
     with milvus_lite_server(tmp_path / "server") as uri:
+        yield uri
+
+
+@needs_milvus
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["milvus", "milvus-engine"])
+def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
+    tmp_path, embedder, kind, request
+):
+    with milvus_server(kind, tmp_path, request) as uri:
         settings = backend_settings(tmp_path, "milvus", milvus_uri=uri)
         with (
             TestClient(create_app(settings, embedder=embedder)) as one,
