@@ -33,9 +33,7 @@ _START_TIMEOUT = 120  # seconds for the server to answer a call after it is star
 
 def engine_binary() -> Path | None:
     """The engine's executable in its environment, or ``None`` when not installed."""
-    env = Path(
-        os.environ.get("NORMCAL_TEST_MILVUS_ENGINE", REPO / ".venv-milvus-engine")
-    )
+    env = REPO / os.environ.get("NORMCAL_TEST_MILVUS_ENGINE", ".venv-milvus-engine")
     found = sorted(env.glob("lib/python3*/site-packages/milvus_lite/lib/milvus"))
     return found[0] if found else None
 
