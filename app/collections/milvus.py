@@ -620,9 +620,10 @@ class MilvusCollection(Generic[C]):
         ``k1 + 1`` = 2.2, as on the local backend.
 
         Document frequencies are counted by :meth:`_document_frequency` (BM25
-        searches, which every Milvus with the BM25 function serves: Milvus Lite 2.5's
-        parser has no ``text_match``), kept in a per-collection cache with the document total they were counted against: a
-        term costs one count the first time any query uses it. This process's writes
+        searches, which every Milvus with the BM25 function serves: Milvus Lite
+        2.5's parser has no ``text_match``), kept in a per-collection cache with the
+        document total they were counted against: a term costs one count the first
+        time any query uses it. This process's writes
         clear the cache; other replicas' writes are seen within :data:`_DF_TTL`
         seconds. Between the two, ``idf_mass`` is that of a slightly older collection
         state, where the SQLite backend's is exact: a normalisation scale that moves

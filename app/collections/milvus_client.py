@@ -44,9 +44,8 @@ _MAX_EXPR_CHARS = 65_536
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
 _NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
 _NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
-_FIRST_REQUEST_CODE = (
-    100  # Milvus's codes below are the service's state, not a request's
-)
+# Milvus's error codes below this are the service's state, not a request's.
+_FIRST_REQUEST_CODE = 100
 
 
 def milvus_name(name: str, kind: str = DOCS) -> str:
@@ -109,13 +108,13 @@ class MilvusFilter:
 
     ``expr`` is ``""`` when it selects everything; ``exact`` says the superset is
     the set itself. Milvus's JSON comparisons do not keep every JSON type apart
-    (Milvus Lite finds ``true`` equal to ``1``; a null is matched in Python, since
-    the engine fails on ``is null`` of a JSON key, which Lite 3.x finds true of a missing
-    key), and its ``not`` is three-valued (``not (x == 1)`` is not true of a
-    missing ``x``), so only conditions on strings are claimed exact; every row
-    Milvus returns is checked again by :func:`app.schemas.filters.evaluate`. A
-    value Milvus cannot write (a control character) and
-    an overlong expression select everything, inexact: matched in Python too.
+    (Milvus Lite finds ``true`` equal to ``1``), and its ``not`` is three-valued
+    (``not (x == 1)`` is not true of a missing ``x``), so only conditions on
+    strings are claimed exact; every row Milvus returns is checked again by
+    :func:`app.schemas.filters.evaluate`. A value Milvus cannot write (a control
+    character), a null (the engine fails on ``is null`` of a JSON key, which Lite
+    3.x finds true of a missing key) and an overlong expression select everything,
+    inexact: matched in Python too.
     """
 
     expr: str
