@@ -86,12 +86,20 @@ def storage(engine: str) -> str:
     return "local" if engine == "local" else "milvus"
 
 
-@pytest.fixture
-def settings(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> Settings:
+def engine_settings(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest, **extra: Any
+) -> Settings:
+    """:func:`backend_settings` of one of :data:`BACKENDS` (the engine's server is
+    the session's, emptied for this test)."""
     if engine == "milvus-engine":
         uri = request.getfixturevalue("engine_uri")
-        return backend_settings(tmp_path, "milvus", milvus_uri=uri)
-    return backend_settings(tmp_path, engine)
+        return backend_settings(tmp_path, "milvus", milvus_uri=uri, **extra)
+    return backend_settings(tmp_path, engine, **extra)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> Settings:
+    return engine_settings(engine, tmp_path, request)
 
 
 @pytest.fixture
