@@ -16,6 +16,10 @@ TORCH_PIP_ARGS ?=
 # `make install EXTRAS=milvus` (or `make run EXTRAS=milvus`) for NORMCAL_STORAGE=milvus.
 # `make test` needs none: the dev lock includes them.
 EXTRAS ?=
+# The real Milvus engine (milvus-lite 2.5.1's C++ server) that the Milvus tests also
+# run on, in its own environment: its import name is that of the milvus-lite 3.x in
+# .venv. `make test` builds it; tests/support/milvus_engine.py finds it here.
+ENGINE_VENV ?= .venv-milvus-engine
 
 .PHONY: install install-dev lock run test test-fast lint fmt bench clean
 
@@ -47,6 +51,12 @@ $(VENV)/.installed-%: $(VENV)/.installed requirements/%.txt
 	$(BIN)/pip check
 	touch $@
 
+$(ENGINE_VENV)/.installed: requirements/milvus-engine.txt
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install -r requirements/milvus-engine.txt
+	$(ENGINE_VENV)/bin/pip check
+	touch $@
+
 $(VENV)/.installed-dev: $(VENV)/.installed $(DEV_LOCK)
 	$(BIN)/pip install -r $(DEV_LOCK)
 	$(BIN)/pip check
@@ -62,9 +72,10 @@ run: install
 # Everything (CI runs this). Tests that read ../shared/data (or $$NORMCAL_SHARED_DATA)
 # skip when it is absent. Coverage of app, calibration and normcal_client, measured in
 # the pytest process (not in the `normcal serve` subprocesses), fails under the floor in
-# pyproject.toml ([tool.coverage.report] fail_under).
-test: install-dev
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --cov --cov-report=term --durations=15
+# pyproject.toml ([tool.coverage.report] fail_under). The Milvus tests run on Milvus
+# Lite 3.x (.venv) and on the real engine ($(ENGINE_VENV)).
+test: install-dev $(ENGINE_VENV)/.installed
+	HF_HUB_OFFLINE=1 NORMCAL_TEST_MILVUS_ENGINE=$(ENGINE_VENV) $(BIN)/python -m pytest --cov --cov-report=term --durations=15
 
 # The edit-test loop (~2 min): everything but the tests marked slow (subprocesses,
 # durability, concurrency, real-data runs, the fresh-venv install, Milvus beyond a
@@ -87,4 +98,4 @@ bench: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/calibration_synthetic.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# The real Milvus engine's session server and the per-test emptied URI (fixtures).
+from tests.support.milvus_engine import engine_uri, milvus_engine  # noqa: F401
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite compares embeddings with sentence-transformers' own to 1e-5 and must give
 # the same figures on every CPU: the model runs fp32 unless a test (tests/embedding/

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pymilvus import MilvusException
-from pymilvus.exceptions import ParamError
+from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
 from app.exceptions import (
     InvalidRequestError,
@@ -44,6 +44,8 @@ _MAX_EXPR_CHARS = 65_536
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
 _NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
 _NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
+# Milvus's error codes below this are the service's state, not a request's.
+_FIRST_REQUEST_CODE = 100
 
 
 def milvus_name(name: str, kind: str = DOCS) -> str:
@@ -66,24 +68,19 @@ def milvus_name(name: str, kind: str = DOCS) -> str:
 def string_literal(value: str) -> str:
     r"""A Milvus expression string literal denoting exactly ``value``.
 
-    The expression grammar knows the escapes ``\\ \" \n \r \t``; any other
-    control character could not be written back, so it is refused rather than
-    passed through.
+    The expression grammar knows the escapes ``\\ \"`` (and ``\n \r \t``, on
+    which the engine, Milvus Lite 2.5, fails); a control character could not be
+    written on both engines, so it is refused rather than passed through (a filter
+    then matches it in Python).
     """
     for ch in value:
-        if (ord(ch) < 0x20 and ch not in "\n\r\t") or ord(ch) == 0x7F:
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
             raise InvalidRequestError(
                 f"filter values for the {BACKEND} backend cannot contain control "
                 f"character U+{ord(ch):04X}",
                 field="filter",
             )
-    escaped = (
-        value.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
-    )
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 
 
@@ -111,12 +108,13 @@ class MilvusFilter:
 
     ``expr`` is ``""`` when it selects everything; ``exact`` says the superset is
     the set itself. Milvus's JSON comparisons do not keep every JSON type apart
-    (Milvus Lite finds ``true`` equal to ``1``, and ``is null`` true of a missing
-    key), and its ``not`` is three-valued (``not (x == 1)`` is not true of a
-    missing ``x``), so only conditions on strings are claimed exact; every row
-    Milvus returns is checked again by :func:`app.schemas.filters.evaluate`. A
-    value Milvus cannot write (a control character other than tab and newlines) and
-    an overlong expression select everything, inexact: matched in Python too.
+    (Milvus Lite finds ``true`` equal to ``1``), and its ``not`` is three-valued
+    (``not (x == 1)`` is not true of a missing ``x``), so only conditions on
+    strings are claimed exact; every row Milvus returns is checked again by
+    :func:`app.schemas.filters.evaluate`. A value Milvus cannot write (a control
+    character), a null (the engine fails on ``is null`` of a JSON key, which Lite
+    3.x finds true of a missing key) and an overlong expression select everything,
+    inexact: matched in Python too.
     """
 
     expr: str
@@ -166,11 +164,11 @@ def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
         return expr, isinstance(node.value, str)
     if not 0 < len(node.values) <= _MAX_IN_VALUES:  # Milvus has no "false"
         return None, False
-    clauses = [
-        f"{field} is null" if v is None else f"{field} == {_literal(v)}"
-        for v in node.values
-    ]
-    exact = all(isinstance(v, str) for v in node.values)
+    values = [v for v in node.values if v is not None]
+    if len(values) < len(node.values):  # the engine (2.5) fails on "is null" of JSON
+        return None, False
+    clauses = [f"{field} == {_literal(v)}" for v in values]
+    exact = all(isinstance(v, str) for v in values)
     return "(" + " or ".join(clauses) + ")", exact
 
 
@@ -249,6 +247,10 @@ class Guarded:
             self.raw.load_collection(args[0])  # args[0]: the collection's name
             return call(*args, **kwargs)
 
+    def translate(self, error: MilvusException) -> Exception:
+        """The exception to raise for ``error`` (itself: the caller's to interpret)."""
+        return self._translate(error) or error
+
     def _translate(self, error: MilvusException) -> NormcalError | None:
         """The error to report for ``error``; None: the caller's to interpret."""
         if isinstance(error, ParamError) or error.is_input_error:
@@ -259,6 +261,23 @@ class Guarded:
             f"Milvus at {self._uri} is unavailable: {error.message or error}",
             retry_after=_RETRY_AFTER,
         )
+
+
+def refused(error: MilvusException) -> bool:
+    """Whether ``error`` is Milvus refusing a request, not failing to serve it.
+
+    A refusal carries one of Milvus's integer error codes from 100 up (e.g. 1100
+    invalid parameter, 65535 Milvus Lite 2.x's "unexpected") and is not marked
+    retriable; codes under 100 are the service's own state (not ready,
+    rate-limited, ...), and no answer at all (unreachable, timed out) a gRPC status
+    code, not an integer.
+    """
+    return (
+        isinstance(error.code, int)
+        and error.code >= _FIRST_REQUEST_CODE
+        and not error.retriable
+        and not isinstance(error, MilvusUnavailableException)
+    )
 
 
 def query_all(

@@ -22,7 +22,7 @@ from tests.collections.test_storage_contract import (
     BACKENDS,
     DOCS,
     URL,
-    backend_settings,
+    engine_settings,
     everything,
 )
 from tests.conftest import assert_problem
@@ -42,7 +42,7 @@ def kb(
     request: pytest.FixtureRequest, tmp_path: Path, embedder: Any
 ) -> Iterator[TestClient]:
     """A client with collection ``kb`` holding the five documents of the contract."""
-    settings = backend_settings(tmp_path, str(request.param))
+    settings = engine_settings(str(request.param), tmp_path, request)
     settings = settings.model_copy(update={"limits": LIMITS})
     with TestClient(create_app(settings, embedder=embedder)) as client:
         assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201

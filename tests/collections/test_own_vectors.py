@@ -22,7 +22,12 @@ from app.api.app import create_app
 from app.schemas.search import SearchRequest
 from app.services.own_vectors import NO_QUERY_TEXT
 from app.settings import Limits, Settings
-from tests.collections.test_storage_contract import BACKENDS, JUDGMENTS, TOPIC
+from tests.collections.test_storage_contract import (
+    BACKENDS,
+    JUDGMENTS,
+    TOPIC,
+    engine_settings,
+)
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
 
@@ -38,11 +43,10 @@ def storage(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def settings(tmp_path: Path, storage: str) -> Settings:
-    extra: dict[str, Any] = {}
-    if storage == "milvus":
-        extra["milvus_uri"] = str(tmp_path / "milvus.db")
-    return Settings(data_dir=tmp_path / "data", storage=storage, limits=LIMITS, **extra)
+def settings(tmp_path: Path, storage: str, request: pytest.FixtureRequest) -> Settings:
+    return engine_settings(storage, tmp_path, request).model_copy(
+        update={"limits": LIMITS}
+    )
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""One HTTP contract, two storage backends: every test here runs on ``local`` (SQLite +
-FAISS) and on ``milvus`` (Milvus Lite, a file under ``tmp_path``).
+"""One HTTP contract, three storage backends: every test here runs on ``local`` (SQLite
++ FAISS), on ``milvus`` (Milvus Lite 3.x, a file under ``tmp_path``) and on
+``milvus-engine`` (the real C++ engine, milvus-lite 2.5.1 over TCP: one server per
+session, see tests/support/milvus_engine.py).
 
 Real model, real engines, real HTTP through the app. The Milvus cases skip, with the
-reason, when the milvus extra (pymilvus, milvus-lite) is not installed; ``make test``
-and CI install it from the dev lock.
+reason, when the milvus extra (pymilvus, milvus-lite) is not installed, the engine
+cases when the engine's environment is not; ``make test`` and CI install both.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,12 @@ needs_milvus = pytest.mark.skipif(
 # The Milvus cases are slow (each collection waits on Milvus's index builds): `make
 # test` runs them, `make test-fast` the local ones and tests/collections/test_milvus.py's
 # smoke set.
-BACKENDS = ["local", pytest.param("milvus", marks=[needs_milvus, pytest.mark.slow])]
+MILVUS = [needs_milvus, pytest.mark.slow]
+BACKENDS = [
+    "local",
+    pytest.param("milvus", marks=MILVUS),
+    pytest.param("milvus-engine", marks=MILVUS),
+]
 LIMITS = Limits(
     max_k=8, max_page_size=4, max_judgments_per_collection=4, max_judging_queue=2
 )
@@ -67,13 +75,31 @@ def backend_settings(tmp_path: Path, storage: str, **extra: Any) -> Settings:
 
 
 @pytest.fixture(params=BACKENDS)
-def storage(request: pytest.FixtureRequest) -> str:
+def engine(request: pytest.FixtureRequest) -> str:
+    """The backend a test runs on: ``local``, ``milvus`` or ``milvus-engine``."""
     return str(request.param)
 
 
 @pytest.fixture
-def settings(tmp_path: Path, storage: str) -> Settings:
-    return backend_settings(tmp_path, storage)
+def storage(engine: str) -> str:
+    """The ``storage`` setting of :func:`engine`."""
+    return "local" if engine == "local" else "milvus"
+
+
+def engine_settings(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest, **extra: Any
+) -> Settings:
+    """:func:`backend_settings` of one of :data:`BACKENDS` (the engine's server is
+    the session's, emptied for this test)."""
+    if engine == "milvus-engine":
+        uri = request.getfixturevalue("engine_uri")
+        return backend_settings(tmp_path, "milvus", milvus_uri=uri, **extra)
+    return backend_settings(tmp_path, engine, **extra)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, engine: str, request: pytest.FixtureRequest) -> Settings:
+    return engine_settings(engine, tmp_path, request)
 
 
 @pytest.fixture
@@ -337,6 +363,31 @@ def test_errors_are_problems_and_change_nothing(kb: TestClient):
     assert everything(kb) == before
 
 
+@pytest.mark.parametrize("engine", [p for p in BACKENDS if p != "local"], indirect=True)
+def test_an_engine_without_bm25_is_refused_at_create_naming_it_and_its_version(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+):
+    """The refusal is the server's (faked: every engine here has BM25), as Milvus
+    2.4 answers a BM25 function; a 422, not a retried 503, and nothing is left."""
+    from pymilvus import MilvusClient, MilvusException
+
+    create = MilvusClient.create_collection
+
+    def refuse(self: MilvusClient, name: str, **kwargs: Any) -> None:
+        if kwargs.get("schema") is not None and kwargs["schema"].functions:
+            raise MilvusException(1100, "function type BM25 is not supported")
+        create(self, name, **kwargs)
+
+    monkeypatch.setattr(MilvusClient, "create_collection", refuse)
+    body = assert_problem(client.post("/v1/collections", json={"name": "kb"}), 422)
+    assert body["type"].endswith("backend-unsupported")
+    assert "BM25 full-text search" in body["detail"]
+    assert "version milvus_lite-3." in body["detail"] or "Lite 2.x" in body["detail"]
+    assert client.get("/v1/collections").json()["data"] == []
+    monkeypatch.undo()
+    assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
+
+
 # -- restart ----------------------------------------------------------------------------
 def test_a_restart_serves_identical_results(kb: TestClient, settings, embedder):
     calibrator = fit(kb)
@@ -403,14 +454,25 @@ def test_an_unreachable_milvus_is_reported_by_readiness(tmp_path, embedder):
         assert_problem(client.post("/v1/collections", json={"name": "kb"}), 503)
 
 
-@needs_milvus
-@pytest.mark.slow
-def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
-    tmp_path, embedder
-):
+@contextmanager
+def milvus_server(kind: str, tmp_path: Path, request: pytest.FixtureRequest):
+    """A Milvus server several clients share: Milvus Lite 3.x's, or the engine."""
+    if kind == "milvus-engine":
+        yield request.getfixturevalue("engine_uri")
+        return
     from tests.support.milvus_lite import milvus_lite_server
 
     with milvus_lite_server(tmp_path / "server") as uri:
+        yield uri
+
+
+@needs_milvus
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["milvus", "milvus-engine"])
+def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
+    tmp_path, embedder, kind, request
+):
+    with milvus_server(kind, tmp_path, request) as uri:
         settings = backend_settings(tmp_path, "milvus", milvus_uri=uri)
         with (
             TestClient(create_app(settings, embedder=embedder)) as one,
@@ -439,6 +501,41 @@ def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
             assert two.delete("/v1/collections/kb").status_code == 204
             assert_problem(one.post(f"{URL}/search", json=q), 404)
             assert one.get("/v1/collections").json()["data"] == []
+
+
+def hybrid_hits(settings: Settings, embedder: Any) -> dict[str, list[dict[str, Any]]]:
+    """The hybrid hits of every corpus query on a new ``kb`` of ``settings``."""
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        client.put(f"{URL}/documents", json={"documents": DOCS})
+        return {
+            doc: client.post(
+                f"{URL}/search", json={"query": q, "k": 5, "mode": "hybrid"}
+            ).json()["hits"]
+            for doc, q in QUERIES.items()
+        }
+
+
+@needs_milvus
+@pytest.mark.slow
+def test_lexical_evidence_agrees_between_milvus_lite_and_the_engine(
+    tmp_path, embedder, engine_uri
+):
+    """Same hits, BM25 within 2% and probabilities within 0.005 (measured: 0.8% and
+    0.0007; the two engines' BM25 statistics differ slightly). The local backend's
+    BM25 is FTS5's, on another scale (docs/storage.md): not compared."""
+    lite = hybrid_hits(backend_settings(tmp_path, "milvus"), embedder)
+    real = hybrid_hits(
+        backend_settings(tmp_path / "engine", "milvus", milvus_uri=engine_uri), embedder
+    )
+    for doc, hits in lite.items():
+        assert [h["id"] for h in real[doc]] == [h["id"] for h in hits]
+        assert [h["bm25"] for h in real[doc]] == pytest.approx(
+            [h["bm25"] for h in hits], rel=0.02
+        )
+        assert [h["probability"] for h in real[doc]] == pytest.approx(
+            [h["probability"] for h in hits], abs=0.005
+        )
 
 
 def test_the_app_runs_locally_without_pymilvus_and_names_the_extra_for_milvus(
