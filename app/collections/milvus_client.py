@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import grpc
 from pymilvus import MilvusException
 from pymilvus.exceptions import ParamError
 
@@ -389,6 +390,8 @@ class Guarded:
                 if ours is None:
                     raise
                 raise ours from error
+            except grpc.RpcError as error:  # pymilvus passes a deadline on as it is
+                raise self._no_answer(error) from error
             if method.endswith("_iterator"):  # its next() calls Milvus too
                 return Guarded(
                     result, self._uri, self._collection, reloads=self.reloads
@@ -420,6 +423,17 @@ class Guarded:
                 "loaded, retry",
                 retry_after=_RETRY_AFTER,
             )
+        return StorageUnavailableError(
+            f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
+        )
+
+    def _no_answer(self, error: grpc.RpcError) -> StorageUnavailableError:
+        code = error.code() if isinstance(error, grpc.Call) else None
+        said = (
+            f"no answer within {self.options.timeout} s (NORMCAL_MILVUS_TIMEOUT_S)"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and self.options is not None
+            else f"{error}"
+        )
         return StorageUnavailableError(
             f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
         )
