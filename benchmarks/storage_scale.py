@@ -1,4 +1,4 @@
-"""Storage at scale: the local backend (SQLite + FAISS) vs Milvus Lite, one run.
+"""Storage at scale: local (SQLite + FAISS) vs the Milvus engine vs Milvus Lite 3.x.
 
 Each backend runs in its own subprocess on the same synthetic corpus, so peak RSS
 is that backend's alone:
@@ -12,15 +12,19 @@ is that backend's alone:
 * **search**: p50/p99 of one query per ``search`` call (k=10 pool, a filter-free
   hybrid pool: dense top-k plus the lexical part, as the service asks for it), the
   query vector a perturbed document vector and its text 2-5 corpus words;
-* **memory**: peak RSS of the backend's process (``getrusage``), and for Milvus Lite
+* **memory**: peak RSS of the backend's process (``getrusage``), and for Milvus
   also of its server subprocess (``RUSAGE_CHILDREN`` once it has exited).
+
+Three backends: ``local``; ``milvus-engine``, Milvus's C++ engine (milvus-lite 2.5.1's
+server over TCP, from ``.venv-milvus-engine``, which ``make test`` builds; see
+tests/support/milvus_engine.py); ``milvus``, Milvus Lite 3.x, a pure-Python engine
+(FAISS + Parquet) whose every call is linear in the collection (a search took 32 s
+at 100k): it runs on ``--lite-docs`` documents and ``--lite-queries`` queries,
+which the output states.
 
 Separately, the real model's per-node embedding throughput (torch backend,
 ``--embed-texts`` scifact abstracts when ``../shared/data`` has them, else the
 synthetic sentences), so the plan in ``docs/scale.md`` can combine the two.
-
-Milvus Lite 3.x is a pure-Python engine (FAISS + Parquet), not the Milvus server:
-its figures bound what a test deployment does, not what a cluster does.
 
 Run::
 
@@ -51,7 +55,7 @@ DIM = 384
 VOCAB = 20_000
 WORDS = 30
 DATA = Path(os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data"))
-BACKENDS = ("local", "milvus")
+BACKENDS = ("local", "milvus-engine", "milvus")
 
 
 def vocabulary() -> list[str]:
@@ -119,7 +123,7 @@ def _load(data: dict[str, Any]) -> Any:
     return data
 
 
-def open_backend(backend: str, where: Path) -> tuple[Any, Any]:
+def open_backend(backend: str, where: Path, uri: str) -> tuple[Any, Any]:
     """``(collection, closer)`` of an empty collection ``bench`` of ``backend``."""
     if backend == "local":
         from app.collections.registry import CollectionRegistry
@@ -130,32 +134,52 @@ def open_backend(backend: str, where: Path) -> tuple[Any, Any]:
         return registry.create("bench"), registry
     from app.collections.milvus import MilvusStorage
 
-    storage: Any = MilvusStorage(str(where / "milvus.db"), _load)
+    storage: Any = MilvusStorage(uri or str(where / "milvus.db"), _load)
     meta = {"name": "bench", "model": "synthetic", "dim": DIM, "created_at": 0.0}
     return storage.create("bench", meta), storage
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """Ingest then search on one backend; return its figures."""
-    corpus = Corpus()
     with tempfile.TemporaryDirectory(prefix=f"scale-{args.worker}-") as tmp:
-        collection, owner = open_backend(args.worker, Path(tmp))
+        if args.worker != "milvus-engine":
+            return measure(args, Path(tmp), "")
+        from tests.support.milvus_engine import engine_binary, engine_server
+
+        binary = engine_binary()
+        if binary is None:
+            raise SystemExit(
+                "no .venv-milvus-engine: make .venv-milvus-engine/.installed"
+            )
+        with engine_server(binary, Path(tmp) / "engine") as uri:
+            figures = measure(args, Path(tmp), uri)
+    # the server has exited: RUSAGE_CHILDREN now holds its peak RSS
+    figures["child_rss_mb"] = (
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    )
+    return figures
+
+
+def measure(args: argparse.Namespace, where: Path, uri: str) -> dict[str, Any]:
+    """Ingest then search on one open backend (``uri``: a Milvus server's)."""
+    corpus = Corpus()
+    collection, owner = open_backend(args.worker, where, uri)
+    started = time.perf_counter()
+    for start in range(0, args.docs, args.batch):
+        collection.upsert(corpus.batch(start, min(args.batch, args.docs - start)))
+    ingest_s = time.perf_counter() - started
+    vectors, texts = corpus.queries(args.docs, args.queries + 5, args.batch)
+    for i in range(5):  # warm-up: first calls load indexes
+        collection.search(vectors[i : i + 1], texts[i : i + 1], args.k)
+    samples = []
+    for i in range(5, len(texts)):
         started = time.perf_counter()
-        for start in range(0, args.docs, args.batch):
-            collection.upsert(corpus.batch(start, min(args.batch, args.docs - start)))
-        ingest_s = time.perf_counter() - started
-        vectors, texts = corpus.queries(args.docs, args.queries + 5, args.batch)
-        for i in range(5):  # warm-up: first calls load indexes
-            collection.search(vectors[i : i + 1], texts[i : i + 1], args.k)
-        samples = []
-        for i in range(5, len(texts)):
-            started = time.perf_counter()
-            collection.search(vectors[i : i + 1], texts[i : i + 1], args.k)
-            samples.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        collection.page(0, 100)
-        page_s = time.perf_counter() - started
-        owner.close()
+        collection.search(vectors[i : i + 1], texts[i : i + 1], args.k)
+        samples.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    collection.page(0, 100)
+    page_s = time.perf_counter() - started
+    owner.close()
     ms = np.asarray(samples) * 1000
     return {
         "backend": args.worker,
@@ -194,7 +218,15 @@ def embed_worker(args: argparse.Namespace) -> dict[str, Any]:
 def run(role: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one worker in a fresh interpreter; its last stdout line is its JSON."""
     command = [sys.executable, __file__, "--worker", role]
-    for flag in ("docs", "queries", "batch", "k", "embed_texts"):
+    sizes = {"docs": args.docs, "queries": args.queries}
+    if role == "milvus":  # Milvus Lite 3.x: linear per call, capped
+        sizes = {
+            "docs": min(args.docs, args.lite_docs),
+            "queries": min(args.queries, args.lite_queries),
+        }
+    for flag, value in sizes.items():
+        command += [f"--{flag}", str(value)]
+    for flag in ("batch", "k", "embed_texts"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     out = subprocess.run(command, check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -207,6 +239,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--embed-texts", type=int, default=500)
+    parser.add_argument("--lite-docs", type=int, default=10_000)
+    parser.add_argument("--lite-queries", type=int, default=20)
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--no-embed", action="store_true")
     parser.add_argument(
@@ -222,7 +256,10 @@ def main() -> None:
     print(
         f"synthetic corpus: {args.docs} docs of {WORDS} Zipf-sampled pseudo-words, "
         f"random unit vectors (dim {DIM}); {args.queries} queries, k={args.k}, "
-        f"ingest batches of {args.batch}; Milvus = Milvus Lite 3.x (pure Python)"
+        f"ingest batches of {args.batch}; milvus-engine = Milvus's C++ engine "
+        f"(milvus-lite 2.5.1 server over TCP); milvus = Milvus Lite 3.x (pure Python, "
+        f"every call linear in the collection: run on {min(args.docs, args.lite_docs)} "
+        f"docs and {min(args.queries, args.lite_queries)} queries)"
     )
     rows = {b: run(b, args) for b in args.backends.split(",")}
     cols = [
@@ -234,20 +271,25 @@ def main() -> None:
         ("child_rss_mb", "server RSS MB", "{:.0f}"),
     ]
     names = list(rows)
-    ratio = "milvus/local" if {"local", "milvus"} <= rows.keys() else None
+    ratio = "engine/local" if {"local", "milvus-engine"} <= rows.keys() else None
     print(
         f"| {'':16} | "
-        + " | ".join(f"{n:>8}" for n in names)
+        + " | ".join(f"{n:>13}" for n in names)
         + (f" | {ratio}" if ratio else "")
         + " |"
+    )
+    print(
+        f"| {'docs':16} | "
+        + " | ".join(f"{rows[n]['docs']:>13}" for n in names)
+        + (" | |" if ratio else " |")
     )
     for key, label, fmt in cols:
         cells = [fmt.format(rows[n][key]) for n in names]
         extra = ""
         if ratio:
             local = rows["local"][key]
-            extra = f" | {rows['milvus'][key] / local:.2f}x" if local else " | -"
-        print(f"| {label:16} | " + " | ".join(f"{c:>8}" for c in cells) + extra + " |")
+            extra = f" | {rows['milvus-engine'][key] / local:.2f}x" if local else " | -"
+        print(f"| {label:16} | " + " | ".join(f"{c:>13}" for c in cells) + extra + " |")
     if not args.no_embed:
         e = run("embed", args)
         print(

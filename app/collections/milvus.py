@@ -28,13 +28,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 from numpy.typing import NDArray
 from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
+from pymilvus.milvus_client import IndexParams
 
 from app.collections import lexical
 from app.collections.base import (
@@ -57,7 +58,7 @@ from app.collections.milvus_client import (
     milvus_filter,
     milvus_name,
     query_all,
-    string_literal,
+    refused,
 )
 from app.collections.milvus_state import (
     SCHEMA_VERSION,
@@ -71,6 +72,7 @@ from app.exceptions import (
     BackendUnsupportedError,
     ConflictError,
     InvalidRequestError,
+    NormcalError,
     NotFoundError,
 )
 from app.schemas import filters
@@ -85,9 +87,14 @@ _DOC_FIELDS = ["id", "seq", "text", "metadata", "norm", "n_tokens", "truncated"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
 _MAX_TEXT_BYTES = 65_535  # Milvus's VARCHAR maximum
 _QUERY_WINDOW = MILVUS_TOP_K  # Milvus's cap on offset + limit of one query
+_TOP_K = MILVUS_TOP_K  # Milvus's cap on the limit of one search
+_INT64_END = 2**63 - 1  # past every seq
 _PAGE_ROUNDS = 32  # narrowing rounds of one page before falling back to a full scan
 _DF_TTL = 60.0  # seconds a cached document frequency may miss other replicas' writes
 _NORM_SAMPLE = 5000
+_BM25_FEATURE = (
+    "BM25 full-text search (a BM25 function and sparse vectors, Milvus 2.5+)"
+)
 
 
 class MilvusStorage(Generic[C]):
@@ -121,22 +128,42 @@ class MilvusStorage(Generic[C]):
         self.ef_search = ef_search
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
-        """Create both Milvus collections of ``name`` (``ConflictError`` if taken)."""
+        """Create both Milvus collections of ``name`` (``ConflictError`` if taken).
+
+        A create that fails part-way (a feature the engine lacks, an outage) drops
+        what it made before reporting the failure: nothing is left behind.
+        """
         docs, state = milvus_name(name, DOCS), milvus_name(name, STATE)
         if self.client.has_collection(docs) or self.client.has_collection(state):
             raise ConflictError(f"collection {name!r} already exists")
-        self._create_documents(docs, int(meta["dim"]))
-        create_state_collection(self.client, state)
-        collection = MilvusCollection(name, self, self._load_calibrator, {})
-        collection.set_meta(
-            **{
-                **meta,
-                "name": name,
-                "index_type": self._index_type,
-                "schema_version": SCHEMA_VERSION,
-            }
-        )
+        try:
+            self._create_documents(docs, int(meta["dim"]))
+            create_state_collection(self.client, state)
+            collection = MilvusCollection(name, self, self._load_calibrator, {})
+            collection.set_meta(
+                **{
+                    **meta,
+                    "name": name,
+                    "index_type": self._index_type,
+                    "schema_version": SCHEMA_VERSION,
+                }
+            )
+        except BaseException:
+            self._remove(docs, state)
+            raise
         return collection
+
+    def _remove(self, *milvus: str) -> None:
+        """Drop what a failed create made, as far as Milvus answers.
+
+        The create's own error is the one reported, not one of this clean-up.
+        """
+        for each in milvus:
+            try:
+                if self.client.has_collection(each):
+                    self.client.drop_collection(each)
+            except (MilvusException, NormcalError):
+                return
 
     def open(self, name: str) -> MilvusCollection[C]:
         """Open a stored collection (``NotFoundError`` if absent), migrated if older."""
@@ -184,7 +211,6 @@ class MilvusStorage(Generic[C]):
             DataType.VARCHAR,
             max_length=_MAX_TEXT_BYTES,
             enable_analyzer=True,
-            enable_match=True,
         )
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
         schema.add_field("metadata", DataType.JSON)
@@ -199,6 +225,27 @@ class MilvusStorage(Generic[C]):
                 output_field_names=["sparse"],
             )
         )
+        steps = [
+            (
+                _BM25_FEATURE,
+                lambda raw: raw.create_collection(
+                    milvus, schema=schema, consistency_level="Strong"
+                ),
+            ),
+            (
+                f"the {self._index_type.upper()} vector index",
+                lambda raw: raw.create_index(milvus, self._vector_index()),
+            ),
+            (
+                _BM25_FEATURE,
+                lambda raw: raw.create_index(milvus, self._lexical_indexes()),
+            ),
+        ]
+        for feature, step in steps:
+            self._supported(feature, step)
+        self.client.load_collection(milvus)
+
+    def _vector_index(self) -> IndexParams:
         index = self.client.prepare_index_params()
         if self._index_type == "hnsw":
             index.add_index(
@@ -206,20 +253,42 @@ class MilvusStorage(Generic[C]):
             )
         else:
             index.add_index("vector", index_type="FLAT", metric_type="IP")
+        return index
+
+    def _lexical_indexes(self) -> IndexParams:
+        index = self.client.prepare_index_params()
         index.add_index(
             "sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25"
         )
         index.add_index("seq", index_type="INVERTED")
+        return index
+
+    def _supported(self, feature: str, step: Callable[[Any], object]) -> None:
+        """Run one step of a create: the engine refusing it is a 422.
+
+        The 422 names ``feature`` and the server's version, never a retried 503.
+        A refusal is an answer of the server (an error with one of Milvus's integer
+        codes, other than a transient one); no answer (an outage, a timeout: gRPC
+        status codes) is a 503 as for any call.
+        """
         try:
-            self.client.create_collection(
-                milvus, schema=schema, index_params=index, consistency_level="Strong"
-            )
+            step(self.client.raw)
         except MilvusException as error:
+            if not refused(error):
+                raise self.client.translate(error) from error
             raise BackendUnsupportedError(
                 BACKEND,
-                f"cannot create a collection with BM25 full-text search: "
+                f"cannot create a collection: this Milvus "
+                f"({self.server_version()}) does not serve {feature}: "
                 f"{error.message}",
             ) from error
+
+    def server_version(self) -> str:
+        """The Milvus server's version, as it reports it (Milvus Lite 2.x does not)."""
+        try:
+            return f"version {self.client.raw.get_server_version()}"
+        except Exception:  # only for a message: any failure says "unknown"
+            return "a Milvus that does not report its version, as Milvus Lite 2.x"
 
 
 def _document(row: dict[str, Any]) -> StoredDocument:
@@ -482,6 +551,8 @@ class MilvusCollection(Generic[C]):
 
         An inexact pre-filter is read (seq and metadata of the rows it selects) and
         checked by :func:`~app.schemas.filters.evaluate`: one scan of the superset.
+        No match is ``seq < 0`` (seqs are microseconds since the epoch): the engine
+        fails on ``seq in []``.
         """
         pre = milvus_filter(where)
         if pre.exact:
@@ -490,7 +561,7 @@ class MilvusCollection(Generic[C]):
         seqs = sorted(
             int(r["seq"]) for r in rows if filters.evaluate(where, r["metadata"])
         )
-        return f"seq in {seqs}"
+        return f"seq in {seqs}" if seqs else "seq < 0"
 
     def _pool(
         self,
@@ -564,9 +635,9 @@ class MilvusCollection(Generic[C]):
         for any match in a two-document collection). With it, ``lex`` is at most
         ``k1 + 1`` = 2.2, as on the local backend.
 
-        Document frequencies are ``text_match`` counts (the terms are
-        ``lexical.query_terms``: word characters only, no quoting issue), kept in a
-        per-collection cache with the document total they were counted against: a
+        Document frequencies are counted by :meth:`_document_frequency` (BM25
+        searches, which every Milvus with the BM25 function serves: Milvus Lite 2.5's
+        parser has no ``text_match``), kept in a per-collection cache with the document total they were counted against: a
         term costs one count the first time any query uses it. This process's writes
         clear the cache; other replicas' writes are seen within :data:`_DF_TTL`
         seconds. Between the two, ``idf_mass`` is that of a slightly older collection
@@ -585,9 +656,7 @@ class MilvusCollection(Generic[C]):
                 self._df[""] = self._count("")
             for term in dict.fromkeys(t for ts in terms for t in ts):
                 if term not in self._df:
-                    self._df[term] = self._count(
-                        f"text_match(text, {string_literal(term)})"
-                    )
+                    self._df[term] = self._document_frequency(term)
             df = dict(self._df)
         total = df[""]
         if total == 0:
@@ -596,6 +665,37 @@ class MilvusCollection(Generic[C]):
             sum(math.log1p((total - df[t] + 0.5) / (df[t] + 0.5)) for t in ts)
             for ts in terms
         ]
+
+    def _document_frequency(self, term: str, lo: int = 0, hi: int = _INT64_END) -> int:
+        """How many documents with a seq in ``[lo, hi)`` contain ``term``.
+
+        A one-term BM25 search lists exactly the documents containing the term (a
+        document without it scores nothing), but at most :data:`_TOP_K` of them. A
+        range with that many hits is split at the median seq of the hits it listed,
+        so each half holds at least half of them and fewer documents than the
+        whole: the count is exact at any frequency, in about ``4 * df / _TOP_K``
+        searches for a term past the cap (cached as above).
+        """
+        bounds = [f"seq >= {lo}"] if lo > 0 else []
+        bounds += [f"seq < {hi}"] if hi < _INT64_END else []
+        (hits,) = self._client.search(
+            self._docs,
+            data=[term],
+            anns_field="sparse",
+            limit=_TOP_K,
+            filter=" and ".join(bounds),
+            output_fields=["seq"],
+            search_params={"metric_type": "BM25"},
+        )
+        if len(hits) < _TOP_K:
+            return len(hits)
+        seqs = sorted(int(hit["entity"]["seq"]) for hit in hits)
+        median = seqs[len(seqs) // 2]
+        if median == seqs[0]:  # half the hits share a seq, which no writer makes
+            return len(hits)
+        return self._document_frequency(term, lo, median) + self._document_frequency(
+            term, median, hi
+        )
 
     def _forget_frequencies(self) -> None:
         """Drop cached document frequencies: this process just changed the documents."""

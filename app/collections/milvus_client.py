@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import grpc
 from pymilvus import MilvusException
-from pymilvus.exceptions import ParamError
+from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
 from app.exceptions import (
     BackendUnsupportedError,
@@ -49,6 +49,9 @@ _INT64 = (-(2**63), 2**63 - 1)
 _MAX_IN_VALUES = 64
 _MAX_EXPR_CHARS = 65_536
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
+_FIRST_REQUEST_CODE = (
+    100  # Milvus's codes below are the service's state, not a request's
+)
 
 
 def milvus_name(name: str, kind: str = DOCS) -> str:
@@ -71,24 +74,19 @@ def milvus_name(name: str, kind: str = DOCS) -> str:
 def string_literal(value: str) -> str:
     r"""A Milvus expression string literal denoting exactly ``value``.
 
-    The expression grammar knows the escapes ``\\ \" \n \r \t``; any other
-    control character could not be written back, so it is refused rather than
-    passed through.
+    The expression grammar knows the escapes ``\\ \"`` (and ``\n \r \t``, on
+    which the engine, Milvus Lite 2.5, fails); a control character could not be
+    written on both engines, so it is refused rather than passed through (a filter
+    then matches it in Python).
     """
     for ch in value:
-        if (ord(ch) < 0x20 and ch not in "\n\r\t") or ord(ch) == 0x7F:
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
             raise InvalidRequestError(
                 f"filter values for the {BACKEND} backend cannot contain control "
                 f"character U+{ord(ch):04X}",
                 field="filter",
             )
-    escaped = (
-        value.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
-    )
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 
 
@@ -116,11 +114,12 @@ class MilvusFilter:
 
     ``expr`` is ``""`` when it selects everything; ``exact`` says the superset is
     the set itself. Milvus's JSON comparisons do not keep every JSON type apart
-    (Milvus Lite finds ``true`` equal to ``1``, and ``is null`` true of a missing
+    (Milvus Lite finds ``true`` equal to ``1``; a null is matched in Python, since
+    the engine fails on ``is null`` of a JSON key, which Lite 3.x finds true of a missing
     key), and its ``not`` is three-valued (``not (x == 1)`` is not true of a
     missing ``x``), so only conditions on strings are claimed exact; every row
     Milvus returns is checked again by :func:`app.schemas.filters.evaluate`. A
-    value Milvus cannot write (a control character other than tab and newlines) and
+    value Milvus cannot write (a control character) and
     an overlong expression select everything, inexact: matched in Python too.
     """
 
@@ -171,10 +170,9 @@ def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
         return expr, isinstance(node.value, str)
     if not 0 < len(node.values) <= _MAX_IN_VALUES:  # Milvus has no "false"
         return None, False
-    clauses = [
-        f"{field} is null" if v is None else f"{field} == {_literal(v)}"
-        for v in node.values
-    ]
+    if None in node.values:  # the engine (2.5) cannot test a JSON key for null
+        return None, False
+    clauses = [f"{field} == {_literal(v)}" for v in node.values]
     exact = all(isinstance(v, str) for v in node.values)
     return "(" + " or ".join(clauses) + ")", exact
 
@@ -400,6 +398,10 @@ class Guarded:
 
         return guarded
 
+    def translate(self, error: MilvusException) -> Exception:
+        """The exception to raise for ``error`` (a call made on :attr:`raw`)."""
+        return self._translate(error) or error
+
     def _translate(
         self, error: MilvusException, milvus: Any = None
     ) -> NormcalError | None:
@@ -440,6 +442,23 @@ class Guarded:
 
     def _load(self, milvus: str) -> None:
         self.raw.load_collection(milvus, timeout=RELOAD_TIMEOUT_S)
+
+
+def refused(error: MilvusException) -> bool:
+    """Whether ``error`` is Milvus refusing a request, not failing to serve it.
+
+    A refusal carries one of Milvus's integer error codes from 100 up (e.g. 1100
+    invalid parameter, 65535 Milvus Lite 2.x's "unexpected") and is not marked
+    retriable; codes under 100 are the service's own state (not ready,
+    rate-limited, ...), and no answer at all (unreachable, timed out) a gRPC status
+    code, not an integer.
+    """
+    return (
+        isinstance(error.code, int)
+        and error.code >= _FIRST_REQUEST_CODE
+        and not error.retriable
+        and not isinstance(error, MilvusUnavailableException)
+    )
 
 
 def query_all(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -305,12 +304,21 @@ def test_sqlite_takes_hostile_keys_and_values_literally(store: CollectionStore, 
     assert [ids[s] for s in store.delete_where(parse({"k": value}, LOOSE))] == ["d0"]
 
 
-@pytest.fixture(scope="module")
-def milvus_kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+@pytest.fixture(scope="module", params=["milvus", "milvus-engine"])
+def milvus_kb(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A collection on Milvus Lite 3.x or on the real engine (its session server)."""
     from tests.collections.test_milvus import META, open_storage
 
-    storage = open_storage(Path(tmp_path_factory.mktemp("milvus")))
-    yield storage.create("kb", dict(META))
+    if request.param == "milvus-engine":
+        uri = request.getfixturevalue("milvus_engine")
+    else:
+        uri = str(tmp_path_factory.mktemp("milvus") / "milvus.db")
+    storage = open_storage(uri)
+    name = "filters_property"
+    yield storage.create(name, {**META, "name": name})
+    storage.drop(name)
     storage.close()
 
 

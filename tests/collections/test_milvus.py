@@ -1,4 +1,6 @@
-"""The Milvus backend against the real engine (Milvus Lite in ``tmp_path``).
+"""The Milvus backend on both engines: Milvus Lite 3.x (a file in ``tmp_path``) and
+the real C++ engine (milvus-lite 2.5.1's server, tests/support/milvus_engine.py; its
+cases are ``slow`` and skip, naming the missing environment, where it is absent).
 
 Random unit vectors stand in for embeddings; the calibrator is a plain JSON holder
 (storage never looks inside one). Each new collection waits ~2 s on Milvus's index
@@ -19,11 +21,19 @@ import pytest
 
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
 
+from pymilvus import MilvusException
+
 from app.collections import milvus, milvus_client
 from app.collections.base import NewDocument
 from app.collections.milvus import MilvusCollection, MilvusStorage
 from app.collections.milvus_client import MilvusFilter, milvus_filter, milvus_name
-from app.exceptions import ConflictError, InvalidRequestError, NotFoundError
+from app.exceptions import (
+    BackendUnsupportedError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StorageUnavailableError,
+)
 from app.schemas.filters import evaluate
 from tests.collections.conftest import DIM, new_docs, unit_vectors, where
 from tests.collections.test_filters import INJECTIONS, every_operator
@@ -48,13 +58,24 @@ def load(data: dict[str, Any]) -> Cal:
     return Cal(data["id"], data["method"], data["data"])
 
 
-def open_storage(path: Path) -> MilvusStorage[Cal]:
-    return MilvusStorage(str(path / "milvus.db"), load)
+ENGINES = ["milvus", pytest.param("milvus-engine", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(params=ENGINES)
+def uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A Milvus Lite 3.x file, or the real engine's server emptied for this test."""
+    if request.param == "milvus-engine":
+        return str(request.getfixturevalue("engine_uri"))
+    return str(tmp_path / "milvus.db")
+
+
+def open_storage(uri: str, **options: Any) -> MilvusStorage[Cal]:
+    return MilvusStorage(uri, load, **options)
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> Iterator[MilvusStorage[Cal]]:
-    opened = open_storage(tmp_path)
+def storage(uri: str) -> Iterator[MilvusStorage[Cal]]:
+    opened = open_storage(uri)
     yield opened
     opened.close()
 
@@ -293,8 +314,8 @@ def test_what_milvus_cannot_write_is_left_to_python() -> None:
 
 
 @pytest.mark.slow
-def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) -> None:
-    storage = open_storage(tmp_path)
+def test_state_is_shared_through_milvus_and_survives_a_reopen(uri: str) -> None:
+    storage = open_storage(uri)
     kb = storage.create("kb", dict(META))
     kb.upsert(new_docs(["a", "b", "c"]))
     kb.set_meta(query_log={"enabled": True})
@@ -309,7 +330,7 @@ def test_state_is_shared_through_milvus_and_survives_a_reopen(tmp_path: Path) ->
     before = kb.search(query, ["text of a"], 3)
     storage.close()
 
-    storage = open_storage(tmp_path)
+    storage = open_storage(uri)
     again = storage.open("kb")
     assert again.meta["query_log"] == {"enabled": True}
     assert again.meta["dim"] == DIM and again.meta["active_calibrator"] == "c2"
@@ -360,9 +381,13 @@ def test_calibrators_judging_and_log(kb: MilvusCollection[Cal]) -> None:
     assert kb.state.delete_judgments(None) == 0
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    """``milvus-lite server`` on a free loopback port; its URI once it answers."""
+@pytest.fixture(params=ENGINES)
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A server several clients share: ``milvus-lite server`` (3.x) on a free
+    loopback port, or the real engine's; its URI once it answers."""
+    if request.param == "milvus-engine":
+        yield request.getfixturevalue("engine_uri")
+        return
     with milvus_lite_server(tmp_path / "server") as uri:
         yield uri
 
@@ -400,11 +425,20 @@ def test_text_is_stored_up_to_milvus_varchar_bound(kb: MilvusCollection[Cal]) ->
 
 
 @pytest.mark.slow
-def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
-    storage: MilvusStorage[Cal] = MilvusStorage(
-        str(tmp_path / "h.db"), load, index_type="hnsw"
-    )
+def test_hnsw_serves_where_the_engine_builds_it_and_is_refused_where_not(
+    uri: str,
+) -> None:
+    """Milvus Lite 3.x builds HNSW; the engine (Lite 2.5) only FLAT and IVF_FLAT:
+    a 422 naming the index and the engine, and nothing left behind."""
+    storage = open_storage(uri, index_type="hnsw")
     try:
+        if uri.startswith("http"):
+            with pytest.raises(BackendUnsupportedError) as refusal:
+                storage.create("kb", dict(META))
+            assert "the HNSW vector index" in str(refusal.value)
+            assert "Milvus Lite 2.x" in str(refusal.value)
+            assert storage.client.list_collections() == []
+            return
         kb = storage.create("kb", dict(META))
         docs = new_docs([f"d{i}" for i in range(30)], seed=11)
         kb.upsert(docs)
@@ -413,6 +447,50 @@ def test_an_hnsw_collection_serves_and_says_so(tmp_path: Path) -> None:
         assert pool.hits[0].document.id == "d17"
     finally:
         storage.close()
+
+
+def _refusing_bm25(raw: Any) -> None:
+    """Make ``raw`` answer a create with a BM25 function as Milvus 2.4 would."""
+    create = raw.create_collection
+
+    def refuse(name: str, **kwargs: Any) -> None:
+        if kwargs.get("schema") is not None and kwargs["schema"].functions:
+            raise MilvusException(1100, "function type BM25 is not supported")
+        create(name, **kwargs)
+
+    raw.create_collection = refuse
+
+
+@pytest.mark.slow
+def test_an_engine_without_bm25_is_refused_at_create_naming_it_and_its_version(
+    storage: MilvusStorage[Cal],
+) -> None:
+    """The refusal is the server's answer (faked here: no engine of this suite lacks
+    BM25); everything else is the real engine's."""
+    _refusing_bm25(storage.client.raw)
+    with pytest.raises(BackendUnsupportedError) as refusal:
+        storage.create("kb", dict(META))
+    message = str(refusal.value)
+    assert "BM25 full-text search" in message and "not supported" in message
+    assert re.search(r"version milvus_lite-3\.|Milvus Lite 2\.x", message)
+    assert storage.client.list_collections() == [] and storage.names() == []
+
+
+@pytest.mark.slow
+def test_a_create_failing_part_way_leaves_nothing_behind(
+    storage: MilvusStorage[Cal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Milvus stops answering after the documents' collection is made."""
+
+    def outage(*args: Any) -> None:
+        raise StorageUnavailableError("Milvus at test is unavailable", retry_after=5)
+
+    monkeypatch.setattr(milvus, "create_state_collection", outage)
+    with pytest.raises(StorageUnavailableError):
+        storage.create("kb", dict(META))
+    assert storage.client.list_collections() == []
+    monkeypatch.undo()
+    assert storage.create("kb", dict(META)).counts() == (0, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -433,3 +511,27 @@ def test_a_token_past_fts5s_bound_is_written_and_searched(
     (both,) = kb.search(unit_vectors(1, 5), [f"{token} zebra"], 2)
     assert [both.hits[i].document.id for i in both.lexical_top(1)] == ["long"]
     assert pool.lexical.idf_mass >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("holding", [3, 4, 5, 23])
+def test_document_frequencies_are_exact_past_the_search_cap(
+    kb: MilvusCollection[Cal], monkeypatch: pytest.MonkeyPatch, holding: int
+) -> None:
+    """A search lists at most ``_TOP_K`` hits (16,384 on Milvus; 4 here): a term in
+    as many documents, or more, is counted by splitting the seqs, still exactly."""
+    monkeypatch.setattr(milvus, "_TOP_K", 4)
+    docs = new_docs([f"d{i:02d}" for i in range(30)], seed=12)
+    kb.upsert(
+        [
+            NewDocument(**{**d.__dict__, "text": "zebra" if i < holding else "okapi"})
+            for i, d in enumerate(docs)
+        ]
+    )
+    assert kb._document_frequency("zebra") == holding
+    assert kb._document_frequency("okapi") == 30 - holding
+    assert kb._document_frequency("absent") == 0
+    (pool,) = kb.search(unit_vectors(1, 3), ["zebra"], 3)
+    assert pool.lexical.idf_mass == pytest.approx(
+        np.log1p((30 - holding + 0.5) / (holding + 0.5))
+    )

@@ -16,10 +16,11 @@ import pytest
 
 pytest.importorskip("pymilvus", reason="pymilvus is not installed")
 
+import grpc
 from pymilvus import MilvusException
-from pymilvus.exceptions import ParamError
+from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
-from app.collections.milvus_client import CallOptions, Guarded
+from app.collections.milvus_client import CallOptions, Guarded, refused
 from app.exceptions import (
     BackendUnsupportedError,
     InvalidRequestError,
@@ -215,3 +216,21 @@ def test_every_call_is_bounded_and_reads_use_the_consistency_level():
         ("get", {"timeout": 9.0, "consistency_level": "Bounded"}),
         ("close", {}),
     ]
+
+
+@pytest.mark.parametrize(
+    ("error", "is_refusal"),
+    [
+        (MilvusException(1100, "invalid parameter"), True),
+        (MilvusException(65535, "invalid index type: HNSW"), True),  # Lite 2.5.1
+        (MilvusException(65535, "server failure", retriable=True), False),
+        (MilvusException(8, "rate limit exceeded"), False),
+        (MilvusException(99, "service state"), False),
+        (MilvusException(100, "collection not found"), True),
+        (MilvusException(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out"), False),
+        (MilvusUnavailableException(message="cannot connect"), False),
+    ],
+)
+def test_a_create_step_refused_by_the_server_is_told_from_an_outage(error, is_refusal):
+    """A refusal at create is a 422 naming the feature; the rest stays a 503."""
+    assert refused(error) is is_refusal

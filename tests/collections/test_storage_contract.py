@@ -355,6 +355,31 @@ def test_errors_are_problems_and_change_nothing(kb: TestClient):
     assert everything(kb) == before
 
 
+@pytest.mark.parametrize("engine", [p for p in BACKENDS if p != "local"], indirect=True)
+def test_an_engine_without_bm25_is_refused_at_create_naming_it_and_its_version(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+):
+    """The refusal is the server's (faked: every engine here has BM25), as Milvus
+    2.4 answers a BM25 function; a 422, not a retried 503, and nothing is left."""
+    from pymilvus import MilvusClient, MilvusException
+
+    create = MilvusClient.create_collection
+
+    def refuse(self: MilvusClient, name: str, **kwargs: Any) -> None:
+        if kwargs.get("schema") is not None and kwargs["schema"].functions:
+            raise MilvusException(1100, "function type BM25 is not supported")
+        create(self, name, **kwargs)
+
+    monkeypatch.setattr(MilvusClient, "create_collection", refuse)
+    body = assert_problem(client.post("/v1/collections", json={"name": "kb"}), 422)
+    assert body["type"].endswith("backend-unsupported")
+    assert "BM25 full-text search" in body["detail"]
+    assert "version milvus_lite-3." in body["detail"] or "Lite 2.x" in body["detail"]
+    assert client.get("/v1/collections").json()["data"] == []
+    monkeypatch.undo()
+    assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
+
+
 # -- restart ----------------------------------------------------------------------------
 def test_a_restart_serves_identical_results(kb: TestClient, settings, embedder):
     calibrator = fit(kb)
