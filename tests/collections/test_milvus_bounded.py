@@ -23,6 +23,7 @@ from app.settings import MILVUS_TIMEOUT_BOUNDS, MILVUS_TOP_K, Limits, Settings
 from tests.collections.test_milvus_outage import poll, unavailable
 from tests.collections.test_storage_contract import (
     DOCS,
+    HAS_MILVUS,
     URL,
     backend_settings,
     needs_milvus,
@@ -70,6 +71,53 @@ def lite_server(tmp_path: Path) -> Iterator[tuple[str, Any]]:
             os.kill(process.pid, signal.SIGCONT)
 
 
+def _child_serving(port: int) -> int:
+    """The pid of this process's child serving ``port`` (from /proc: Linux)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+        if parent == os.getpid() and f"127.0.0.1:{port}".encode() in args:
+            return int(entry.name)
+    raise AssertionError(f"no child process serves port {port}")
+
+
+@pytest.fixture(params=["milvus-lite-server", "milvus-engine"])
+def stoppable(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, int]]:
+    """A Milvus server of this test only and its pid; continued if a test stopped it.
+
+    ``milvus-lite server`` (3.x), or the real engine (a server of its own, not the
+    session's: stopping that one would stop the other tests).
+    """
+    from tests.support import milvus_engine
+
+    if request.param == "milvus-engine":
+        binary = milvus_engine.engine_binary()
+        if binary is None:
+            pytest.skip(milvus_engine.MISSING_REASON)
+        server = milvus_engine.engine_server(binary, tmp_path / "engine")
+        with server as uri:
+            pid = _child_serving(int(uri.rsplit(":", 1)[1]))
+            try:
+                yield uri, pid
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        return
+    from tests.support.milvus_lite import milvus_lite_process
+
+    with milvus_lite_process(tmp_path / "server") as (uri, process):
+        try:
+            yield uri, process.pid
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+
+
 def app_on(settings: Settings, embedder: Any) -> TestClient:
     client = TestClient(create_app(settings, embedder=embedder))
     client.__enter__()
@@ -81,9 +129,9 @@ def app_on(settings: Settings, embedder: Any) -> TestClient:
 @needs_milvus
 @pytest.mark.slow
 def test_a_call_past_its_timeout_is_a_503_and_the_request_ends(
-    tmp_path: Path, embedder: Any, lite_server: tuple[str, Any]
+    tmp_path: Path, embedder: Any, stoppable: tuple[str, int]
 ) -> None:
-    uri, process = lite_server
+    uri, pid = stoppable
     settings = backend_settings(
         tmp_path, "milvus", milvus_uri=uri, milvus_timeout_s=1.0
     )
@@ -91,14 +139,14 @@ def test_a_call_past_its_timeout_is_a_503_and_the_request_ends(
     try:
         before = client.post(f"{URL}/search", json=QUERY)
         assert before.status_code == 200, before.text
-        os.kill(process.pid, signal.SIGSTOP)  # the port stays open; nothing answers
+        os.kill(pid, signal.SIGSTOP)  # the port stays open; nothing answers
         for request in (
             lambda: client.post(f"{URL}/search", json=QUERY),
             lambda: client.get(f"{URL}/documents/paris"),
             lambda: client.put(f"{URL}/documents", json={"documents": DOCS[:1]}),
         ):
             unavailable(request(), uri)  # answered: the request did not hang
-        os.kill(process.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         after = poll(lambda: client.post(f"{URL}/search", json=QUERY), 200)
         assert after.json()["hits"] == before.json()["hits"]
     finally:
@@ -168,17 +216,19 @@ def test_k_and_candidates_up_to_milvus_cap_and_not_one_past(
 
 
 # -- schema version ---------------------------------------------------------------------
+if HAS_MILVUS:  # Milvus Lite 3.x and the real engine
+    from tests.collections.test_milvus import uri  # noqa: F401
+
+
 @needs_milvus
-def test_the_schema_version_is_recorded_and_an_older_one_migrated(
-    tmp_path: Path,
-) -> None:
+def test_the_schema_version_is_recorded_and_an_older_one_migrated(uri: str) -> None:
     from app.collections.milvus_client import STATE, milvus_name
     from app.collections.milvus_state import SCHEMA_VERSION, read_meta, write_meta
     from app.exceptions import StorageUnavailableError
     from tests.collections.test_milvus import META, open_storage
 
     state = milvus_name("kb", STATE)
-    storage = open_storage(tmp_path)
+    storage = open_storage(uri)
     try:
         storage.create("kb", dict(META))
         assert read_meta(storage.client, state)["schema_version"] == SCHEMA_VERSION
@@ -203,11 +253,23 @@ def test_the_schema_version_is_recorded_and_an_older_one_migrated(
 
 
 # -- consistency levels across replicas -------------------------------------------------
+@pytest.fixture(params=["milvus-lite-server", "milvus-engine"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A Milvus server two clients share: ``milvus-lite server`` or the engine."""
+    if request.param == "milvus-engine":
+        yield str(request.getfixturevalue("engine_uri"))
+        return
+    from tests.support.milvus_lite import milvus_lite_server
+
+    with milvus_lite_server(tmp_path / "server") as uri:
+        yield uri
+
+
 @needs_milvus
 @pytest.mark.slow
 @pytest.mark.parametrize("level", ["Strong", "Session", "Bounded", "Eventually"])
 def test_what_each_consistency_level_guarantees_across_two_replicas(
-    tmp_path: Path, lite_server: tuple[str, Any], level: str
+    server: str, level: str
 ) -> None:
     """Two replicas (two clients of one server) reading at ``level``.
 
@@ -220,17 +282,17 @@ def test_what_each_consistency_level_guarantees_across_two_replicas(
       that does not time things can tell;
     * ``Eventually``: no bound; seen eventually.
 
-    Milvus Lite applies every write before it acknowledges it, so there every level
-    behaves as ``Strong``: the weaker assertions are what a cluster guarantees.
+    Milvus Lite (3.x, and 2.5.1's single-process engine) applies every write before
+    it acknowledges it, so there every level behaves as ``Strong``: the weaker
+    assertions are what a cluster guarantees.
     """
     from app.collections.milvus import MilvusStorage
     from app.collections.milvus_client import CallOptions
     from tests.collections.conftest import new_docs
     from tests.collections.test_milvus import META, load
 
-    uri, _ = lite_server
     options = CallOptions(consistency=level)
-    first, second = (MilvusStorage(uri, load, options=options) for _ in range(2))
+    first, second = (MilvusStorage(server, load, options=options) for _ in range(2))
     try:
         kb = first.create("kb", dict(META))
         other = second.open("kb")
