@@ -301,7 +301,7 @@ class Reloads:
                 del self._running[milvus]
 
     def wait(self) -> None:
-        """Wait for the loads under way (tests; closing the client)."""
+        """Wait for the loads under way (for tests)."""
         with self._lock:
             threads = list(self._running.values())
         for thread in threads:
@@ -384,10 +384,7 @@ class Guarded:
             try:
                 result = call(*args, **{**given, **kwargs})
             except MilvusException as error:
-                ours = self._translate(error, args[0] if args else None)
-                if ours is None:
-                    raise
-                raise ours from error
+                raise self._translate(error, args[0] if args else None) from error
             except grpc.RpcError as error:  # pymilvus passes a deadline on as it is
                 raise self._no_answer(error) from error
             if method.endswith("_iterator"):  # its next() calls Milvus too
@@ -400,11 +397,9 @@ class Guarded:
 
     def translate(self, error: MilvusException) -> Exception:
         """The exception to raise for ``error`` (a call made on :attr:`raw`)."""
-        return self._translate(error) or error
+        return self._translate(error)
 
-    def _translate(
-        self, error: MilvusException, milvus: Any = None
-    ) -> NormcalError | None:
+    def _translate(self, error: MilvusException, milvus: Any = None) -> NormcalError:
         """The error to report for ``error`` (``milvus``: the collection called)."""
         outcome = classify(error)
         said = f"{error.message or error} (Milvus error {error.code})"
