@@ -24,7 +24,7 @@ which the output states.
 
 Separately, the real model's per-node embedding throughput (torch backend,
 ``--embed-texts`` scifact abstracts when ``../shared/data`` has them, else the
-synthetic sentences), so the plan in ``docs/scale.md`` can combine the two.
+synthetic sentences), so the plan in docs/storage.md (Scale) can combine the two.
 
 Run::
 

@@ -170,7 +170,14 @@ def test_torch_is_pinned_once_to_the_makefile_version(runtime, dev):
 def make_dry_run(target: str, tmp_path: Path) -> list[str]:
     """Arguments of each ``pip install`` that ``make TARGET`` runs without a venv."""
     out = subprocess.run(
-        ["make", "-n", *target.split(), f"VENV={tmp_path / 'venv'}", "TORCH_PIP_ARGS="],
+        [
+            "make",
+            "-n",
+            *target.split(),
+            f"VENV={tmp_path / 'venv'}",
+            f"ENGINE_VENV={tmp_path / 'engine'}",
+            "TORCH_PIP_ARGS=",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -201,6 +208,8 @@ def test_make_install_extras_adds_the_extra_lock(tmp_path):
 
 @pytest.mark.parametrize("target", ["test", "lint"])
 def test_make_test_and_lint_add_the_dev_lock(tmp_path, target):
+    """``make test`` also builds the Milvus engine's own environment."""
+    engine = ["-r requirements/milvus-engine.txt"] if target == "test" else []
     assert make_dry_run(target, tmp_path) == [
         "--upgrade pip",
         '"torch==2.13.0"',
@@ -208,6 +217,7 @@ def test_make_test_and_lint_add_the_dev_lock(tmp_path, target):
         "--no-deps -e clients/python",
         "--no-deps -e .",
         "-r requirements/dev.txt",
+        *engine,
     ]
 
 

@@ -170,10 +170,11 @@ def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
         return expr, isinstance(node.value, str)
     if not 0 < len(node.values) <= _MAX_IN_VALUES:  # Milvus has no "false"
         return None, False
-    if None in node.values:  # the engine (2.5) cannot test a JSON key for null
+    values = [v for v in node.values if v is not None]
+    if len(values) < len(node.values):  # the engine (2.5) fails on "is null" of JSON
         return None, False
-    clauses = [f"{field} == {_literal(v)}" for v in node.values]
-    exact = all(isinstance(v, str) for v in node.values)
+    clauses = [f"{field} == {_literal(v)}" for v in values]
+    exact = all(isinstance(v, str) for v in values)
     return "(" + " or ".join(clauses) + ")", exact
 
 

@@ -1,7 +1,7 @@
 """Milvus going away after start-up: 503 ``storage-unavailable``, then served again.
 
-A real ``milvus-lite server`` on a loopback port, the app through TestClient with
-the real model. The server is stopped under a running app (every collection route
+A real server on a loopback port (``milvus-lite server``, 3.x, and the C++ engine of
+milvus-lite 2.5.1), the app through TestClient with the real model. The server is stopped under a running app (every collection route
 answers 503 with ``Retry-After``, the process stays live, nothing is written), then
 started again on the same port and data: the same app serves again, with the data
 written before the outage and without the write refused during it.
@@ -10,7 +10,9 @@ written before the outage and without the write refused during it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,6 +27,7 @@ from tests.collections.test_storage_contract import (
     needs_milvus,
 )
 from tests.conftest import assert_problem
+from tests.support.milvus_engine import MISSING_REASON, engine_binary, engine_server
 
 pytestmark = [needs_milvus, pytest.mark.slow]
 TOKEN = "root:not-to-be-shown"
@@ -52,11 +55,27 @@ def unavailable(response: httpx.Response, uri: str) -> dict[str, Any]:
     return body
 
 
-def test_an_outage_is_a_503_and_the_same_process_serves_again(tmp_path, embedder):
-    from tests.support.milvus_lite import milvus_lite_server
+@contextmanager
+def serving(kind: str, data: Path, port: int | None = None) -> Iterator[str]:
+    """A server of ``kind`` on ``data`` (a second one on the same port and data is
+    the first restarted); its URI once it answers."""
+    if kind == "milvus":
+        from tests.support.milvus_lite import milvus_lite_server
 
+        with milvus_lite_server(data, port) as uri:
+            yield uri
+        return
+    binary = engine_binary()
+    if binary is None:
+        pytest.skip(MISSING_REASON)
+    with engine_server(binary, data, port) as uri:
+        yield uri
+
+
+@pytest.mark.parametrize("kind", ["milvus", "milvus-engine"])
+def test_an_outage_is_a_503_and_the_same_process_serves_again(tmp_path, embedder, kind):
     data = tmp_path / "server"
-    with milvus_lite_server(data) as uri:
+    with serving(kind, data) as uri:
         port = int(uri.rsplit(":", 1)[1])
         settings = backend_settings(
             tmp_path, "milvus", milvus_uri=uri, milvus_token=TOKEN
@@ -92,7 +111,7 @@ def test_an_outage_is_a_503_and_the_same_process_serves_again(tmp_path, embedder
         assert client.get("/healthz").status_code == 200  # the process is alive
         assert client.get("/metrics").status_code == 200  # scrapes go on
 
-        with milvus_lite_server(data, port=port) as again:
+        with serving(kind, data, port=port) as again:
             assert again == uri
             poll(lambda: client.get("/readyz"), 200)
             after = poll(lambda: client.post(f"{URL}/search", json=QUERY), 200)

@@ -33,7 +33,7 @@ _START_TIMEOUT = 120  # seconds for the server to answer a call after it is star
 
 def engine_binary() -> Path | None:
     """The engine's executable in its environment, or ``None`` when not installed."""
-    env = Path(os.environ.get("NORMCAL_TEST_MILVUS_ENGINE", REPO / ".venv-milvus-engine"))
+    env = REPO / os.environ.get("NORMCAL_TEST_MILVUS_ENGINE", ".venv-milvus-engine")
     found = sorted(env.glob("lib/python3*/site-packages/milvus_lite/lib/milvus"))
     return found[0] if found else None
 
@@ -69,7 +69,9 @@ def _answers(uri: str) -> bool:
 
 
 @contextmanager
-def engine_server(binary: Path, data_dir: Path, port: int | None = None) -> Iterator[str]:
+def engine_server(
+    binary: Path, data_dir: Path, port: int | None = None
+) -> Iterator[str]:
     """Run the engine on ``port`` (default: a free loopback one), its data in
     ``data_dir``; yields its URI once it answers, stops it after."""
     port = port or _free_port()
