@@ -1,9 +1,11 @@
-"""Bounded calls on Milvus: timeouts, released collections, top-k limits, schema version.
+"""Bounded calls on Milvus: timeouts, released collections, top-k limits, schema
+version, consistency levels.
 
-Real model, real engines, the app through TestClient. A Milvus that stops answering
-is a ``milvus-lite server`` stopped with SIGSTOP (its port stays open, nothing
-answers); a released collection is released by a second client, as an operator or
-a restarted server would.
+Real model, real engines (Milvus Lite 3.x and the C++ engine of milvus-lite 2.5.1),
+the app through TestClient. A Milvus that stops answering is a server of the test's
+own stopped with SIGSTOP (its port stays open, nothing answers); a released
+collection is released by a second client, as an operator or a restarted server
+would.
 """
 
 from __future__ import annotations
