@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -18,6 +24,10 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+MILVUS_TOP_K = 16_384  # Milvus's cap on the limit (top k) of one search or query
+MILVUS_TIMEOUT_S = 10.0  # default seconds per Milvus call
+MILVUS_TIMEOUT_BOUNDS = (0.1, 600.0)  # NORMCAL_MILVUS_TIMEOUT_S's declared range
 
 
 def default_model_path() -> str:
@@ -207,6 +217,18 @@ class Settings(BaseSettings):
     milvus_token: SecretStr | None = Field(
         None, description="Milvus token (user:password or API key); unset = none"
     )
+    milvus_timeout_s: float = Field(
+        MILVUS_TIMEOUT_S,
+        ge=MILVUS_TIMEOUT_BOUNDS[0],
+        le=MILVUS_TIMEOUT_BOUNDS[1],
+        description="seconds one call to Milvus may take; past it the request is a "
+        "503 with Retry-After",
+    )
+    milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
+        "Strong",
+        description="Milvus consistency level of every read (docs/storage.md: what "
+        "each guarantees across replicas)",
+    )
     index_type: Literal["flat", "hnsw"] = Field(
         "flat", description="vector index kind (FAISS, or Milvus FLAT/HNSW)"
     )
@@ -341,6 +363,20 @@ class Settings(BaseSettings):
                 "runs fp32)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _within_milvus_top_k(self) -> Settings:
+        """``max_k`` within Milvus's top-k cap when Milvus stores the collections.
+
+        Every search asks Milvus for up to ``max_k`` hits (the candidate pool, and
+        HNSW's ``ef``, never exceed it): past the cap every such search would fail.
+        """
+        if self.storage == "milvus" and self.limits.max_k > MILVUS_TOP_K:
+            raise ValueError(
+                f"NORMCAL_MAX_K ({self.limits.max_k}) must be at most {MILVUS_TOP_K} "
+                "with NORMCAL_STORAGE=milvus: Milvus's top-k cap per search"
+            )
+        return self
 
     @field_validator("drift_min_queries")
     @classmethod

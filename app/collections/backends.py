@@ -52,6 +52,8 @@ def open_registry(
             settings.milvus_uri,
             token="" if token is None else token.get_secret_value(),
             load_calibrator=load_calibrator,
+            timeout=settings.milvus_timeout_s,
+            consistency=settings.milvus_consistency,
             **common,
         )
     else:

@@ -14,8 +14,9 @@ Each normcal collection is two Milvus collections (names from
 Atomicity: Milvus has no multi-row transactions. One ``upsert`` call per batch is
 idempotent by id (a retried batch converges to the same rows) but a failure or crash
 in the middle may leave part of a batch applied, and a concurrent search may see part
-of it. Reads use the ``Strong`` consistency level, so a write is visible to the next
-read of any client once acknowledged.
+of it. Reads use the consistency level of ``NORMCAL_MILVUS_CONSISTENCY`` (``Strong``
+by default: a write is visible to the next read of any client once acknowledged;
+docs/storage.md states what the other levels guarantee).
 
 Outages and filters: every call goes through one guarded client, and filters are
 built from typed values and checked again in Python
@@ -51,6 +52,7 @@ from app.collections.milvus_client import (
     DOCS,
     SEQS,
     STATE,
+    CallOptions,
     Guarded,
     chunks,
     milvus_filter,
@@ -59,9 +61,10 @@ from app.collections.milvus_client import (
     refused,
 )
 from app.collections.milvus_state import (
+    SCHEMA_VERSION,
     MilvusState,
     create_state_collection,
-    read_meta,
+    open_meta,
 )
 from app.collections.pool import pool_of
 from app.concurrency import RWLock
@@ -73,6 +76,7 @@ from app.exceptions import (
     NotFoundError,
 )
 from app.schemas import filters
+from app.settings import MILVUS_TOP_K
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import hybrid_pool
 
@@ -82,8 +86,8 @@ if TYPE_CHECKING:
 _DOC_FIELDS = ["id", "seq", "text", "metadata", "norm", "n_tokens", "truncated"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
 _MAX_TEXT_BYTES = 65_535  # Milvus's VARCHAR maximum
-_QUERY_WINDOW = 16_384  # Milvus's cap on offset + limit of one query
-_TOP_K = 16_384  # Milvus's cap on the limit of one search
+_QUERY_WINDOW = MILVUS_TOP_K  # Milvus's cap on offset + limit of one query
+_TOP_K = MILVUS_TOP_K  # Milvus's cap on the limit of one search
 _INT64_END = 2**63 - 1  # past every seq
 _PAGE_ROUNDS = 32  # narrowing rounds of one page before falling back to a full scan
 _DF_TTL = 60.0  # seconds a cached document frequency may miss other replicas' writes
@@ -110,8 +114,14 @@ class MilvusStorage(Generic[C]):
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
+        options: CallOptions | None = None,
     ) -> None:
-        self.client = Guarded(MilvusClient(uri=uri, token=token), uri)
+        options = options or CallOptions()
+        self.client = Guarded(
+            MilvusClient(uri=uri, token=token, timeout=options.timeout),
+            uri,
+            options=options,
+        )
         self._load_calibrator = load_calibrator
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
@@ -131,7 +141,12 @@ class MilvusStorage(Generic[C]):
             create_state_collection(self.client, state)
             collection = MilvusCollection(name, self, self._load_calibrator, {})
             collection.set_meta(
-                **{**meta, "name": name, "index_type": self._index_type}
+                **{
+                    **meta,
+                    "name": name,
+                    "index_type": self._index_type,
+                    "schema_version": SCHEMA_VERSION,
+                }
             )
         except BaseException:
             self._remove(docs, state)
@@ -151,11 +166,11 @@ class MilvusStorage(Generic[C]):
                 return
 
     def open(self, name: str) -> MilvusCollection[C]:
-        """Open a stored collection (``NotFoundError`` if absent)."""
+        """Open a stored collection (``NotFoundError`` if absent), migrated if older."""
         state = milvus_name(name, STATE)
         if not self.client.has_collection(state):
             raise NotFoundError("collection", name)
-        meta = read_meta(self.client, state)
+        meta = open_meta(self.client, state, name)
         return MilvusCollection(name, self, self._load_calibrator, meta)
 
     def names(self) -> list[str]:
@@ -512,6 +527,7 @@ class MilvusCollection(Generic[C]):
         the seqs it matches, so that the top ``n`` are the filter's top ``n``.
         """
         fields = [*_DOC_FIELDS, "vector"]
+        ef = max(self._ef_search, n)  # HNSW's ef must be at least the top k
         with self._reading():
             expr = self._exact_filter(where)
             dense = self._client.search(
@@ -521,7 +537,7 @@ class MilvusCollection(Generic[C]):
                 limit=n,
                 filter=expr,
                 output_fields=fields,
-                search_params={"metric_type": "IP", "params": {"ef": self._ef_search}},
+                search_params={"metric_type": "IP", "params": {"ef": ef}},
             )
             lex = self._lexical(texts, max(n, LEXICAL_DEPTH), expr, fields)
             masses = self._idf_masses(texts)

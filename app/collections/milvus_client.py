@@ -3,10 +3,11 @@
 Shared by the documents (``app.collections.milvus``) and the state
 (``app.collections.milvus_state``) of a normcal collection in Milvus:
 
-* :class:`Guarded`: every call into pymilvus goes through it, which turns a failure
-  of Milvus (unreachable, timed out, or failing server-side) into
-  :class:`~app.exceptions.StorageUnavailableError` (HTTP 503 with ``Retry-After``),
-  and reloads a collection a restarted server left released;
+* :class:`Guarded`: every call into pymilvus goes through it, bounded by a timeout,
+  and its errors are classified by :data:`KNOWN_ERRORS` (refusals are 4xx; a failure
+  of Milvus, unreachable, timed out or failing server-side, is
+  :class:`~app.exceptions.StorageUnavailableError`, HTTP 503 with ``Retry-After``);
+  a collection a restarted server left released is loaded in the background;
 * :func:`milvus_name`: the two Milvus collections of a normcal collection;
 * :func:`milvus_filter`: a filter tree as a Milvus pre-filter, built from typed
   values (never by pasting a user's string) and checked again in Python;
@@ -15,23 +16,29 @@ Shared by the documents (``app.collections.milvus``) and the state
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import grpc
 from pymilvus import MilvusException
 from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
 from app.exceptions import (
+    BackendUnsupportedError,
     InvalidRequestError,
     NormcalError,
     NotFoundError,
     StorageUnavailableError,
 )
 from app.schemas import filters
+from app.settings import MILVUS_TIMEOUT_S
+
+logger = logging.getLogger(__name__)
 
 BACKEND = "milvus"
 DOCS, STATE = "ncd_", "ncs_"
@@ -42,8 +49,6 @@ _INT64 = (-(2**63), 2**63 - 1)
 _MAX_IN_VALUES = 64
 _MAX_EXPR_CHARS = 65_536
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
-_NOT_FOUND = 100  # Milvus's error code of a collection that does not exist
-_NOT_LOADED = 101  # ... of one not loaded (a restarted server releases them all)
 # Milvus's error codes below this are the service's state, not a request's.
 _FIRST_REQUEST_CODE = 100
 
@@ -195,72 +200,243 @@ class _SeqClock:
 SEQS = _SeqClock()
 
 
-class Guarded:
-    """A ``MilvusClient`` whose every call reports Milvus's failures as normcal's.
+Outcome = Literal["input", "unsupported", "not_found", "not_loaded"]
 
-    The one place pymilvus errors are translated (see the module docstring):
 
-    * an error pymilvus or the server puts on the request itself (``ParamError``,
-      ``is_input_error``) is normcal's to interpret and passes unchanged: normcal
-      checks users' input before any call, so one reaching Milvus is a bug or a
-      missing engine feature (``create`` turns that into a 422);
-    * a collection not found is a 404 when the wrapped client serves one normcal
-      collection (``collection``), e.g. after another replica dropped it;
-    * a released collection is loaded and the call retried once;
-    * anything else (no connection, timeout, server failure) is a 503 naming Milvus
-      and its URI, never the token; nothing was written that a retry would not
-      converge (upserts are idempotent by id).
+@dataclass(frozen=True)
+class KnownError:
+    """An error shape a supported Milvus sends, and what it means to normcal.
+
+    ``code`` is the error's ``code``; ``legacy`` its ``compatible_code`` when the
+    shape needs it to be told apart (``None``: any); ``message`` a substring its
+    message must contain (``""``: any); ``seen_on`` the servers that send it.
     """
 
-    def __init__(self, client: Any, uri: str, collection: str | None = None) -> None:
+    code: int
+    outcome: Outcome
+    seen_on: str
+    legacy: int | None = None
+    message: str = ""
+
+    def matches(self, error: MilvusException) -> bool:
+        """Whether ``error`` has this shape."""
+        return (
+            error.code == self.code
+            and (self.legacy is None or error.compatible_code == self.legacy)
+            and self.message in (error.message or "")
+        )
+
+
+_SERVERS = "Milvus 2.5.x-2.6.x, milvus-lite 2.5.1"
+KNOWN_ERRORS: tuple[KnownError, ...] = (
+    # Milvus's own codes (merr), sent by its servers and the engine of Lite 2.5.1
+    KnownError(100, "not_found", f"{_SERVERS}, milvus-lite 3.x"),
+    KnownError(101, "not_loaded", f"{_SERVERS}, milvus-lite 3.x"),
+    KnownError(10, "unsupported", f"{_SERVERS}: service unimplemented"),
+    KnownError(701, "unsupported", f"{_SERVERS}: index not supported"),
+    KnownError(2001, "unsupported", f"{_SERVERS}: segcore unsupported"),
+    KnownError(1100, "input", f"{_SERVERS}: invalid parameter, invalid expression"),
+    KnownError(1101, "input", f"{_SERVERS}: parameter missing"),
+    KnownError(1102, "input", f"{_SERVERS}: parameter too large"),
+    KnownError(1200, "input", f"{_SERVERS}: metric not found"),
+    KnownError(1700, "input", f"{_SERVERS}: field not found"),
+    # Lite 2.5.1's front end refuses what only a full server serves as "undefined"
+    KnownError(65535, "unsupported", "milvus-lite 2.5.1", message="invalid index type"),
+    # milvus-lite 3.x: the legacy IllegalArgument (6) as both codes (a bad filter,
+    # schema or argument); a server's 6 is a routing failure with another legacy code
+    KnownError(6, "input", "milvus-lite 3.x", legacy=6),
+)
+"""Every Milvus error normcal reports as other than an outage (first match wins).
+
+What no entry matches is a 503 with ``Retry-After``: an unknown error is taken as
+Milvus failing to serve, never as the request's fault. ``is_input_error`` is not
+read: only recent servers set it.
+"""
+
+
+def classify(error: MilvusException) -> Outcome | None:
+    """What ``error`` means to normcal; ``None``: an outage (unknown, or no answer).
+
+    pymilvus's own ``ParamError`` (refused before any call) is an input error.
+    """
+    if isinstance(error, ParamError):
+        return "input"
+    return next((k.outcome for k in KNOWN_ERRORS if k.matches(error)), None)
+
+
+class Reloads:
+    """Background loads of released collections: one at a time per collection.
+
+    A released collection (a restarted server releases them all) is not loaded
+    inside the request that finds it so: that request is a 503 with ``Retry-After``
+    and one load starts here, whatever number of requests find it released meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, threading.Thread] = {}
+
+    def start(self, load: Callable[[str], object], milvus: str) -> None:
+        """Load ``milvus`` with ``load`` in the background unless already loading."""
+        with self._lock:
+            if milvus in self._running:
+                return
+            thread = threading.Thread(
+                target=self._run,
+                args=(load, milvus),
+                name=f"load-{milvus}",
+                daemon=True,
+            )
+            self._running[milvus] = thread
+        thread.start()
+
+    def _run(self, load: Callable[[str], object], milvus: str) -> None:
+        try:
+            load(milvus)
+            logger.info("loaded released Milvus collection %s", milvus)
+        except Exception as error:  # the next request that finds it released retries
+            logger.warning("cannot load Milvus collection %s: %s", milvus, error)
+        finally:
+            with self._lock:
+                del self._running[milvus]
+
+    def wait(self) -> None:
+        """Wait for the loads under way (for tests)."""
+        with self._lock:
+            threads = list(self._running.values())
+        for thread in threads:
+            thread.join()
+
+
+# Methods that do not call the server (no timeout= or consistency_level=).
+_LOCAL_METHODS = frozenset({"close", "prepare_index_params", "create_schema"})
+_READS = frozenset({"search", "query", "get", "query_iterator", "hybrid_search"})
+RELOAD_TIMEOUT_S = 600.0  # seconds a background load of a released collection may take
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What every call through :class:`Guarded` is given.
+
+    ``timeout`` (seconds, ``NORMCAL_MILVUS_TIMEOUT_S``) bounds each call;
+    ``consistency`` (``NORMCAL_MILVUS_CONSISTENCY``) is the level of every read.
+    """
+
+    timeout: float = MILVUS_TIMEOUT_S
+    consistency: str = "Strong"
+
+    def of(self, method: str) -> dict[str, Any]:
+        """The keyword arguments ``method`` is called with."""
+        if method in _LOCAL_METHODS:
+            return {}
+        if method in _READS:
+            return {"timeout": self.timeout, "consistency_level": self.consistency}
+        return {"timeout": self.timeout}
+
+
+class Guarded:
+    """A ``MilvusClient`` whose every call is bounded and reports failures as normcal's.
+
+    The one place pymilvus errors are translated, by :data:`KNOWN_ERRORS`:
+
+    * an input error (Milvus refusing the request: a bad expression or parameter)
+      is a 422 ``invalid-request``, an unsupported feature a 422
+      ``backend-unsupported``: normcal checks users' input before any call, so
+      either is a missing engine feature or a bug, and a retry would fail the same;
+    * a collection not found is a 404 when the wrapped client serves one normcal
+      collection (``collection``), e.g. after another replica dropped it;
+    * a released collection is a 503 with ``Retry-After`` while one background load
+      starts (:class:`Reloads`);
+    * anything else (no connection, a call past its timeout, a server failure) is a
+      503 with ``Retry-After`` naming Milvus and its URI, never the token; nothing
+      was written that a retry would not converge (upserts are idempotent by id).
+
+    Every call gets :class:`CallOptions` (a timeout; reads a consistency level)
+    unless the caller passes its own.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        uri: str,
+        collection: str | None = None,
+        *,
+        options: CallOptions | None = None,
+        reloads: Reloads | None = None,
+    ) -> None:
         self.raw = client
         self._uri = uri
         self._collection = collection
+        self.options = options  # None: an iterator's next() and close(), as they are
+        self.reloads = reloads or Reloads()
 
     def for_collection(self, name: str) -> Guarded:
         """The same client, reporting a missing Milvus collection as ``name``'s 404."""
-        return Guarded(self.raw, self._uri, name)
+        return Guarded(
+            self.raw, self._uri, name, options=self.options, reloads=self.reloads
+        )
 
     def __getattr__(self, method: str) -> Any:
         call = getattr(self.raw, method)
+        given = {} if self.options is None else self.options.of(method)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
-                result = self._call(call, args, kwargs)
+                result = call(*args, **{**given, **kwargs})
             except MilvusException as error:
-                ours = self._translate(error)
-                if ours is None:
-                    raise
-                raise ours from error
+                raise self._translate(error, args[0] if args else None) from error
+            except grpc.RpcError as error:  # pymilvus passes a deadline on as it is
+                raise self._no_answer(error) from error
             if method.endswith("_iterator"):  # its next() calls Milvus too
-                return Guarded(result, self._uri, self._collection)
+                return Guarded(
+                    result, self._uri, self._collection, reloads=self.reloads
+                )
             return result
 
         return guarded
 
-    def _call(self, call: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        try:
-            return call(*args, **kwargs)
-        except MilvusException as error:
-            if error.code != _NOT_LOADED or not args:
-                raise
-            self.raw.load_collection(args[0])  # args[0]: the collection's name
-            return call(*args, **kwargs)
-
     def translate(self, error: MilvusException) -> Exception:
-        """The exception to raise for ``error`` (itself: the caller's to interpret)."""
-        return self._translate(error) or error
+        """The exception to raise for ``error`` (a call made on :attr:`raw`)."""
+        return self._translate(error)
 
-    def _translate(self, error: MilvusException) -> NormcalError | None:
-        """The error to report for ``error``; None: the caller's to interpret."""
-        if isinstance(error, ParamError) or error.is_input_error:
-            return None
-        if error.code == _NOT_FOUND and self._collection is not None:
+    def _translate(self, error: MilvusException, milvus: Any = None) -> NormcalError:
+        """The error to report for ``error`` (``milvus``: the collection called)."""
+        outcome = classify(error)
+        said = f"{error.message or error} (Milvus error {error.code})"
+        if outcome == "input":
+            return InvalidRequestError(
+                f"Milvus at {self._uri} refused the request: {said}"
+            )
+        if outcome == "unsupported":
+            return BackendUnsupportedError(
+                BACKEND, f"at {self._uri} cannot serve this: {said}"
+            )
+        if outcome == "not_found" and self._collection is not None:
             return NotFoundError("collection", self._collection)
+        if outcome == "not_loaded" and isinstance(milvus, str):
+            self.reloads.start(self._load, milvus)
+            return StorageUnavailableError(
+                f"Milvus at {self._uri} has collection {milvus} released: it is being "
+                "loaded, retry",
+                retry_after=_RETRY_AFTER,
+            )
         return StorageUnavailableError(
-            f"Milvus at {self._uri} is unavailable: {error.message or error}",
-            retry_after=_RETRY_AFTER,
+            f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
         )
+
+    def _no_answer(self, error: grpc.RpcError) -> StorageUnavailableError:
+        code = error.code() if isinstance(error, grpc.Call) else None
+        said = (
+            f"no answer within {self.options.timeout} s (NORMCAL_MILVUS_TIMEOUT_S)"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and self.options is not None
+            else f"{error}"
+        )
+        return StorageUnavailableError(
+            f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
+        )
+
+    def _load(self, milvus: str) -> None:
+        self.raw.load_collection(milvus, timeout=RELOAD_TIMEOUT_S)
 
 
 def refused(error: MilvusException) -> bool:

@@ -29,9 +29,10 @@ from typing import Any, Generic
 from app.collections.base import C, CalibratorLoader, Unavailable, own_vectors
 from app.collections.index import IndexType
 from app.collections.milvus import MilvusCollection, MilvusStorage
-from app.collections.milvus_client import BACKEND
+from app.collections.milvus_client import BACKEND, CallOptions
 from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
+from app.settings import MILVUS_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class MilvusRegistry(Generic[C]):
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
+        timeout: float = MILVUS_TIMEOUT_S,
+        consistency: str = "Strong",
     ) -> None:
         self.uri = uri
         self.model_name = model_name
@@ -66,6 +69,7 @@ class MilvusRegistry(Generic[C]):
             "index_type": index_type,
             "hnsw_m": hnsw_m,
             "ef_search": ef_search,
+            "options": CallOptions(timeout, consistency),
         }
         self._storage: MilvusStorage[C] | None = None
         self._problem: str | None = None
@@ -82,8 +86,17 @@ class MilvusRegistry(Generic[C]):
             storage = self._connect()
             if storage is None:
                 return
-            for name in storage.names():
-                self._collections[name] = storage.open(name)
+            try:
+                names = storage.names()
+            except StorageUnavailableError as error:  # e.g. released: being loaded
+                logger.warning("collections open on first use: %s", error.detail)
+                return
+            for name in names:
+                try:
+                    self._collections[name] = storage.open(name)
+                except StorageUnavailableError as error:
+                    logger.warning("collection %s: %s", name, error.detail)
+                    continue
                 logger.info("opened collection %s in %s", name, BACKEND)
 
     def _connect(self) -> MilvusStorage[C] | None:

@@ -15,6 +15,7 @@ take the write lock: they are serialised within one process only.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -30,7 +31,9 @@ from app.collections.milvus_client import (
     query_all,
     string_literal,
 )
-from app.exceptions import ConflictError, NotFoundError
+from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionState
@@ -47,6 +50,59 @@ def read_meta(client: Guarded, milvus: str) -> dict[str, Any]:
     """The meta rows of state collection ``milvus``, as a dict."""
     rows = query_all(client, milvus, 'kind == "meta"', STATE_FIELDS)
     return {r["key"]: r["data"]["value"] for r in rows}
+
+
+def _from_version_1(client: Guarded, milvus: str) -> None:
+    """Version 1 (no ``schema_version`` row) has version 2's collections and rows."""
+
+
+SCHEMA_VERSION = 2
+"""The layout of a normcal collection's Milvus collections this normcal writes.
+
+Recorded as meta ``schema_version`` at create; 1 is a collection written before
+the version was recorded (no such row). :data:`MIGRATIONS` brings an older one up.
+"""
+MIGRATIONS: dict[int, Callable[[Guarded, str], None]] = {1: _from_version_1}
+"""Version ``v`` → the step that makes a collection at ``v`` one at ``v + 1``."""
+
+
+def open_meta(client: Guarded, milvus: str, name: str) -> dict[str, Any]:
+    """The meta of ``name``, its layout first migrated to :data:`SCHEMA_VERSION`.
+
+    A collection written by a newer normcal is refused (503 naming both versions):
+    this one would misread it. Each migration step records its version when done,
+    so an interrupted migration resumes at the step it stopped in.
+    """
+    meta = read_meta(client, milvus)
+    version = int(meta.get("schema_version", 1))
+    if version > SCHEMA_VERSION:
+        raise StorageUnavailableError(
+            f"collection {name!r} was written by a newer normcal (Milvus schema "
+            f"version {version}); this normcal reads versions up to "
+            f"{SCHEMA_VERSION}: upgrade normcal to serve it"
+        )
+    while version < SCHEMA_VERSION:
+        MIGRATIONS[version](client, milvus)
+        version += 1
+        write_meta(client, milvus, schema_version=version)
+        logger.info("collection %s migrated to schema version %d", name, version)
+    return {**meta, "schema_version": version}
+
+
+def write_meta(client: Guarded, milvus: str, **values: Any) -> None:
+    """Upsert meta rows of state collection ``milvus``."""
+    client.upsert(milvus, [_row("meta", k, 0, {"value": v}) for k, v in values.items()])
+
+
+def _row(kind: str, key: str, n: int, data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "pk": _pk(kind, key),
+        "kind": kind,
+        "key": key,
+        "n": n,
+        "data": data,
+        "v": _DUMMY,
+    }
 
 
 def create_state_collection(client: Guarded, milvus: str) -> None:
@@ -104,18 +160,7 @@ class MilvusState(Generic[C]):
     def _put(self, kind: str, items: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
         if items:
             self._client.upsert(
-                self._collection,
-                [
-                    {
-                        "pk": _pk(kind, key),
-                        "kind": kind,
-                        "key": key,
-                        "n": n,
-                        "data": data,
-                        "v": _DUMMY,
-                    }
-                    for key, n, data in items
-                ],
+                self._collection, [_row(kind, key, n, data) for key, n, data in items]
             )
 
     def _remove(self, kind: str, keys: Sequence[str]) -> None:

@@ -1,12 +1,15 @@
 """How the guarded Milvus client classifies pymilvus errors (pure logic, a fake client).
 
-The real outage (a ``milvus-lite server`` stopped and restarted under the app) is in
-``tests/collections/test_milvus_outage.py``; these are the cases a live engine does not
-produce on demand.
+The error shapes are the ones the supported servers sent (recorded with pymilvus
+3.0.2 against milvus-lite 3.2.2 and the engine of milvus-lite 2.5.1), so the table
+is checked per version without the servers. Real engines are in
+``tests/collections/test_milvus_bounded.py`` (timeouts, a released collection) and
+``tests/collections/test_milvus_outage.py`` (a stopped server).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -17,44 +20,153 @@ import grpc
 from pymilvus import MilvusException
 from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
-from app.collections.milvus_client import Guarded, refused
-from app.exceptions import NotFoundError, StorageUnavailableError
+from app.collections.milvus_client import CallOptions, Guarded, refused
+from app.exceptions import (
+    BackendUnsupportedError,
+    InvalidRequestError,
+    NormcalError,
+    NotFoundError,
+    StorageUnavailableError,
+)
 
 URI = "http://127.0.0.1:19530"
+LITE3, ENGINE = "milvus-lite 3.2.2", "milvus-lite 2.5.1 (the C++ engine)"
+
+# (server, code, compatible_code, message) as recorded, and what normcal answers
+RECORDED: list[tuple[str, int, int, str, type[NormcalError]]] = [
+    (
+        LITE3,
+        6,
+        6,
+        "field access: expected string key or non-negative integer index at column 11",
+        InvalidRequestError,
+    ),
+    (LITE3, 100, 4, "collection 'nope' does not exist", NotFoundError),
+    (
+        LITE3,
+        1,
+        0,
+        "matmul: Input operand 1 has a mismatch in its core dimension 0",
+        StorageUnavailableError,
+    ),
+    (
+        ENGINE,
+        1100,
+        0,
+        "Invalid expr: metadata[ ==: invalid parameter",
+        InvalidRequestError,
+    ),
+    (
+        ENGINE,
+        1100,
+        0,
+        'Invalid expr: text_match(id, "x"): invalid parameter',
+        InvalidRequestError,
+    ),
+    (
+        ENGINE,
+        1100,
+        0,
+        "limit should be in range [1, 16384], but got 16385: invalid parameter",
+        InvalidRequestError,
+    ),
+    (ENGINE, 100, 0, "collection not found", NotFoundError),
+    (ENGINE, 100, 0, "Can not find nope's schema: collection not found", NotFoundError),
+    (
+        ENGINE,
+        65535,
+        0,
+        "invalid index type: HNSW, local mode only support FLAT IVF_FLAT AUTOINDEX: ",
+        BackendUnsupportedError,
+    ),
+    (
+        ENGINE,
+        2000,
+        0,
+        " => vector dimension mismatch, expected vector size(byte) 8, actual 12: "
+        "segcore error",
+        StorageUnavailableError,
+    ),
+    # a server's code 6 is not Lite 3.x's IllegalArgument: Milvus failing, a 503
+    ("Milvus 2.5.x", 6, 1, "cross cluster routing", StorageUnavailableError),
+    ("Milvus 2.5.x", 65535, 1, "unexpected", StorageUnavailableError),
+]
 
 
 class Raw:
-    """A client whose calls raise the queued errors, then answer ``"rows"``."""
+    """A client whose calls raise the queued errors, then answer ``"rows"``.
+
+    ``load_collection`` waits for ``release`` (set by default), so a test can hold
+    a background load under way.
+    """
 
     def __init__(self, *errors: Exception) -> None:
         self.errors = list(errors)
         self.loaded: list[str] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.release = threading.Event()
+        self.release.set()
 
-    def get(self, name: str, **kwargs: Any) -> str:
+    def _answer(self, method: str, kwargs: dict[str, Any]) -> str:
+        self.calls.append((method, kwargs))
         if self.errors:
             raise self.errors.pop(0)
         return "rows"
 
-    def load_collection(self, name: str) -> None:
+    def get(self, name: str, **kwargs: Any) -> str:
+        return self._answer("get", kwargs)
+
+    def upsert(self, name: str, rows: Any, **kwargs: Any) -> str:
+        return self._answer("upsert", kwargs)
+
+    def close(self, **kwargs: Any) -> str:
+        return self._answer("close", kwargs)
+
+    def load_collection(self, name: str, **kwargs: Any) -> None:
+        self.release.wait()
         self.loaded.append(name)
 
 
+def guarded(raw: Raw) -> Guarded:
+    return Guarded(raw, URI, options=CallOptions(timeout=2.5, consistency="Bounded"))
+
+
 @pytest.mark.parametrize(
-    "error",
-    [ParamError(message="bad"), MilvusException(1, "bad", is_input_error=True)],
+    ("server", "code", "legacy", "message", "answer"),
+    RECORDED,
+    ids=[f"{r[0]}-{r[1]}-{i}" for i, r in enumerate(RECORDED)],
 )
-def test_errors_in_the_request_pass_to_the_caller(error):
-    with pytest.raises(MilvusException) as caught:
-        Guarded(Raw(error), URI).get("ncd_kb")
-    assert caught.value is error
+def test_each_recorded_error_shape_gets_its_answer(
+    server, code, legacy, message, answer
+):
+    error = MilvusException(code, message, legacy)
+    with pytest.raises(answer) as caught:
+        guarded(Raw(error)).for_collection("kb").get("ncd_kb")
+    assert caught.value.__cause__ is error
+    if answer is StorageUnavailableError:
+        assert caught.value.retry_after and caught.value.retry_after > 0
+    if answer in (InvalidRequestError, BackendUnsupportedError):  # names Milvus's code
+        assert f"Milvus error {code}" in caught.value.detail
+
+
+def test_pymilvus_refusing_a_request_is_a_422():
+    with pytest.raises(InvalidRequestError):
+        guarded(Raw(ParamError(message="bad"))).get("ncd_kb")
+
+
+def test_is_input_error_alone_is_not_trusted():
+    """Only recent servers set it: an unknown code is an outage whatever it says."""
+    error = MilvusException(9999, "bad", is_input_error=True)
+    with pytest.raises(StorageUnavailableError):
+        guarded(Raw(error)).get("ncd_kb")
 
 
 def test_a_missing_collection_is_a_404_of_the_normcal_collection():
     gone = MilvusException(100, "collection not found")
     with pytest.raises(NotFoundError, match="'kb'"):
-        Guarded(Raw(gone), URI).for_collection("kb").get("ncd_kb")
+        guarded(Raw(gone)).for_collection("kb").get("ncd_kb")
     with pytest.raises(StorageUnavailableError):  # no collection to name
-        Guarded(Raw(gone), URI).get("ncd_kb")
+        guarded(Raw(gone)).get("ncd_kb")
 
 
 @pytest.mark.parametrize(
@@ -67,18 +179,43 @@ def test_a_missing_collection_is_a_404_of_the_normcal_collection():
 )
 def test_failures_of_milvus_are_503_with_retry_after_naming_the_uri(error):
     with pytest.raises(StorageUnavailableError) as caught:
-        Guarded(Raw(error), URI).get("ncd_kb")
+        guarded(Raw(error)).get("ncd_kb")
     assert caught.value.retry_after and caught.value.retry_after > 0
     assert URI in caught.value.detail and error.message in caught.value.detail
 
 
-def test_a_released_collection_is_loaded_and_the_call_retried_once():
-    raw = Raw(MilvusException(101, "collection not loaded"))
-    assert Guarded(raw, URI).get("ncd_kb") == "rows"
-    assert raw.loaded == ["ncd_kb"]
-    again = Raw(*[MilvusException(101, "collection not loaded")] * 2)
-    with pytest.raises(StorageUnavailableError):
-        Guarded(again, URI).get("ncd_kb")
+def test_a_released_collection_is_a_503_and_one_background_load():
+    released = MilvusException(101, "collection not loaded", 101)
+    raw = Raw(released, released, released)
+    raw.release.clear()  # the first load stays under way
+    client = guarded(raw)
+    for each in (client, client.for_collection("kb")):  # one set of loads for both
+        with pytest.raises(StorageUnavailableError, match="being loaded") as caught:
+            each.get("ncd_kb")
+        assert caught.value.retry_after and caught.value.retry_after > 0
+    raw.release.set()
+    client.reloads.wait()
+    assert raw.loaded == ["ncd_kb"]  # one load, not one per request
+    with pytest.raises(StorageUnavailableError):  # still released: a new load
+        client.get("ncd_kb")
+    client.reloads.wait()
+    assert raw.loaded == ["ncd_kb", "ncd_kb"]
+    assert client.get("ncd_kb") == "rows"
+
+
+def test_every_call_is_bounded_and_reads_use_the_consistency_level():
+    raw = Raw()
+    client = guarded(raw)
+    client.get("ncd_kb")
+    client.upsert("ncd_kb", [])
+    client.get("ncd_kb", timeout=9.0)  # the caller's own value wins
+    client.close()
+    assert raw.calls == [
+        ("get", {"timeout": 2.5, "consistency_level": "Bounded"}),
+        ("upsert", {"timeout": 2.5}),
+        ("get", {"timeout": 9.0, "consistency_level": "Bounded"}),
+        ("close", {}),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,15 @@ def milvus_lite_server(data_dir: Path, port: int | None = None) -> Iterator[str]
     Yields its URI once it answers; a second server on the same ``data_dir`` and
     port is the first one restarted.
     """
+    with milvus_lite_process(data_dir, port) as (uri, _):
+        yield uri
+
+
+@contextmanager
+def milvus_lite_process(
+    data_dir: Path, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`milvus_lite_server`, and its process (e.g. to stop it with SIGSTOP)."""
     if port is None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -45,7 +54,7 @@ def milvus_lite_server(data_dir: Path, port: int | None = None) -> Iterator[str]
             assert process.poll() is None, "milvus-lite server exited"
             assert time.monotonic() < deadline, "milvus-lite server never listened"
             time.sleep(0.1)  # polling a condition, not synchronising on time
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process
     finally:
         process.terminate()
         process.wait(timeout=60)
