@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import (
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -205,6 +212,35 @@ class Settings(BaseSettings):
     milvus_token: SecretStr | None = Field(
         None, description="Milvus token (user:password or API key); unset = none"
     )
+    milvus_layout: Literal["per-collection", "shared"] = Field(
+        "per-collection",
+        description="per-collection: two Milvus collections per normcal collection; "
+        "shared: many normcal collections per Milvus collection, a partition key "
+        "keeping them apart (docs/scale.md)",
+    )
+    milvus_db: str = Field(
+        "",
+        pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,254})?$",
+        description="Milvus database (it must exist); empty: Milvus's default",
+    )
+    milvus_tls_ca: FilePath | None = Field(
+        None,
+        description="PEM file of the CA that signed the Milvus server's certificate "
+        "(needs an https:// NORMCAL_MILVUS_URI); unset: the system's roots",
+    )
+    milvus_tls_server_name: str = Field(
+        "",
+        description="name the Milvus server's certificate must carry, if not the "
+        "URI's host",
+    )
+    milvus_tls_client_cert: FilePath | None = Field(
+        None,
+        description="PEM client certificate for mutual TLS (with "
+        "NORMCAL_MILVUS_TLS_CLIENT_KEY and NORMCAL_MILVUS_TLS_CA)",
+    )
+    milvus_tls_client_key: FilePath | None = Field(
+        None, description="PEM private key of NORMCAL_MILVUS_TLS_CLIENT_CERT"
+    )
     index_type: Literal["flat", "hnsw"] = Field(
         "flat", description="vector index kind (FAISS, or Milvus FLAT/HNSW)"
     )
@@ -351,6 +387,62 @@ class Settings(BaseSettings):
                 "could ever be given"
             )
         return value
+
+    @model_validator(mode="after")
+    def _usable_tls(self) -> Settings:
+        """TLS options need TLS, and a client certificate its key and a CA.
+
+        pymilvus would silently ignore a client certificate without both.
+        """
+        tls = self.milvus_tls_options_set()
+        if tls and not self.milvus_uri.startswith("https://"):
+            raise ValueError(
+                f"NORMCAL_MILVUS_TLS_* ({', '.join(tls)}) need an https:// "
+                f"NORMCAL_MILVUS_URI, not {self.milvus_uri!r}"
+            )
+        cert, key = self.milvus_tls_client_cert, self.milvus_tls_client_key
+        if (cert is None) != (key is None):
+            raise ValueError(
+                "NORMCAL_MILVUS_TLS_CLIENT_CERT and NORMCAL_MILVUS_TLS_CLIENT_KEY "
+                "go together"
+            )
+        if cert is not None and self.milvus_tls_ca is None:
+            raise ValueError(
+                "mutual TLS (NORMCAL_MILVUS_TLS_CLIENT_CERT) needs NORMCAL_MILVUS_TLS_CA"
+            )
+        return self
+
+    def milvus_tls_options_set(self) -> list[str]:
+        """The ``NORMCAL_MILVUS_TLS_*`` settings given."""
+        values = {
+            "ca": self.milvus_tls_ca,
+            "server_name": self.milvus_tls_server_name,
+            "client_cert": self.milvus_tls_client_cert,
+            "client_key": self.milvus_tls_client_key,
+        }
+        return [f"NORMCAL_MILVUS_TLS_{k.upper()}" for k, v in values.items() if v]
+
+    def milvus_options(self) -> dict[str, Any]:
+        """``MilvusClient`` arguments of the database and TLS settings (pymilvus's names).
+
+        With a client certificate the CA goes as ``ca_pem_path`` (mutual TLS), else
+        as ``server_pem_path`` (one-way).
+        """
+        options: dict[str, Any] = {}
+        if self.milvus_db:
+            options["db_name"] = self.milvus_db
+        if self.milvus_uri.startswith("https://"):
+            options["secure"] = True
+        if self.milvus_tls_server_name:
+            options["server_name"] = self.milvus_tls_server_name
+        ca, cert = self.milvus_tls_ca, self.milvus_tls_client_cert
+        if cert is not None and ca is not None:
+            options["ca_pem_path"] = str(ca)
+            options["client_pem_path"] = str(cert)
+            options["client_key_path"] = str(self.milvus_tls_client_key)
+        elif ca is not None:
+            options["server_pem_path"] = str(ca)
+        return options
 
     @field_validator("api_key")
     @classmethod

@@ -1,7 +1,8 @@
 """A normcal collection stored in Milvus: the second backend behind ``CollectionBackend``.
 
-Each normcal collection is two Milvus collections (names from
-:func:`~app.collections.milvus_client.milvus_name`):
+Each normcal collection is two Milvus collections of its own, or (``NORMCAL_MILVUS_LAYOUT
+=shared``) the rows of one tenant in collections many share
+(:mod:`app.collections.milvus_layout`):
 
 * documents (``ncd_…``, here): the unit vector (``FLOAT_VECTOR``, inner product =
   cosine), the raw norm, token count, truncation flag, text, metadata (JSON), a
@@ -47,21 +48,15 @@ from app.collections.base import (
 from app.collections.index import IndexType
 from app.collections.milvus_client import (
     BACKEND,
-    DOCS,
     SEQS,
-    STATE,
     Guarded,
     chunks,
     milvus_filter,
-    milvus_name,
     query_all,
     string_literal,
 )
-from app.collections.milvus_state import (
-    MilvusState,
-    create_state_collection,
-    read_meta,
-)
+from app.collections.milvus_layout import Layout, PerCollection
+from app.collections.milvus_state import MilvusState, create_state_collection
 from app.collections.pool import pool_of
 from app.concurrency import RWLock
 from app.exceptions import (
@@ -103,63 +98,74 @@ class MilvusStorage(Generic[C]):
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
+        layout: Layout | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
-        self.client = Guarded(MilvusClient(uri=uri, token=token), uri)
+        """``options``: more ``MilvusClient`` arguments (database, TLS)."""
+        client = MilvusClient(uri=uri, token=token, **(options or {}))
+        self.client = Guarded(client, uri)
+        self.layout: Layout = layout or PerCollection()
+        self._uri = uri
         self._load_calibrator = load_calibrator
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
         self.ef_search = ef_search
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
-        """Create both Milvus collections of ``name`` (``ConflictError`` if taken)."""
-        docs, state = milvus_name(name, DOCS), milvus_name(name, STATE)
-        if self.client.has_collection(docs) or self.client.has_collection(state):
+        """Create ``name``'s Milvus collections, or rows (``ConflictError`` if taken).
+
+        Shared Milvus collections are created by the first normcal one that needs
+        them; the meta (its name row last) is written once they exist.
+        """
+        if self.layout.exists(self.client, name):
             raise ConflictError(f"collection {name!r} already exists")
-        self._create_documents(docs, int(meta["dim"]))
-        create_state_collection(self.client, state)
-        collection = MilvusCollection(name, self, self._load_calibrator, {})
-        collection.set_meta(**{**meta, "name": name, "index_type": self._index_type})
+        self.layout.clear(self.client, name)
+        dim = int(meta["dim"])
+        docs = self.layout.documents(name, dim, self._index_type)
+        state = self.layout.state(name)
+        if not self.client.has_collection(docs):
+            self._create_documents(docs, dim)
+        if not self.client.has_collection(state):
+            create_state_collection(self.client, state, self.layout)
+        full = {**meta, "name": name, "index_type": self._index_type}
+        collection = MilvusCollection(name, self, self._load_calibrator, dict(full))
+        collection.set_meta(**{k: v for k, v in full.items() if k != "name"})
+        collection.set_meta(name=name)
         return collection
 
     def open(self, name: str) -> MilvusCollection[C]:
         """Open a stored collection (``NotFoundError`` if absent)."""
-        state = milvus_name(name, STATE)
-        if not self.client.has_collection(state):
+        meta = self.layout.meta(self.client, name)
+        if meta is None:
             raise NotFoundError("collection", name)
-        meta = read_meta(self.client, state)
         return MilvusCollection(name, self, self._load_calibrator, meta)
+
+    def open_all(self) -> dict[str, MilvusCollection[C]]:
+        """Every stored collection, by name (shared layout: one query in all)."""
+        return {
+            name: MilvusCollection(name, self, self._load_calibrator, meta)
+            for name, meta in self.layout.metas(self.client).items()
+        }
 
     def names(self) -> list[str]:
         """Names of the normcal collections stored, sorted."""
-        found: list[str] = []
-        for milvus in self.client.list_collections():
-            if milvus.startswith(STATE):
-                rows = self.client.query(
-                    milvus,
-                    filter='kind == "meta" and key == "name"',
-                    output_fields=["data"],
-                )
-                found.extend(str(r["data"]["value"]) for r in rows)
-        return sorted(found)
+        return self.layout.names(self.client)
+
+    def scoped(self, name: str) -> Guarded:
+        """The client of normcal collection ``name``: its 404s, its rows only."""
+        return Guarded(self.layout.scoped(self.client.raw, name), self._uri, name)
 
     def drop(self, name: str) -> None:
-        """Drop both Milvus collections of ``name`` (``NotFoundError`` if absent)."""
-        kinds = [milvus_name(name, k) for k in (DOCS, STATE)]
-        present = [m for m in kinds if self.client.has_collection(m)]
-        if not present:
+        """Drop everything of ``name`` (``NotFoundError`` if absent)."""
+        if not self.layout.drop(self.client, name):
             raise NotFoundError("collection", name)
-        for milvus in present:
-            self.client.drop_collection(milvus)
 
     def close(self) -> None:
         """Close the client (Milvus Lite releases its file lock)."""
         self.client.close()
 
     def _create_documents(self, milvus: str, dim: int) -> None:
-        schema = MilvusClient.create_schema(auto_id=False)
-        schema.add_field(
-            "id", DataType.VARCHAR, is_primary=True, max_length=_MAX_ID_BYTES
-        )
+        schema = self.layout.schema("id", _MAX_ID_BYTES)
         schema.add_field("seq", DataType.INT64)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
         schema.add_field(
@@ -195,7 +201,11 @@ class MilvusStorage(Generic[C]):
         index.add_index("seq", index_type="INVERTED")
         try:
             self.client.create_collection(
-                milvus, schema=schema, index_params=index, consistency_level="Strong"
+                milvus,
+                schema=schema,
+                index_params=index,
+                consistency_level="Strong",
+                **self.layout.options(),
             )
         except MilvusException as error:
             raise BackendUnsupportedError(
@@ -232,12 +242,12 @@ class MilvusCollection(Generic[C]):
         meta: dict[str, Any],
     ) -> None:
         self.name = name
-        self._client = storage.client.for_collection(name)
-        self._docs = milvus_name(name, DOCS)
+        self._client = storage.scoped(name)
+        self.meta: dict[str, Any] = meta
+        self._docs = storage.layout.documents(name, int(meta["dim"]), self.index_type)
         self._ef_search = storage.ef_search
         self.lock = RWLock()
         self.closed = False
-        self.meta: dict[str, Any] = meta
         # term -> document frequency ("" -> documents), counted at _df_at (monotonic)
         self._df: dict[str, int] = {}
         self._df_at = 0.0
@@ -245,7 +255,7 @@ class MilvusCollection(Generic[C]):
         self.state = MilvusState(
             name,
             self._client,
-            milvus_name(name, STATE),
+            storage.layout.state(name),
             (self._reading, self._writing),
             load_calibrator,
             meta,

@@ -30,6 +30,7 @@ from app.collections.base import C, CalibratorLoader, Unavailable, own_vectors
 from app.collections.index import IndexType
 from app.collections.milvus import MilvusCollection, MilvusStorage
 from app.collections.milvus_client import BACKEND
+from app.collections.milvus_layout import LayoutName, layout_of
 from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
 
@@ -55,7 +56,10 @@ class MilvusRegistry(Generic[C]):
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
+        layout: LayoutName = "per-collection",
+        options: dict[str, Any] | None = None,
     ) -> None:
+        """``options``: more ``MilvusClient`` arguments (database, TLS)."""
         self.uri = uri
         self.model_name = model_name
         self.model_id = model_id
@@ -66,6 +70,8 @@ class MilvusRegistry(Generic[C]):
             "index_type": index_type,
             "hnsw_m": hnsw_m,
             "ef_search": ef_search,
+            "layout": layout_of(layout),
+            "options": options,
         }
         self._storage: MilvusStorage[C] | None = None
         self._problem: str | None = None
@@ -82,9 +88,9 @@ class MilvusRegistry(Generic[C]):
             storage = self._connect()
             if storage is None:
                 return
-            for name in storage.names():
-                self._collections[name] = storage.open(name)
-                logger.info("opened collection %s in %s", name, BACKEND)
+            opened = storage.open_all()
+            self._collections.update(opened)
+            logger.info("opened %d collections in %s", len(opened), BACKEND)
 
     def _connect(self) -> MilvusStorage[C] | None:
         if self._storage is not None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic
 
-from pymilvus import DataType, MilvusClient
+from pymilvus import DataType
 
 from app.collections.base import C, CalibratorLoader, active_profile, decodable
 from app.collections.milvus_client import (
@@ -34,6 +34,7 @@ from app.exceptions import ConflictError, NotFoundError
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionState
+    from app.collections.milvus_layout import Layout
 
 STATE_FIELDS = ["pk", "kind", "key", "n", "data"]
 MAX_KEY_BYTES = 65_535  # Milvus's VARCHAR maximum
@@ -49,10 +50,9 @@ def read_meta(client: Guarded, milvus: str) -> dict[str, Any]:
     return {r["key"]: r["data"]["value"] for r in rows}
 
 
-def create_state_collection(client: Guarded, milvus: str) -> None:
-    """Create the Milvus collection holding one normcal collection's state rows."""
-    schema = MilvusClient.create_schema(auto_id=False)
-    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=80)
+def create_state_collection(client: Guarded, milvus: str, layout: Layout) -> None:
+    """Create the Milvus collection holding normcal collections' state rows."""
+    schema = layout.schema("pk", 80)
     schema.add_field("kind", DataType.VARCHAR, max_length=16)
     schema.add_field("key", DataType.VARCHAR, max_length=MAX_KEY_BYTES)
     schema.add_field("n", DataType.INT64)
@@ -61,7 +61,11 @@ def create_state_collection(client: Guarded, milvus: str) -> None:
     index = client.prepare_index_params()
     index.add_index("v", index_type="FLAT", metric_type="IP")
     client.create_collection(
-        milvus, schema=schema, index_params=index, consistency_level="Strong"
+        milvus,
+        schema=schema,
+        index_params=index,
+        consistency_level="Strong",
+        **layout.options(),
     )
 
 
@@ -355,12 +359,18 @@ class MilvusState(Generic[C]):
         ``meta`` and ``profile`` are cached per process; the registry calls this on
         every lookup (about 2 ms on Milvus Lite), so a replica serves another's
         activation from its next request on. A collection another replica dropped
-        is a ``NotFoundError`` here.
+        is a ``NotFoundError`` here: its Milvus collection is gone, or (shared
+        layout) its name row.
         """
-        key = [_pk("meta", "active_calibrator")]
+        keys = [_pk("meta", "active_calibrator"), _pk("meta", "name")]
         with self._reading():
-            rows = self._client.get(self._collection, ids=key, output_fields=["data"])
-        active = rows[0]["data"]["value"] if rows else None
+            rows = self._client.get(
+                self._collection, ids=keys, output_fields=["key", "data"]
+            )
+        found = {r["key"]: r["data"]["value"] for r in rows}
+        if "name" not in found:
+            raise NotFoundError("collection", self.name)
+        active = found.get("active_calibrator")
         if active == self._meta.get("active_calibrator"):
             return
         profile = self.calibrator(active) if active else None
