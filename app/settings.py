@@ -10,14 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import (
-    Field,
-    FilePath,
-    SecretStr,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, FilePath, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -388,39 +381,32 @@ class Settings(BaseSettings):
             )
         return value
 
-    @model_validator(mode="after")
-    def _usable_tls(self) -> Settings:
-        """TLS options need TLS, and a client certificate its key and a CA.
+    @field_validator(
+        "milvus_tls_ca",
+        "milvus_tls_server_name",
+        "milvus_tls_client_cert",
+        "milvus_tls_client_key",
+    )
+    @classmethod
+    def _tls_needs_https(cls, value: Any, info: ValidationInfo) -> Any:
+        """A TLS option on a plain-text or file URI would silently do nothing."""
+        uri = str(info.data.get("milvus_uri", ""))
+        if value and not uri.startswith("https://"):
+            raise ValueError(f"needs an https:// NORMCAL_MILVUS_URI, not {uri!r}")
+        return value
 
-        pymilvus would silently ignore a client certificate without both.
-        """
-        tls = self.milvus_tls_options_set()
-        if tls and not self.milvus_uri.startswith("https://"):
-            raise ValueError(
-                f"NORMCAL_MILVUS_TLS_* ({', '.join(tls)}) need an https:// "
-                f"NORMCAL_MILVUS_URI, not {self.milvus_uri!r}"
-            )
-        cert, key = self.milvus_tls_client_cert, self.milvus_tls_client_key
+    @field_validator("milvus_tls_client_key")
+    @classmethod
+    def _mutual_tls_complete(cls, key: Path | None, info: ValidationInfo) -> Any:
+        """A client certificate needs its key and a CA (pymilvus would ignore it)."""
+        if not {"milvus_tls_ca", "milvus_tls_client_cert"} <= info.data.keys():
+            return key  # one of them was refused already
+        cert = info.data["milvus_tls_client_cert"]
         if (cert is None) != (key is None):
-            raise ValueError(
-                "NORMCAL_MILVUS_TLS_CLIENT_CERT and NORMCAL_MILVUS_TLS_CLIENT_KEY "
-                "go together"
-            )
-        if cert is not None and self.milvus_tls_ca is None:
-            raise ValueError(
-                "mutual TLS (NORMCAL_MILVUS_TLS_CLIENT_CERT) needs NORMCAL_MILVUS_TLS_CA"
-            )
-        return self
-
-    def milvus_tls_options_set(self) -> list[str]:
-        """The ``NORMCAL_MILVUS_TLS_*`` settings given."""
-        values = {
-            "ca": self.milvus_tls_ca,
-            "server_name": self.milvus_tls_server_name,
-            "client_cert": self.milvus_tls_client_cert,
-            "client_key": self.milvus_tls_client_key,
-        }
-        return [f"NORMCAL_MILVUS_TLS_{k.upper()}" for k, v in values.items() if v]
+            raise ValueError("goes with NORMCAL_MILVUS_TLS_CLIENT_CERT: set both")
+        if cert is not None and info.data["milvus_tls_ca"] is None:
+            raise ValueError("mutual TLS needs NORMCAL_MILVUS_TLS_CA too")
+        return key
 
     def milvus_options(self) -> dict[str, Any]:
         """``MilvusClient`` arguments of the database and TLS settings (pymilvus's names).

@@ -88,7 +88,11 @@ class MilvusRegistry(Generic[C]):
             storage = self._connect()
             if storage is None:
                 return
-            opened = storage.open_all()
+            try:
+                opened = storage.open_all()
+            except StorageUnavailableError as error:  # e.g. no such database
+                logger.error("%s", error.detail)
+                return
             self._collections.update(opened)
             logger.info("opened %d collections in %s", len(opened), BACKEND)
 
