@@ -103,7 +103,7 @@ def _meta_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class PerCollection:
     """Two Milvus collections per normcal collection (see the module docstring)."""
 
-    def documents(self, name: str, dim: int, index_type: IndexType) -> str:
+    def documents(self, name: str, dim: int, index_type: IndexType) -> str:  # noqa: ARG002
         """``ncd_`` + the encoded name."""
         return milvus_name(name, DOCS)
 
@@ -121,15 +121,13 @@ class PerCollection:
         """None."""
         return {}
 
-    def scoped(self, raw: Any, name: str) -> Any:
+    def scoped(self, raw: Any, name: str) -> Any:  # noqa: ARG002
         """The client itself: the collections are ``name``'s alone."""
         return raw
 
     def exists(self, client: Guarded, name: str) -> bool:
         """Either Milvus collection exists."""
-        return any(
-            client.has_collection(milvus_name(name, k)) for k in (DOCS, STATE)
-        )
+        return any(client.has_collection(milvus_name(name, k)) for k in (DOCS, STATE))
 
     def clear(self, client: Guarded, name: str) -> None:
         """Nothing: a drop removes whole collections."""
@@ -172,11 +170,11 @@ def tenant_filter(name: str) -> str:
 class Shared:
     """Many normcal collections per Milvus collection (see the module docstring)."""
 
-    def documents(self, name: str, dim: int, index_type: IndexType) -> str:
+    def documents(self, name: str, dim: int, index_type: IndexType) -> str:  # noqa: ARG002
         """One per index kind and dimension, e.g. ``nct_docs_flat_384``."""
         return f"{SHARED_DOCS}{index_type}_{dim}"
 
-    def state(self, name: str) -> str:
+    def state(self, name: str) -> str:  # noqa: ARG002
         """``nct_state`` for all."""
         return SHARED_STATE
 
@@ -316,7 +314,5 @@ class TenantClient:
     def upsert(self, collection: str, rows: list[dict[str, Any]], **kwargs: Any) -> Any:
         """Upsert rows as the tenant's."""
         own = "pk" if collection == SHARED_STATE else "id"
-        tagged = [
-            {**r, KEY: self._key(r[own]), TENANT: self._tenant} for r in rows
-        ]
+        tagged = [{**r, KEY: self._key(r[own]), TENANT: self._tenant} for r in rows]
         return self._raw.upsert(collection, tagged, **kwargs)
