@@ -125,6 +125,7 @@ class MilvusStorage(Generic[C]):
         state = self.layout.state(name)
         if not self.client.has_collection(docs):
             self._create_documents(docs, dim)
+            self.layout.verify(self.client, docs)
         if not self.client.has_collection(state):
             create_state_collection(self.client, state, self.layout)
         full = {**meta, "name": name, "index_type": self._index_type}

@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from pymilvus import CollectionSchema, DataType, MilvusClient
+from pymilvus import CollectionSchema, DataType, MilvusClient, MilvusException
 
 from app.collections.index import IndexType
 from app.collections.milvus_client import (
+    BACKEND,
     DOCS,
     STATE,
     Guarded,
@@ -37,6 +38,7 @@ from app.collections.milvus_client import (
     string_literal,
 )
 from app.collections.milvus_state import read_meta
+from app.exceptions import BackendUnsupportedError, StorageUnavailableError
 
 LayoutName = Literal["per-collection", "shared"]
 TENANT = "tenant"  # the partition-key field of shared collections
@@ -46,6 +48,7 @@ PARTITIONS = 64  # partitions a shared collection hashes its tenants to (Milvus:
 SHARED_DOCS = "nct_docs_"  # + index kind + "_" + dimension
 SHARED_STATE = "nct_state"
 _NAME_ROWS = 'kind == "meta" and key == "name"'
+_INVALID_EXPR = 1100  # Milvus's code of an expression it refuses
 
 
 class Layout(Protocol):
@@ -65,6 +68,10 @@ class Layout(Protocol):
 
     def options(self) -> dict[str, Any]:
         """Extra ``create_collection`` arguments."""
+        ...
+
+    def verify(self, client: Guarded, milvus: str) -> None:
+        """Refuse (and drop) a just-created collection the engine cannot serve."""
         ...
 
     def scoped(self, raw: Any, name: str) -> Any:
@@ -120,6 +127,9 @@ class PerCollection:
     def options(self) -> dict[str, Any]:
         """None."""
         return {}
+
+    def verify(self, client: Guarded, milvus: str) -> None:
+        """Nothing to check."""
 
     def scoped(self, raw: Any, name: str) -> Any:  # noqa: ARG002
         """The client itself: the collections are ``name``'s alone."""
@@ -199,6 +209,24 @@ class Shared:
     def options(self) -> dict[str, Any]:
         """The partition count (fixed when the shared collection is created)."""
         return {"num_partitions": PARTITIONS}
+
+    def verify(self, client: Guarded, milvus: str) -> None:
+        """A tenant-filtered query must work: Milvus Lite 2.x creates a collection
+        with a partition key but refuses every filter on it (``Invalid expr``)."""
+        try:
+            client.query(milvus, filter=tenant_filter(""), limit=1)
+        except (MilvusException, StorageUnavailableError) as error:
+            # refused: passed unchanged, or reported as an outage (no is_input_error)
+            cause = error if isinstance(error, MilvusException) else error.__cause__
+            if not isinstance(cause, MilvusException) or cause.code != _INVALID_EXPR:
+                raise
+            client.drop_collection(milvus)
+            raise BackendUnsupportedError(
+                BACKEND,
+                "cannot keep collections in the shared layout: this Milvus does not "
+                "filter collections with a partition key (Milvus Lite 2.x); use "
+                f"NORMCAL_MILVUS_LAYOUT=per-collection ({cause.message})",
+            ) from error
 
     def scoped(self, raw: Any, name: str) -> Any:
         """A :class:`TenantClient` of ``name``."""

@@ -29,7 +29,7 @@ from app.collections.milvus_layout import (
     tenant_filter,
 )
 from app.collections.milvus_registry import MilvusRegistry
-from app.exceptions import ConflictError, NotFoundError
+from app.exceptions import BackendUnsupportedError, ConflictError, NotFoundError
 from tests.collections.conftest import DIM, new_docs, unit_vectors, where
 from tests.collections.test_filters import INJECTIONS
 from tests.collections.test_milvus import Cal, load
@@ -272,3 +272,20 @@ def test_a_database_keeps_its_collections_apart(tmp_path: Path) -> None:
     problem = registry.storage_problem()
     assert problem is not None and "database 'absent' does not exist" in problem
     registry.close()
+
+
+@pytest.mark.slow
+def test_an_engine_without_partition_key_filters_refuses_the_shared_layout(
+    engine_uri: str,
+) -> None:
+    """Milvus Lite 2.5.1 (the real engine, Lite's front end) creates a collection
+    with a partition key but refuses every filter on it: a 4xx at create, nothing
+    left behind."""
+    storage = MilvusStorage(engine_uri, load, layout=Shared())
+    try:
+        with pytest.raises(BackendUnsupportedError, match="partition key"):
+            storage.create("kb", dict(META))
+        assert storage.client.list_collections() == []
+        assert storage.names() == []
+    finally:
+        storage.close()
