@@ -289,3 +289,17 @@ def test_an_engine_without_partition_key_filters_refuses_the_shared_layout(
         assert storage.names() == []
     finally:
         storage.close()
+
+
+def test_the_longest_name_and_id_fit_the_shared_keys(
+    storage: MilvusStorage[Cal],
+) -> None:
+    """A 64-character name (the names' bound) and a 1024-byte id (256 characters of
+    4 bytes, the ids' bound) make a primary key within :data:`KEY`'s length."""
+    name, doc_id = "n" * 64, "\U0001f600" * 256
+    collection = storage.create(name, dict(META))
+    (doc,) = new_docs([doc_id])
+    collection.upsert([doc])
+    assert collection.get(doc_id).id == doc_id
+    collection.state.add_calibrator(Cal("c" * 200), activate=True)
+    assert storage.open(name).state.profile == Cal("c" * 200)
