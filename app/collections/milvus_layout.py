@@ -211,8 +211,11 @@ class Shared:
         return {"num_partitions": PARTITIONS}
 
     def verify(self, client: Guarded, milvus: str) -> None:
-        """A tenant-filtered query must work: Milvus Lite 2.x creates a collection
-        with a partition key but refuses every filter on it (``Invalid expr``)."""
+        """A tenant-filtered query must work.
+
+        Milvus Lite 2.x creates a collection with a partition key but refuses every
+        filter on it (``Invalid expr``).
+        """
         try:
             client.query(milvus, filter=tenant_filter(""), limit=1)
         except (MilvusException, StorageUnavailableError) as error:
