@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
+    FilePath,
     SecretStr,
     ValidationInfo,
     field_validator,
@@ -229,6 +230,35 @@ class Settings(BaseSettings):
         description="Milvus consistency level of every read (docs/storage.md: what "
         "each guarantees across replicas)",
     )
+    milvus_layout: Literal["per-collection", "shared"] = Field(
+        "per-collection",
+        description="per-collection: two Milvus collections per normcal collection; "
+        "shared: many normcal collections per Milvus collection, a partition key "
+        "keeping them apart (docs/scale.md)",
+    )
+    milvus_db: str = Field(
+        "",
+        pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,254})?$",
+        description="Milvus database (it must exist); empty: Milvus's default",
+    )
+    milvus_tls_ca: FilePath | None = Field(
+        None,
+        description="PEM file of the CA that signed the Milvus server's certificate "
+        "(needs an https:// NORMCAL_MILVUS_URI); unset: the system's roots",
+    )
+    milvus_tls_server_name: str = Field(
+        "",
+        description="name the Milvus server's certificate must carry, if not the "
+        "URI's host",
+    )
+    milvus_tls_client_cert: FilePath | None = Field(
+        None,
+        description="PEM client certificate for mutual TLS (with "
+        "NORMCAL_MILVUS_TLS_CLIENT_KEY and NORMCAL_MILVUS_TLS_CA)",
+    )
+    milvus_tls_client_key: FilePath | None = Field(
+        None, description="PEM private key of NORMCAL_MILVUS_TLS_CLIENT_CERT"
+    )
     index_type: Literal["flat", "hnsw"] = Field(
         "flat", description="vector index kind (FAISS, or Milvus FLAT/HNSW)"
     )
@@ -389,6 +419,55 @@ class Settings(BaseSettings):
                 "could ever be given"
             )
         return value
+
+    @field_validator(
+        "milvus_tls_ca",
+        "milvus_tls_server_name",
+        "milvus_tls_client_cert",
+        "milvus_tls_client_key",
+    )
+    @classmethod
+    def _tls_needs_https(cls, value: Any, info: ValidationInfo) -> Any:
+        """A TLS option on a plain-text or file URI would silently do nothing."""
+        uri = str(info.data.get("milvus_uri", ""))
+        if value and not uri.startswith("https://"):
+            raise ValueError(f"needs an https:// NORMCAL_MILVUS_URI, not {uri!r}")
+        return value
+
+    @field_validator("milvus_tls_client_key")
+    @classmethod
+    def _mutual_tls_complete(cls, key: Path | None, info: ValidationInfo) -> Any:
+        """A client certificate needs its key and a CA (pymilvus would ignore it)."""
+        if not {"milvus_tls_ca", "milvus_tls_client_cert"} <= info.data.keys():
+            return key  # one of them was refused already
+        cert = info.data["milvus_tls_client_cert"]
+        if (cert is None) != (key is None):
+            raise ValueError("goes with NORMCAL_MILVUS_TLS_CLIENT_CERT: set both")
+        if cert is not None and info.data["milvus_tls_ca"] is None:
+            raise ValueError("mutual TLS needs NORMCAL_MILVUS_TLS_CA too")
+        return key
+
+    def milvus_options(self) -> dict[str, Any]:
+        """``MilvusClient`` arguments of the database and TLS settings (pymilvus's names).
+
+        With a client certificate the CA goes as ``ca_pem_path`` (mutual TLS), else
+        as ``server_pem_path`` (one-way).
+        """
+        options: dict[str, Any] = {}
+        if self.milvus_db:
+            options["db_name"] = self.milvus_db
+        if self.milvus_uri.startswith("https://"):
+            options["secure"] = True
+        if self.milvus_tls_server_name:
+            options["server_name"] = self.milvus_tls_server_name
+        ca, cert = self.milvus_tls_ca, self.milvus_tls_client_cert
+        if cert is not None and ca is not None:
+            options["ca_pem_path"] = str(ca)
+            options["client_pem_path"] = str(cert)
+            options["client_key_path"] = str(self.milvus_tls_client_key)
+        elif ca is not None:
+            options["server_pem_path"] = str(ca)
+        return options
 
     @field_validator("api_key")
     @classmethod

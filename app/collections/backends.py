@@ -51,6 +51,8 @@ def open_registry(
         registry = MilvusRegistry(
             settings.milvus_uri,
             token="" if token is None else token.get_secret_value(),
+            layout=settings.milvus_layout,
+            client_options=settings.milvus_options(),
             load_calibrator=load_calibrator,
             timeout=settings.milvus_timeout_s,
             consistency=settings.milvus_consistency,

@@ -1,7 +1,8 @@
 """A normcal collection stored in Milvus: the second backend behind ``CollectionBackend``.
 
-Each normcal collection is two Milvus collections (names from
-:func:`~app.collections.milvus_client.milvus_name`):
+Each normcal collection is two Milvus collections of its own, or (``NORMCAL_MILVUS_LAYOUT
+=shared``) the rows of one tenant in collections many share
+(:mod:`app.collections.milvus_layout`):
 
 * documents (``ncd_…``, here): the unit vector (``FLOAT_VECTOR``, inner product =
   cosine), the raw norm, token count, truncation flag, text, metadata (JSON), a
@@ -25,6 +26,7 @@ built from typed values and checked again in Python
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -49,22 +51,20 @@ from app.collections.base import (
 from app.collections.index import IndexType
 from app.collections.milvus_client import (
     BACKEND,
-    DOCS,
     SEQS,
-    STATE,
     CallOptions,
     Guarded,
     chunks,
     milvus_filter,
-    milvus_name,
     query_all,
     refused,
 )
+from app.collections.milvus_layout import Layout, PerCollection
 from app.collections.milvus_state import (
     SCHEMA_VERSION,
     MilvusState,
     create_state_collection,
-    open_meta,
+    migrated,
 )
 from app.collections.pool import pool_of
 from app.concurrency import RWLock
@@ -74,6 +74,7 @@ from app.exceptions import (
     InvalidRequestError,
     NormcalError,
     NotFoundError,
+    StorageUnavailableError,
 )
 from app.schemas import filters
 from app.settings import MILVUS_TOP_K
@@ -82,6 +83,8 @@ from calibration.fusion import hybrid_pool
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionBackend
+
+logger = logging.getLogger(__name__)
 
 _DOC_FIELDS = ["id", "seq", "text", "metadata", "norm", "n_tokens", "truncated"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
@@ -114,96 +117,115 @@ class MilvusStorage(Generic[C]):
         index_type: IndexType = "flat",
         hnsw_m: int = 32,
         ef_search: int = 128,
+        layout: Layout | None = None,
         options: CallOptions | None = None,
+        client_options: dict[str, Any] | None = None,
     ) -> None:
+        """``client_options``: more ``MilvusClient`` arguments (database, TLS)."""
         options = options or CallOptions()
-        self.client = Guarded(
-            MilvusClient(uri=uri, token=token, timeout=options.timeout),
-            uri,
-            options=options,
+        client = MilvusClient(
+            uri=uri, token=token, timeout=options.timeout, **(client_options or {})
         )
+        self.client = Guarded(client, uri, options=options)
+        self.layout: Layout = layout or PerCollection()
         self._load_calibrator = load_calibrator
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
         self.ef_search = ef_search
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
-        """Create both Milvus collections of ``name`` (``ConflictError`` if taken).
+        """Create ``name``'s Milvus collections, or rows (``ConflictError`` if taken).
 
-        A create that fails part-way (a feature the engine lacks, an outage) drops
-        what it made before reporting the failure: nothing is left behind.
+        Shared Milvus collections are created by the first normcal one that needs
+        them; the meta (its name row last) is written once they exist. A create
+        that fails part-way (a feature the engine lacks, an outage) removes what it
+        made before reporting the failure: nothing is left behind.
         """
-        docs, state = milvus_name(name, DOCS), milvus_name(name, STATE)
-        if self.client.has_collection(docs) or self.client.has_collection(state):
+        if self.layout.exists(self.client, name):
             raise ConflictError(f"collection {name!r} already exists")
+        self.layout.clear(self.client, name)
+        dim = int(meta["dim"])
+        docs = self.layout.documents(name, dim, self._index_type)
+        state = self.layout.state(name)
+        made = [m for m in (docs, state) if not self.client.has_collection(m)]
         try:
-            self._create_documents(docs, int(meta["dim"]))
-            create_state_collection(self.client, state)
-            collection = MilvusCollection(name, self, self._load_calibrator, {})
-            collection.set_meta(
-                **{
-                    **meta,
-                    "name": name,
-                    "index_type": self._index_type,
-                    "schema_version": SCHEMA_VERSION,
-                }
-            )
+            if docs in made:
+                self._create_documents(docs, dim)
+                self.layout.verify(self.client, docs)
+            if state in made:
+                create_state_collection(self.client, state, self.layout)
+            full = {
+                **meta,
+                "name": name,
+                "index_type": self._index_type,
+                "schema_version": SCHEMA_VERSION,
+            }
+            collection = MilvusCollection(name, self, self._load_calibrator, full)
+            collection.set_meta(**{k: v for k, v in full.items() if k != "name"})
+            collection.set_meta(name=name)
         except BaseException:
-            self._remove(docs, state)
+            self._remove(name, made)
             raise
         return collection
 
-    def _remove(self, *milvus: str) -> None:
-        """Drop what a failed create made, as far as Milvus answers.
+    def _remove(self, name: str, made: list[str]) -> None:
+        """Remove what a failed create of ``name`` made, as far as Milvus answers.
 
-        The create's own error is the one reported, not one of this clean-up.
+        That is its rows in shared collections and the Milvus collections it
+        created. The create's own error is the one reported, not one of this clean-up.
         """
-        for each in milvus:
-            try:
-                if self.client.has_collection(each):
-                    self.client.drop_collection(each)
-            except (MilvusException, NormcalError):
-                return
+        try:
+            self.layout.clear(self.client, name)
+            for milvus in made:
+                if self.client.has_collection(milvus):
+                    self.client.drop_collection(milvus)
+        except (MilvusException, NormcalError):
+            return
 
     def open(self, name: str) -> MilvusCollection[C]:
         """Open a stored collection (``NotFoundError`` if absent), migrated if older."""
-        state = milvus_name(name, STATE)
-        if not self.client.has_collection(state):
+        meta = self.layout.meta(self.client, name)
+        if meta is None:
             raise NotFoundError("collection", name)
-        meta = open_meta(self.client, state, name)
+        meta = migrated(self.scoped(name), self.layout.state(name), name, meta)
         return MilvusCollection(name, self, self._load_calibrator, meta)
+
+    def open_all(self) -> dict[str, MilvusCollection[C]]:
+        """Every stored collection, by name (shared layout: one query in all)."""
+        opened: dict[str, MilvusCollection[C]] = {}
+        for name, meta in self.layout.metas(self.client).items():
+            state = self.layout.state(name)
+            try:
+                current = migrated(self.scoped(name), state, name, meta)
+            except StorageUnavailableError as error:  # e.g. a newer schema version
+                logger.warning(
+                    "collection %s opens on first use: %s", name, error.detail
+                )
+                continue
+            opened[name] = MilvusCollection(name, self, self._load_calibrator, current)
+        return opened
 
     def names(self) -> list[str]:
         """Names of the normcal collections stored, sorted."""
-        found: list[str] = []
-        for milvus in self.client.list_collections():
-            if milvus.startswith(STATE):
-                rows = self.client.query(
-                    milvus,
-                    filter='kind == "meta" and key == "name"',
-                    output_fields=["data"],
-                )
-                found.extend(str(r["data"]["value"]) for r in rows)
-        return sorted(found)
+        return self.layout.names(self.client)
+
+    def scoped(self, name: str) -> Guarded:
+        """The client of normcal collection ``name``: its 404s, its rows only."""
+        return self.client.for_collection(
+            name, self.layout.scoped(self.client.raw, name)
+        )
 
     def drop(self, name: str) -> None:
-        """Drop both Milvus collections of ``name`` (``NotFoundError`` if absent)."""
-        kinds = [milvus_name(name, k) for k in (DOCS, STATE)]
-        present = [m for m in kinds if self.client.has_collection(m)]
-        if not present:
+        """Drop everything of ``name`` (``NotFoundError`` if absent)."""
+        if not self.layout.drop(self.client, name):
             raise NotFoundError("collection", name)
-        for milvus in present:
-            self.client.drop_collection(milvus)
 
     def close(self) -> None:
         """Close the client (Milvus Lite releases its file lock)."""
         self.client.close()
 
     def _create_documents(self, milvus: str, dim: int) -> None:
-        schema = MilvusClient.create_schema(auto_id=False)
-        schema.add_field(
-            "id", DataType.VARCHAR, is_primary=True, max_length=_MAX_ID_BYTES
-        )
+        schema = self.layout.schema("id", _MAX_ID_BYTES)
         schema.add_field("seq", DataType.INT64)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
         schema.add_field(
@@ -229,7 +251,10 @@ class MilvusStorage(Generic[C]):
             (
                 _BM25_FEATURE,
                 lambda raw: raw.create_collection(
-                    milvus, schema=schema, consistency_level="Strong"
+                    milvus,
+                    schema=schema,
+                    consistency_level="Strong",
+                    **self.layout.options(),
                 ),
             ),
             (
@@ -318,12 +343,12 @@ class MilvusCollection(Generic[C]):
         meta: dict[str, Any],
     ) -> None:
         self.name = name
-        self._client = storage.client.for_collection(name)
-        self._docs = milvus_name(name, DOCS)
+        self._client = storage.scoped(name)
+        self.meta: dict[str, Any] = meta
+        self._docs = storage.layout.documents(name, int(meta["dim"]), self.index_type)
         self._ef_search = storage.ef_search
         self.lock = RWLock()
         self.closed = False
-        self.meta: dict[str, Any] = meta
         # term -> document frequency ("" -> documents), counted at _df_at (monotonic)
         self._df: dict[str, int] = {}
         self._df_at = 0.0
@@ -331,7 +356,7 @@ class MilvusCollection(Generic[C]):
         self.state = MilvusState(
             name,
             self._client,
-            milvus_name(name, STATE),
+            storage.layout.state(name),
             (self._reading, self._writing),
             load_calibrator,
             meta,

@@ -370,10 +370,17 @@ class Guarded:
         self.options = options  # None: an iterator's next() and close(), as they are
         self.reloads = reloads or Reloads()
 
-    def for_collection(self, name: str) -> Guarded:
-        """The same client, reporting a missing Milvus collection as ``name``'s 404."""
+    def for_collection(self, name: str, raw: Any = None) -> Guarded:
+        """The same client (or ``raw``: scoped to ``name``'s rows), for ``name``.
+
+        A missing Milvus collection is then reported as ``name``'s 404.
+        """
         return Guarded(
-            self.raw, self._uri, name, options=self.options, reloads=self.reloads
+            self.raw if raw is None else raw,
+            self._uri,
+            name,
+            options=self.options,
+            reloads=self.reloads,
         )
 
     def __getattr__(self, method: str) -> Any:

@@ -30,6 +30,7 @@ from app.collections.base import C, CalibratorLoader, Unavailable, own_vectors
 from app.collections.index import IndexType
 from app.collections.milvus import MilvusCollection, MilvusStorage
 from app.collections.milvus_client import BACKEND, CallOptions
+from app.collections.milvus_layout import LayoutName, layout_of
 from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
 from app.settings import MILVUS_TIMEOUT_S
@@ -58,7 +59,10 @@ class MilvusRegistry(Generic[C]):
         ef_search: int = 128,
         timeout: float = MILVUS_TIMEOUT_S,
         consistency: str = "Strong",
+        layout: LayoutName = "per-collection",
+        client_options: dict[str, Any] | None = None,
     ) -> None:
+        """``client_options``: more ``MilvusClient`` arguments (database, TLS)."""
         self.uri = uri
         self.model_name = model_name
         self.model_id = model_id
@@ -70,6 +74,8 @@ class MilvusRegistry(Generic[C]):
             "hnsw_m": hnsw_m,
             "ef_search": ef_search,
             "options": CallOptions(timeout, consistency),
+            "layout": layout_of(layout),
+            "client_options": client_options,
         }
         self._storage: MilvusStorage[C] | None = None
         self._problem: str | None = None
@@ -87,17 +93,12 @@ class MilvusRegistry(Generic[C]):
             if storage is None:
                 return
             try:
-                names = storage.names()
+                opened = storage.open_all()
             except StorageUnavailableError as error:  # e.g. released: being loaded
                 logger.warning("collections open on first use: %s", error.detail)
                 return
-            for name in names:
-                try:
-                    self._collections[name] = storage.open(name)
-                except StorageUnavailableError as error:
-                    logger.warning("collection %s: %s", name, error.detail)
-                    continue
-                logger.info("opened collection %s in %s", name, BACKEND)
+            self._collections.update(opened)
+            logger.info("opened %d collections in %s", len(opened), BACKEND)
 
     def _connect(self) -> MilvusStorage[C] | None:
         if self._storage is not None:

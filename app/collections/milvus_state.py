@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic
 
-from pymilvus import DataType, MilvusClient
+from pymilvus import DataType
 
 from app.collections.base import C, CalibratorLoader, active_profile, decodable
 from app.collections.milvus_client import (
@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from app.collections.base import CollectionState
+    from app.collections.milvus_layout import Layout
 
 STATE_FIELDS = ["pk", "kind", "key", "n", "data"]
 MAX_KEY_BYTES = 65_535  # Milvus's VARCHAR maximum
@@ -66,14 +67,15 @@ MIGRATIONS: dict[int, Callable[[Guarded, str], None]] = {1: _from_version_1}
 """Version ``v`` → the step that makes a collection at ``v`` one at ``v + 1``."""
 
 
-def open_meta(client: Guarded, milvus: str, name: str) -> dict[str, Any]:
-    """The meta of ``name``, its layout first migrated to :data:`SCHEMA_VERSION`.
+def migrated(
+    client: Guarded, milvus: str, name: str, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """``name``'s ``meta`` (as read), its layout first migrated to :data:`SCHEMA_VERSION`.
 
     A collection written by a newer normcal is refused (503 naming both versions):
     this one would misread it. Each migration step records its version when done,
     so an interrupted migration resumes at the step it stopped in.
     """
-    meta = read_meta(client, milvus)
     version = int(meta.get("schema_version", 1))
     if version > SCHEMA_VERSION:
         raise StorageUnavailableError(
@@ -105,10 +107,9 @@ def _row(kind: str, key: str, n: int, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def create_state_collection(client: Guarded, milvus: str) -> None:
-    """Create the Milvus collection holding one normcal collection's state rows."""
-    schema = MilvusClient.create_schema(auto_id=False)
-    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=80)
+def create_state_collection(client: Guarded, milvus: str, layout: Layout) -> None:
+    """Create the Milvus collection holding normcal collections' state rows."""
+    schema = layout.schema("pk", 80)
     schema.add_field("kind", DataType.VARCHAR, max_length=16)
     schema.add_field("key", DataType.VARCHAR, max_length=MAX_KEY_BYTES)
     schema.add_field("n", DataType.INT64)
@@ -117,7 +118,11 @@ def create_state_collection(client: Guarded, milvus: str) -> None:
     index = client.prepare_index_params()
     index.add_index("v", index_type="FLAT", metric_type="IP")
     client.create_collection(
-        milvus, schema=schema, index_params=index, consistency_level="Strong"
+        milvus,
+        schema=schema,
+        index_params=index,
+        consistency_level="Strong",
+        **layout.options(),
     )
 
 
@@ -400,12 +405,18 @@ class MilvusState(Generic[C]):
         ``meta`` and ``profile`` are cached per process; the registry calls this on
         every lookup (about 2 ms on Milvus Lite), so a replica serves another's
         activation from its next request on. A collection another replica dropped
-        is a ``NotFoundError`` here.
+        is a ``NotFoundError`` here: its Milvus collection is gone, or (shared
+        layout) its name row.
         """
-        key = [_pk("meta", "active_calibrator")]
+        keys = [_pk("meta", "active_calibrator"), _pk("meta", "name")]
         with self._reading():
-            rows = self._client.get(self._collection, ids=key, output_fields=["data"])
-        active = rows[0]["data"]["value"] if rows else None
+            rows = self._client.get(
+                self._collection, ids=keys, output_fields=["key", "data"]
+            )
+        found = {r["key"]: r["data"]["value"] for r in rows}
+        if "name" not in found:
+            raise NotFoundError("collection", self.name)
+        active = found.get("active_calibrator")
         if active == self._meta.get("active_calibrator"):
             return
         profile = self.calibrator(active) if active else None

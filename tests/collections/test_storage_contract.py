@@ -1,5 +1,6 @@
 """One HTTP contract, three storage backends: every test here runs on ``local`` (SQLite
-+ FAISS), on ``milvus`` (Milvus Lite 3.x, a file under ``tmp_path``) and on
++ FAISS), on ``milvus`` (Milvus Lite 3.x, a file under ``tmp_path``), on
+``milvus-shared`` (the same, ``NORMCAL_MILVUS_LAYOUT=shared``) and on
 ``milvus-engine`` (the real C++ engine, milvus-lite 2.5.1 over TCP: one server per
 session, see tests/support/milvus_engine.py).
 
@@ -39,6 +40,7 @@ MILVUS = [needs_milvus, pytest.mark.slow]
 BACKENDS = [
     "local",
     pytest.param("milvus", marks=MILVUS),
+    pytest.param("milvus-shared", marks=MILVUS),
     pytest.param("milvus-engine", marks=MILVUS),
 ]
 LIMITS = Limits(
@@ -76,7 +78,8 @@ def backend_settings(tmp_path: Path, storage: str, **extra: Any) -> Settings:
 
 @pytest.fixture(params=BACKENDS)
 def engine(request: pytest.FixtureRequest) -> str:
-    """The backend a test runs on: ``local``, ``milvus`` or ``milvus-engine``."""
+    """The backend a test runs on: ``local``, ``milvus``, ``milvus-shared`` or
+    ``milvus-engine``."""
     return str(request.param)
 
 
@@ -94,6 +97,8 @@ def engine_settings(
     if engine == "milvus-engine":
         uri = request.getfixturevalue("engine_uri")
         return backend_settings(tmp_path, "milvus", milvus_uri=uri, **extra)
+    if engine == "milvus-shared":
+        return backend_settings(tmp_path, "milvus", milvus_layout="shared", **extra)
     return backend_settings(tmp_path, engine, **extra)
 
 
