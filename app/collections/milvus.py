@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
@@ -51,6 +52,7 @@ from app.collections.base import (
 from app.collections.index import IndexType
 from app.collections.milvus_client import (
     BACKEND,
+    GRPC_OPTIONS,
     SEQS,
     CallOptions,
     Guarded,
@@ -124,7 +126,11 @@ class MilvusStorage(Generic[C]):
         """``client_options``: more ``MilvusClient`` arguments (database, TLS)."""
         options = options or CallOptions()
         client = MilvusClient(
-            uri=uri, token=token, timeout=options.timeout, **(client_options or {})
+            uri=uri,
+            token=token,
+            timeout=options.timeout,
+            grpc_options=GRPC_OPTIONS,
+            **(client_options or {}),
         )
         self.client = Guarded(client, uri, options=options)
         self.layout: Layout = layout or PerCollection()
@@ -174,13 +180,14 @@ class MilvusStorage(Generic[C]):
         That is its rows in shared collections and the Milvus collections it
         created. The create's own error is the one reported, not one of this clean-up.
         """
-        try:
-            self.layout.clear(self.client, name)
-            for milvus in made:
-                if self.client.has_collection(milvus):
-                    self.client.drop_collection(milvus)
-        except (MilvusException, NormcalError):
-            return
+        steps = [partial(self.layout.clear, self.client, name)] + [
+            partial(self.client.drop_collection, milvus) for milvus in made
+        ]
+        for step in steps:
+            try:
+                step()
+            except (MilvusException, NormcalError):
+                continue
 
     def open(self, name: str) -> MilvusCollection[C]:
         """Open a stored collection (``NotFoundError`` if absent), migrated if older."""

@@ -48,6 +48,11 @@ _INT64 = (-(2**63), 2**63 - 1)
 # selects everything instead, and the rows are matched in Python.
 _MAX_IN_VALUES = 64
 _MAX_EXPR_CHARS = 65_536
+# pymilvus pings every channel every 10 s even with no call in flight; a gRPC server
+# left at gRPC's defaults (Milvus Lite 2.5.1's) answers that with GOAWAY
+# "too_many_pings" and the client's reconnect can fail. Ping during calls only: an
+# idle connection that died is found, and re-made, by the next call.
+GRPC_OPTIONS = {"grpc.keepalive_permit_without_calls": False}
 _RETRY_AFTER = 5  # seconds a client is told to wait when Milvus does not answer
 # Milvus's error codes below this are the service's state, not a request's.
 _FIRST_REQUEST_CODE = 100

@@ -38,7 +38,10 @@ from app.collections.milvus_client import (
     string_literal,
 )
 from app.collections.milvus_state import read_meta
-from app.exceptions import BackendUnsupportedError, StorageUnavailableError
+from app.exceptions import (
+    BackendUnsupportedError,
+    NormcalError,
+)
 
 LayoutName = Literal["per-collection", "shared"]
 TENANT = "tenant"  # the partition-key field of shared collections
@@ -218,12 +221,10 @@ class Shared:
         """
         try:
             client.query(milvus, filter=tenant_filter(""), limit=1)
-        except (MilvusException, StorageUnavailableError) as error:
-            # refused: passed unchanged, or reported as an outage (no is_input_error)
-            cause = error if isinstance(error, MilvusException) else error.__cause__
+        except NormcalError as error:  # Guarded's report of Milvus's error
+            cause = error.__cause__
             if not isinstance(cause, MilvusException) or cause.code != _INVALID_EXPR:
                 raise
-            client.drop_collection(milvus)
             raise BackendUnsupportedError(
                 BACKEND,
                 "cannot keep collections in the shared layout: this Milvus does not "

@@ -55,8 +55,10 @@ def _answers(uri: str) -> bool:
     engine opens its port before its storage)."""
     from pymilvus import MilvusClient, MilvusException
 
+    from app.collections.milvus_client import GRPC_OPTIONS
+
     try:
-        client = MilvusClient(uri=uri, timeout=5)
+        client = MilvusClient(uri=uri, timeout=5, grpc_options=GRPC_OPTIONS)
     except MilvusException:
         return False
     try:
@@ -122,7 +124,9 @@ def engine_uri(milvus_engine: str) -> str:
     """:func:`milvus_engine`, emptied of every collection earlier tests left."""
     from pymilvus import MilvusClient
 
-    client = MilvusClient(uri=milvus_engine)
+    from app.collections.milvus_client import GRPC_OPTIONS
+
+    client = MilvusClient(uri=milvus_engine, grpc_options=GRPC_OPTIONS)
     try:
         for name in client.list_collections():
             client.drop_collection(name)
