@@ -113,8 +113,8 @@ def main() -> int:
         f"\n| torch auto, {len(texts)} queries | wall ms per query (median of rounds) |"
     )
     print("|---|---|")
-    for label, seconds in walls.items():
-        print(f"| {label} | {1000 * statistics.median(seconds) / len(texts):.2f} |")
+    for label, rounds in walls.items():
+        print(f"| {label} | {1000 * statistics.median(rounds) / len(texts):.2f} |")
     return 0
 
 
