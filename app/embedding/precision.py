@@ -140,7 +140,7 @@ class Agreement:
         problems = []
         if not self.max_norm_error <= max_norm_error:
             problems.append(
-                f"a norm moved by {self.max_norm_error:.3%} (gate {max_norm_error:.1%})"
+                f"a norm moved by {self.max_norm_error:.3%} (gate {max_norm_error:.2%})"
             )
         if not self.min_cosine >= min_cosine:
             problems.append(

@@ -7,13 +7,15 @@ bf16 under ``torch.autocast``, or mixed: its feed-forward layers in bf16, the re
 (:mod:`app.embedding.precision` chooses).
 
 With ``auto`` precision on a CPU, queries take a faster path: the transformer traced
-once at start-up into a frozen TorchScript graph, in fp32, its output pooled here as
+once at start-up into a frozen TorchScript graph at the chosen precision (its
+feed-forward layers in bf16 when mixed), its output pooled here as
 sentence-transformers' ``Pooling`` does. A short query spends most of its pass in
 Python and in small matrix products, which the frozen graph runs in about half the
 CPU time of the eager model (docs/performance.md); documents gain nothing from it and
-keep the eager model at the chosen precision. The graph is used only if it passes
-a self-check against the eager fp32 pipeline (a gate 50 times tighter than a
-reduced precision's: only the order of summation differs).
+keep the eager model at the chosen precision. The graph is used only if its probes
+pass the chosen precision's gate against the eager fp32 pipeline: a reduced
+precision's gate, or one 50 times tighter for fp32 (where only the order of
+summation differs).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class SentenceTransformerEmbedder:
     precision : {"auto", "fp32", "mixed", "bf16"}
         See :func:`~app.embedding.precision.select_precision`; ``precision_choice``
         holds what was chosen and why. ``auto`` on a CPU also runs queries through a
-        traced fp32 graph where it passes its self-check (see the module docstring);
+        traced graph where it passes its self-check (see the module docstring);
         a forced precision runs the eager model for every text.
     """
 
@@ -135,36 +137,30 @@ class SentenceTransformerEmbedder:
         self.precision: Precision = "fp32"
         self._pad_id = int(model.tokenizer.pad_token_id or 0)
         self._graph: Any = None
-        graph_note = ""
-        if precision == "auto" and self._device.type == "cpu":
-            graph_note = self._trace_query_graph(model_path, torch)
-        feed_forward = _feed_forward_layers(model, torch)
-        for layer in feed_forward:
+        for layer in _bf16_layers(model, "mixed", torch).values():
             layer.forward = self._mixed(layer, torch)
         self.precision_choice = select_precision(
             precision, self, native=self._native_bf16()
         )
+        chosen = self.precision_choice.precision
+        if precision == "auto" and self._device.type == "cpu":
+            graph_note = self._trace_query_graph(model_path, torch)
+            self.precision_choice = PrecisionChoice(
+                chosen, f"{self.precision_choice.reason}; {graph_note}"
+            )
         # Autocast casts every Linear weight to bf16 on each call (its cache lives as
         # long as one autocast block), as mixed does its layers'; cast them once
         # instead. The result is bit for bit the same, and a query costs ~7% less
         # CPU. Norms, softmax and pooling stay fp32, as autocast keeps them.
-        chosen = self.precision_choice.precision
-        if graph_note:
-            self.precision_choice = PrecisionChoice(
-                chosen, f"{self.precision_choice.reason}; {graph_note}"
-            )
-        if chosen == "bf16":
-            feed_forward = [
-                m for m in model.modules() if isinstance(m, torch.nn.Linear)
-            ]
-        if chosen != "fp32":
-            for layer in feed_forward:
-                layer.to(torch.bfloat16)
+        for layer in _bf16_layers(model, chosen, torch).values():
+            layer.to(torch.bfloat16)
 
     def _trace_query_graph(self, model_path: str, torch: Any) -> str:
-        """Trace the fp32 transformer for queries; keep it if it passes the self-check.
+        """Trace the transformer at the chosen precision for queries, gated.
 
-        Returns what was done, for ``precision_choice``'s reason (and the log).
+        The graph is kept if it passes that precision's gate against eager fp32. Runs
+        before the eager model's layers are cast. Returns what was done, for
+        ``precision_choice``'s reason (and the log).
         """
         try:
             self._pooling = PipelineConfig.read(Path(model_path)).pooling
@@ -172,17 +168,23 @@ class SentenceTransformerEmbedder:
             return (
                 "queries run the eager model (its pipeline is not Transformer, Pooling)"
             )
-        started = time.perf_counter()
-        graph = _frozen_transformer(self._model[0].auto_model, torch)
+        started, chosen = time.perf_counter(), self.precision
+        self.precision = "fp32"
         reference = self.embed(list(PROBES), "query")
-        self._graph = graph
+        self.precision = chosen
+        self._graph = _frozen_transformer(
+            self._model[0].auto_model,
+            torch,
+            bf16=set(_bf16_layers(self._model, chosen, torch)),
+        )
         agreement = Agreement.between(reference, self.embed(list(PROBES), "query"))
-        # fp32 both ways: only the kernels' order of summation differs, so the gate
-        # is far tighter than a reduced precision's (a masking error would pass that).
-        failure = agreement.failure(max_norm_error=1e-4, min_cosine=0.99999)
+        # In fp32 only the kernels' order of summation differs, so the gate is far
+        # tighter than a reduced precision's (a masking error would pass that).
+        tight = {"max_norm_error": 1e-4, "min_cosine": 0.99999}
+        failure = agreement.failure(**(tight if chosen == "fp32" else {}))
         check = (
-            f"self-check on {len(PROBES)} probes against the eager model: {agreement} "
-            f"({time.perf_counter() - started:.2f} s)"
+            f"self-check on {len(PROBES)} probes against the eager fp32 model: "
+            f"{agreement} ({time.perf_counter() - started:.2f} s)"
         )
         if failure is not None:
             self._graph = None
@@ -190,7 +192,7 @@ class SentenceTransformerEmbedder:
                 "queries run the eager model: the traced graph failed its %s", check
             )
             return f"queries run the eager model (the traced graph failed: {failure})"
-        return f"queries run a traced fp32 graph, {check}"
+        return f"queries run a traced {chosen} graph, {check}"
 
     def _graph_forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad one pass, run the traced graph, pool (in numpy, as the onnx backend)."""
@@ -270,31 +272,53 @@ class SentenceTransformerEmbedder:
         return EmbeddingBatch.from_pooled(raw, tokens.lengths, tokens.truncated)
 
 
-def _feed_forward_layers(model: Any, torch: Any) -> list[Any]:
-    """The transformer's feed-forward layers: its Linear layers that are not square.
+def _bf16_layers(model: Any, precision: Precision, torch: Any) -> dict[str, Any]:
+    """The transformer's Linear layers ``precision`` runs in bf16, by name.
 
-    Attention's query, key, value and output projections map the model's width onto
-    itself; the feed-forward block widens it (4x) and narrows it back. Layers after
-    the transformer (a ``Dense`` projection of some models) are left alone.
+    mixed: its feed-forward layers, the Linear layers that are not square (attention's
+    query, key, value and output projections map the model's width onto itself; the
+    feed-forward block widens it 4x and narrows it back); bf16: every Linear layer;
+    fp32: none. Layers after the transformer (a ``Dense`` projection of some models)
+    are left alone. Names are relative to the transformer's ``auto_model``.
     """
-    return [
-        module
-        for module in model[0].modules()
+    if precision == "fp32":
+        return {}
+    return {
+        name: module
+        for name, module in model[0].auto_model.named_modules()
         if isinstance(module, torch.nn.Linear)
-        and module.in_features != module.out_features
-    ]
+        and (precision == "bf16" or module.in_features != module.out_features)
+    }
 
 
-def _frozen_transformer(transformer: Any, torch: Any) -> Any:
-    """A frozen TorchScript graph of an fp32 copy of ``transformer``.
+def _frozen_transformer(transformer: Any, torch: Any, bf16: set[str]) -> Any:
+    """A frozen TorchScript graph of a copy of ``transformer``.
 
-    Its inputs are token ids, attention mask and token type ids (ignored by models
+    It runs in fp32 but for the Linear layers named in ``bf16``, which run as mixed
+    precision runs them (bf16 inputs and weights, fp32 output). Its inputs are token ids, attention mask and token type ids (ignored by models
     that take none); its output the last hidden state. Traced on two rows, the second
     padded, so that the graph masks padding; the self-check is what shows that it is
     right for other shapes.
     """
     model = copy.deepcopy(transformer).float().eval()
+    for module in model.modules():  # the copy's own forward, not mixed's wrapper
+        module.__dict__.pop("forward", None)
     takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+
+    class _Bf16Linear(torch.nn.Module):  # type: ignore[misc]
+        """``linear`` with bf16 weights and inputs, its output back in fp32."""
+
+        def __init__(self, linear: Any) -> None:
+            super().__init__()
+            self.linear = linear.to(torch.bfloat16)
+
+        def forward(self, x: Any) -> Any:
+            return self.linear(x.to(torch.bfloat16)).float()
+
+    for name in bf16:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, _Bf16Linear(getattr(owner, child)))
 
     class _LastHiddenState(torch.nn.Module):  # type: ignore[misc]
         def __init__(self) -> None:

@@ -82,15 +82,19 @@ class SearchService(Part):
                 field="mode" if request.mode == "hybrid" else "min_probability",
             )
         batch = await self._query_batch(collection, request)
-        pools = await self.pool.run(
-            collection.search, batch.vectors, texts or [""] * len(batch), n, where
-        )
         ref = self._calibrator_ref(
             name, profile, drift=self.drift.verdict(name, profile), reason=reason
         )
-        results, summaries = await self.pool.run(
-            search_results, batch, pools, ref, profile, request, k
-        )
+
+        def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
+            # One pool job, not two: each hand-off to a pool thread costs a search
+            # about half a millisecond (docs/performance.md).
+            pools = collection.search(
+                batch.vectors, texts or [""] * len(batch), n, where
+            )
+            return search_results(batch, pools, ref, profile, request, k)
+
+        results, summaries = await self.pool.run(answer)
         self.drift.observe(name, profile, summaries)
         await self._log_queries(collection, texts)
         return results

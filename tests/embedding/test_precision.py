@@ -290,16 +290,38 @@ def auto():
     return _model("auto")
 
 
-def test_auto_runs_queries_through_a_traced_graph_equal_to_the_eager_model(auto, fp32):
-    assert auto._graph is not None
-    assert "queries run a traced fp32 graph" in auto.precision_choice.reason
+@pytest.fixture(scope="module")
+def auto_fp32():
+    """``auto`` where bf16 is not native: fp32, its queries through an fp32 graph."""
+    with pytest.MonkeyPatch.context() as patch:
+        from app.embedding import torch_backend
+
+        patch.setattr(torch_backend, "cpu_bf16_flag", lambda: None)
+        return _model("auto")
+
+
+def _graph_agrees(model, fp32, gate: dict[str, float]) -> None:
+    """Every length, batch and truncation of :func:`_lengths_and_batches` through
+    ``model``'s graph is within ``gate`` of the eager fp32 model."""
     for texts in _lengths_and_batches():
-        ref, got = fp32.embed(texts, "query"), auto.embed(texts, "query")
+        ref, got = fp32.embed(texts, "query"), model.embed(texts, "query")
         np.testing.assert_array_equal(got.n_tokens, ref.n_tokens)
         np.testing.assert_array_equal(got.truncated, ref.truncated)
-        # fp32 both ways, another kernel order: rounding only.
-        np.testing.assert_allclose(got.norms, ref.norms, rtol=1e-5)
-        np.testing.assert_allclose(got.vectors, ref.vectors, atol=1e-5)
+        assert Agreement.between(ref, got).failure(**gate) is None, texts
+
+
+def test_auto_runs_queries_through_a_graph_at_the_chosen_precision(auto, fp32):
+    if auto.precision == "fp32":
+        pytest.skip("no native bf16 on this CPU: auto_fp32's test covers it")
+    assert auto._graph is not None
+    assert f"queries run a traced {auto.precision} graph" in (
+        auto.precision_choice.reason
+    )
+    # The reduced precision's gate, as for documents (norms 0.5%, cosine 0.9999).
+    _graph_agrees(auto, fp32, {})
+    # Not the fp32 graph: bf16 rounding shows.
+    got = auto.embed(TEXTS, "query")
+    assert Agreement.between(fp32.embed(TEXTS, "query"), got).max_norm_error > 1e-5
     # Documents keep the eager model at the chosen precision.
     eager = _model(auto.precision)
     np.testing.assert_array_equal(
@@ -307,22 +329,49 @@ def test_auto_runs_queries_through_a_traced_graph_equal_to_the_eager_model(auto,
     )
 
 
-def test_a_traced_graph_that_fails_its_self_check_is_not_used(monkeypatch):
+def test_an_fp32_graph_equals_the_eager_model_to_rounding(auto_fp32, fp32):
+    assert auto_fp32.precision == "fp32"
+    assert "queries run a traced fp32 graph" in auto_fp32.precision_choice.reason
+    # fp32 both ways, another kernel order: rounding only.
+    _graph_agrees(auto_fp32, fp32, {"max_norm_error": 1e-5, "min_cosine": 0.999999})
+    np.testing.assert_array_equal(
+        auto_fp32.embed(TEXTS, "document").vectors,
+        fp32.embed(TEXTS, "document").vectors,
+    )
+
+
+@pytest.mark.parametrize(
+    ("native", "off_by", "gate"),
+    [
+        # fp32: 0.1% is inside a reduced precision's gate, outside the graph's.
+        (False, 1.001, "gate 0.01%"),
+        # A reduced precision's graph: 0.6% is outside its gate.
+        (True, 1.006, "gate 0.50%"),
+    ],
+)
+def test_a_traced_graph_that_fails_its_self_check_is_not_used(
+    monkeypatch, native, off_by, gate
+):
     from app.embedding import torch_backend
 
     real = torch_backend._frozen_transformer
 
-    def off_by_one_percent(transformer, torch):
-        graph = real(transformer, torch)
-        return lambda ids, mask, types: graph(ids, mask, types) * 1.001
+    def off(transformer, torch, bf16):
+        graph = real(transformer, torch, bf16)
+        return lambda ids, mask, types: graph(ids, mask, types) * off_by
 
-    monkeypatch.setattr(torch_backend, "_frozen_transformer", off_by_one_percent)
+    monkeypatch.setattr(torch_backend, "_frozen_transformer", off)
+    if not native:
+        monkeypatch.setattr(torch_backend, "cpu_bf16_flag", lambda: None)
+    elif cpu_bf16_flag() is None:
+        pytest.skip("no native bf16 on this CPU")
     model = _model("auto")
     assert model._graph is None
-    # 0.1%: inside a reduced precision's gate, outside the graph's.
+    reason = model.precision_choice.reason
     assert "queries run the eager model (the traced graph failed: a norm moved by" in (
-        model.precision_choice.reason
+        reason
     )
+    assert gate in reason
 
 
 def test_queries_through_the_graph_from_several_threads_are_the_sequential_ones(auto):
