@@ -5,8 +5,9 @@ abstracts (scifact), abstracts doubled past the 256-token limit (truncation), an
 non-Latin scripts (Chinese sentences from ``usts``, plus synthesised Russian, Greek,
 Arabic, Hindi, Japanese and Korean ones: no such set is staged); without the data,
 synthetic texts of the same spread. Each variant (``--variants``: ``onnx`` fp32,
-``mixed`` the torch backend with bf16 feed-forward layers, ``bf16`` under autocast)
-embeds them as queries and as documents.
+``mixed`` the torch backend with bf16 feed-forward layers, ``bf16`` under autocast,
+``auto`` what the default chooses: on a CPU, queries through the traced graph at the
+chosen precision) embeds them as queries and as documents.
 
 Gate (issues 14 and 24): max relative norm difference <= 0.5%, min cosine >= 0.9999,
 identical token counts and truncation flags, and probabilities within 0.005
@@ -149,7 +150,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1, help="NORMCAL_EMBED_THREADS")
-    parser.add_argument("--variants", default="onnx,mixed,bf16")
+    parser.add_argument("--variants", default="onnx,mixed,bf16,auto")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     texts, source = mixed_texts(args.texts, rng)
@@ -162,7 +163,7 @@ def main() -> int:
             embedders["onnx"] = load_embedder(
                 Settings(**base, embedding_backend="onnx", onnx_path=graph)
             )
-        for precision in ("mixed", "bf16"):
+        for precision in ("mixed", "bf16", "auto"):
             if precision in variants:
                 embedders[precision] = load_embedder(
                     Settings(**base, embed_precision=precision)

@@ -5,7 +5,8 @@ at a time (as searches do), interleaved over ``--rounds`` rounds:
 
 1. CPU per query of the torch backend with ``NORMCAL_EMBED_PRECISION`` fp32 (every
    text through the eager model), mixed (eager, feed-forward layers in bf16) and auto
-   (on a CPU: queries through the traced fp32 graph, if its self-check passed);
+   (on a CPU: queries through the graph traced at the chosen precision, if its
+   self-check passed);
 2. wall time per query of the auto model called directly, from one CPU-pool job per
    query (what the server does: the event loop hands each pass to a pool thread and
    waits), and from one pool job for all of them; and the pool's own round trip with

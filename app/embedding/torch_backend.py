@@ -6,15 +6,14 @@ module is, so importing :mod:`app.embedding` stays cheap. The model runs in fp32
 bf16 under ``torch.autocast``, or mixed: its feed-forward layers in bf16, the rest fp32
 (:mod:`app.embedding.precision` chooses).
 
-With ``auto`` precision on a CPU, queries take a faster path: the transformer traced
-once at start-up into a frozen TorchScript graph at the chosen precision (its
+With ``auto`` precision on a CPU, every text takes a faster path: the transformer
+traced once at start-up into a frozen TorchScript graph at the chosen precision (its
 feed-forward layers in bf16 when mixed), its output pooled here as
-sentence-transformers' ``Pooling`` does. A short query spends most of its pass in
-Python and in small matrix products, which the frozen graph runs in about half the
-CPU time of the eager model (docs/performance.md); documents gain nothing from it and
-keep the eager model at the chosen precision. The graph is used only if its probes
-pass the chosen precision's gate against the eager fp32 pipeline: a reduced
-precision's gate, or one 50 times tighter for fp32 (where only the order of
+sentence-transformers' ``Pooling`` does. A short query spends most of its eager pass
+in Python and in small matrix products, which the graph runs in about half the CPU
+time; an abstract costs about a fifth less (docs/performance.md). The graph is used
+only if its probes pass the chosen precision's gate against the eager fp32 pipeline:
+a reduced precision's gate, or one 50 times tighter for fp32 (where only the order of
 summation differs).
 """
 
@@ -74,7 +73,7 @@ class SentenceTransformerEmbedder:
         torch intra-op threads (process-wide); 0 leaves torch's default (one per core).
     precision : {"auto", "fp32", "mixed", "bf16"}
         See :func:`~app.embedding.precision.select_precision`; ``precision_choice``
-        holds what was chosen and why. ``auto`` on a CPU also runs queries through a
+        holds what was chosen and why. ``auto`` on a CPU also runs every text through a
         traced graph where it passes its self-check (see the module docstring);
         a forced precision runs the eager model for every text.
     """
@@ -144,7 +143,7 @@ class SentenceTransformerEmbedder:
         )
         chosen = self.precision_choice.precision
         if precision == "auto" and self._device.type == "cpu":
-            graph_note = self._trace_query_graph(model_path, torch)
+            graph_note = self._trace_graph(model_path, torch)
             self.precision_choice = PrecisionChoice(
                 chosen, f"{self.precision_choice.reason}; {graph_note}"
             )
@@ -155,8 +154,8 @@ class SentenceTransformerEmbedder:
         for layer in _bf16_layers(model, chosen, torch).values():
             layer.to(torch.bfloat16)
 
-    def _trace_query_graph(self, model_path: str, torch: Any) -> str:
-        """Trace the transformer at the chosen precision for queries, gated.
+    def _trace_graph(self, model_path: str, torch: Any) -> str:
+        """Trace the transformer at the chosen precision, gated.
 
         The graph is kept if it passes that precision's gate against eager fp32. Runs
         before the eager model's layers are cast. Returns what was done, for
@@ -166,7 +165,7 @@ class SentenceTransformerEmbedder:
             self._pooling = PipelineConfig.read(Path(model_path)).pooling
         except UnsupportedModelError:
             return (
-                "queries run the eager model (its pipeline is not Transformer, Pooling)"
+                "texts run the eager model (its pipeline is not Transformer, Pooling)"
             )
         started, chosen = time.perf_counter(), self.precision
         self.precision = "fp32"
@@ -189,10 +188,10 @@ class SentenceTransformerEmbedder:
         if failure is not None:
             self._graph = None
             logger.warning(
-                "queries run the eager model: the traced graph failed its %s", check
+                "texts run the eager model: the traced graph failed its %s", check
             )
-            return f"queries run the eager model (the traced graph failed: {failure})"
-        return f"queries run a traced {chosen} graph, {check}"
+            return f"texts run the eager model (the traced graph failed: {failure})"
+        return f"texts run a traced {chosen} graph, {check}"
 
     def _graph_forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
         """Pad one pass, run the traced graph, pool (in numpy, as the onnx backend)."""
@@ -246,7 +245,7 @@ class SentenceTransformerEmbedder:
         """Embed texts; see :class:`EmbeddingBatch`."""
         prefix = self.prompts.get(input_type, "")
         inputs = [prefix + t for t in texts] if prefix else list(texts)
-        if self._graph is not None and input_type == "query":
+        if self._graph is not None:
             return pooled_in_passes(
                 self._tokenizer,
                 inputs,

@@ -292,7 +292,7 @@ def auto():
 
 @pytest.fixture(scope="module")
 def auto_fp32():
-    """``auto`` where bf16 is not native: fp32, its queries through an fp32 graph."""
+    """``auto`` where bf16 is not native: fp32, its texts through an fp32 graph."""
     with pytest.MonkeyPatch.context() as patch:
         from app.embedding import torch_backend
 
@@ -314,7 +314,7 @@ def test_auto_runs_queries_through_a_graph_at_the_chosen_precision(auto, fp32):
     if auto.precision == "fp32":
         pytest.skip("no native bf16 on this CPU: auto_fp32's test covers it")
     assert auto._graph is not None
-    assert f"queries run a traced {auto.precision} graph" in (
+    assert f"texts run a traced {auto.precision} graph" in (
         auto.precision_choice.reason
     )
     # The reduced precision's gate, as for documents (norms 0.5%, cosine 0.9999).
@@ -322,22 +322,15 @@ def test_auto_runs_queries_through_a_graph_at_the_chosen_precision(auto, fp32):
     # Not the fp32 graph: bf16 rounding shows.
     got = auto.embed(TEXTS, "query")
     assert Agreement.between(fp32.embed(TEXTS, "query"), got).max_norm_error > 1e-5
-    # Documents keep the eager model at the chosen precision.
-    eager = _model(auto.precision)
-    np.testing.assert_array_equal(
-        auto.embed(TEXTS, "document").vectors, eager.embed(TEXTS, "document").vectors
-    )
+    # Documents take the graph too (the model has no prompts).
+    np.testing.assert_array_equal(auto.embed(TEXTS, "document").vectors, got.vectors)
 
 
 def test_an_fp32_graph_equals_the_eager_model_to_rounding(auto_fp32, fp32):
     assert auto_fp32.precision == "fp32"
-    assert "queries run a traced fp32 graph" in auto_fp32.precision_choice.reason
+    assert "texts run a traced fp32 graph" in auto_fp32.precision_choice.reason
     # fp32 both ways, another kernel order: rounding only.
     _graph_agrees(auto_fp32, fp32, {"max_norm_error": 1e-5, "min_cosine": 0.999999})
-    np.testing.assert_array_equal(
-        auto_fp32.embed(TEXTS, "document").vectors,
-        fp32.embed(TEXTS, "document").vectors,
-    )
 
 
 @pytest.mark.parametrize(
@@ -368,7 +361,7 @@ def test_a_traced_graph_that_fails_its_self_check_is_not_used(
     model = _model("auto")
     assert model._graph is None
     reason = model.precision_choice.reason
-    assert "queries run the eager model (the traced graph failed: a norm moved by" in (
+    assert "texts run the eager model (the traced graph failed: a norm moved by" in (
         reason
     )
     assert gate in reason
@@ -401,6 +394,6 @@ def test_a_pipeline_other_than_transformer_pooling_runs_queries_eager(monkeypatc
     monkeypatch.setattr(torch_backend.PipelineConfig, "read", unsupported)
     model = _model("auto")
     assert model._graph is None
-    assert "queries run the eager model (its pipeline is not" in (
+    assert "texts run the eager model (its pipeline is not" in (
         model.precision_choice.reason
     )
