@@ -177,7 +177,7 @@ class Settings(BaseSettings):
         description="torch backend: where the CPU has bf16 natively (avx512_bf16, "
         "amx_bf16) or a GPU does, auto takes bf16, else mixed (bf16 feed-forward "
         "layers only), whichever first passes a start-up self-check against fp32; "
-        "otherwise fp32. On a CPU, auto also runs queries through a TorchScript "
+        "otherwise fp32. On a CPU, auto also runs texts through a TorchScript "
         "graph of the transformer traced at the chosen precision, if it passes "
         "that precision's check against eager fp32. fp32, mixed or bf16 forces "
         "one, every text through the eager model",

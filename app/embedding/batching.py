@@ -12,6 +12,10 @@ stragglers join it; it never delays a request that finds the batcher idle.
 
 A request longer than ``max_texts`` goes through in chunks, one after the other, so a
 large upsert cannot hold a waiting search back for more than one pass.
+
+A caller that would find the batcher idle may take a lane for itself
+(:meth:`EmbedBatcher.lane`) and run its pass inside a pool job of its own, beside its
+other work: a lone search then hands one job to the pool, not two.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -113,12 +118,43 @@ class EmbedBatcher:
         self.enabled = enabled
         self._queue: deque[_Job] = deque()
         self._in_pass = 0  # requests in running passes
-        self._drainers: set[asyncio.Task[Any] | None] = set()
+        # The lanes in use: drainer tasks, and tokens of callers holding a lane.
+        self._drainers: set[object] = set()
 
     @property
     def pending(self) -> int:
         """Requests (chunks) queued for a pass, not counting running ones."""
         return sum(not job.future.done() for job in self._queue)
+
+    @contextmanager
+    def lane(self, wanted: bool = True) -> Iterator[bool]:
+        """A lane for a caller that runs its own pass in a pool job of its own.
+
+        Yields True when ``wanted`` and a request now would start its pass at once
+        and alone (nothing queued, a lane free), or when batching is off; the
+        caller then embeds by calling the model itself, in its job. The lane
+        counts as busy until the block ends, so requests arriving meanwhile queue
+        for passes on the other lanes as usual. Yields False otherwise: embed
+        through :meth:`embed`.
+        """
+        if not wanted or not self.enabled:
+            yield wanted
+            return
+        if self._queue or len(self._drainers) >= self.lanes:
+            yield False
+            return
+        token = object()
+        self._drainers.add(token)
+        try:
+            yield True
+        finally:
+            self._drainers.discard(token)
+            self._wake()
+
+    def _wake(self) -> None:
+        """Start a drainer on a free lane if requests are queued."""
+        if self._queue and len(self._drainers) < self.lanes:
+            self._drainers.add(asyncio.create_task(self._drain()))
 
     async def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
         """Embed ``texts`` in order, sharing passes with concurrent requests."""
@@ -140,8 +176,7 @@ class EmbedBatcher:
             )
         job = _Job(texts, input_type, asyncio.get_running_loop().create_future())
         self._queue.append(job)
-        if len(self._drainers) < self.lanes:
-            self._drainers.add(asyncio.create_task(self._drain()))
+        self._wake()
         # A cancelled caller cancels its future; the drainer skips it or drops its
         # result, and the other requests carry on.
         return await job.future

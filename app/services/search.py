@@ -81,20 +81,25 @@ class SearchService(Part):
                 ),
                 field="mode" if request.mode == "hybrid" else "min_probability",
             )
-        batch = await self._query_batch(collection, request)
         ref = self._calibrator_ref(
             name, profile, drift=self.drift.verdict(name, profile), reason=reason
         )
+        with self.batcher.lane(wanted=sent is None) as alone:
+            batched = None if alone else await self._query_batch(collection, request)
 
-        def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
-            # One pool job, not two: each hand-off to a pool thread costs a search
-            # about half a millisecond (docs/performance.md).
-            pools = collection.search(
-                batch.vectors, texts or [""] * len(batch), n, where
-            )
-            return search_results(batch, pools, ref, profile, request, k)
+            def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
+                # With the batcher idle, the queries' pass runs in this job too: one
+                # hand-off to the pool, not three (each costs a search about half a
+                # millisecond here; docs/performance.md).
+                batch = (
+                    self.embedder.embed(texts, "query") if batched is None else batched
+                )
+                pools = collection.search(
+                    batch.vectors, texts or [""] * len(batch), n, where
+                )
+                return search_results(batch, pools, ref, profile, request, k)
 
-        results, summaries = await self.pool.run(answer)
+            results, summaries = await self.pool.run(answer)
         self.drift.observe(name, profile, summaries)
         await self._log_queries(collection, texts)
         return results

@@ -251,6 +251,56 @@ async def test_lanes_run_passes_side_by_side_and_queue_the_rest(model, pool):
     assert (["2", "3"], "query") in model.calls[2:]
 
 
+@pytest.mark.anyio
+async def test_an_idle_batcher_lends_a_lane_and_others_use_the_rest(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32, lanes=2)
+    with batcher.lane() as alone:
+        assert alone
+        # One lane left: the next request starts its pass at once...
+        first = asyncio.create_task(batcher.embed(["1"], "query"))
+        await until(model.entered.is_set)
+        # ...and none is left for another caller, nor for another pass.
+        with batcher.lane() as again:
+            assert not again
+        queued_one = asyncio.create_task(batcher.embed(["2"], "query"))
+        await queued(batcher, 1)
+    model.gate.set()
+    assert norms(await first) == [1.0]
+    assert norms(await queued_one) == [2.0]
+
+
+@pytest.mark.anyio
+async def test_a_request_queued_behind_a_lent_lane_runs_when_it_is_returned(
+    model, pool
+):
+    # One lane, lent out: a request can only queue; returning the lane starts it.
+    model.gate.set()
+    batcher = EmbedBatcher(model, pool, max_texts=32, lanes=1)
+    with batcher.lane() as alone:
+        assert alone
+        task = asyncio.create_task(batcher.embed(["5"], "query"))
+        await queued(batcher, 1)
+        assert model.calls == []
+    assert norms(await task) == [5.0]
+
+
+@pytest.mark.anyio
+async def test_no_lane_while_requests_queue_or_when_not_wanted(model, pool):
+    batcher = EmbedBatcher(model, pool, max_texts=32, lanes=1)
+    first = await blocked_first_pass(batcher, model)
+    with batcher.lane() as alone:
+        assert not alone
+    model.gate.set()
+    await first
+    with batcher.lane(wanted=False) as alone:
+        assert not alone
+    with batcher.lane() as alone:
+        assert alone  # idle again
+    off = EmbedBatcher(model, pool, max_texts=32, enabled=False)
+    with off.lane() as alone, off.lane() as also:
+        assert alone and also  # no batching: every request is alone
+
+
 def test_lanes_follow_threads_per_pass_and_the_pool(monkeypatch):
     from app.embedding import batching
 
