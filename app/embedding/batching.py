@@ -15,7 +15,8 @@ large upsert cannot hold a waiting search back for more than one pass.
 
 A caller that would find the batcher idle may take a lane for itself
 (:meth:`EmbedBatcher.lane`) and run its pass inside a pool job of its own, beside its
-other work: a lone search then hands one job to the pool, not two.
+other work: a lone search then hands one job to the pool, not two (its pass, then
+its collection search and scoring).
 """
 
 from __future__ import annotations

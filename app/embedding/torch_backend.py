@@ -294,10 +294,11 @@ def _frozen_transformer(transformer: Any, torch: Any, bf16: set[str]) -> Any:
     """A frozen TorchScript graph of a copy of ``transformer``.
 
     It runs in fp32 but for the Linear layers named in ``bf16``, which run as mixed
-    precision runs them (bf16 inputs and weights, fp32 output). Its inputs are token ids, attention mask and token type ids (ignored by models
-    that take none); its output the last hidden state. Traced on two rows, the second
-    padded, so that the graph masks padding; the self-check is what shows that it is
-    right for other shapes.
+    precision runs them (bf16 inputs and weights, fp32 output). Its inputs are token
+    ids, attention mask and token type ids (ignored by models that take none); its
+    output the last hidden state. Traced on two rows, the second padded, so that the
+    graph masks padding; the self-check is what shows that it is right for other
+    shapes.
     """
     model = copy.deepcopy(transformer).float().eval()
     for module in model.modules():  # the copy's own forward, not mixed's wrapper
