@@ -323,7 +323,7 @@ class Keyring:
             keys = self._load()
         except KeysFileError as error:
             logger.error(
-                "kept the api keys in use: %s %s (fix it and send SIGHUP again)",
+                "kept the api keys in use: %s: %s (fix it and send SIGHUP again)",
                 self.path,
                 error,
             )
