@@ -28,8 +28,8 @@ holds no data). ``/metrics`` names every collection and calibrator in its labels
 it needs a key for every collection unless ``public_metrics`` opts in. Everything
 under ``/ui/`` (the judging page's HTML, JS and CSS: no data, the page asks for the
 key and sends it on its ``/v1`` calls) when ``public_ui`` is true; a public entry
-ending in ``/`` is a prefix. Public paths are read-only: an anonymous request passes
-only a :data:`READ` route.
+ending in ``/`` is a prefix (but ``/`` itself: :func:`is_prefix`). Public paths are
+read-only: an anonymous request passes only a :data:`READ` route.
 """
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ bearer_scheme = HTTPBearer(
 )
 
 
+def is_prefix(public: str) -> bool:
+    """Whether a public entry is a prefix: it ends in ``/`` (``/`` itself is a page)."""
+    return public.endswith("/") and public != "/"
+
+
 def public_paths(
     *,
     public_health: bool,
@@ -98,7 +103,7 @@ class ApiKeyMiddleware:
         self.app = app
         self.keyring = keyring
         self._public = public
-        self._prefixes = tuple(p for p in public if p.endswith("/"))
+        self._prefixes = tuple(p for p in public if is_prefix(p))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""

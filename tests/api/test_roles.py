@@ -615,7 +615,7 @@ def roles_table(roles: dict[str, auth.RoleCheck]) -> list[str]:
             needs += ", a key for every collection"
         for setting, paths in public.items():
             if any(
-                path == p or (p.endswith("/") and path.startswith(p)) for p in paths
+                path == p or (auth.is_prefix(p) and path.startswith(p)) for p in paths
             ):
                 field = setting.removeprefix("NORMCAL_").lower()
                 if defaults[field].default:
