@@ -76,6 +76,7 @@ _CAL = _C + "/calibrators/{calibrator_id}"
 HEALTH = Endpoint("GET", "/healthz", m.Health)
 READY = Endpoint("GET", "/readyz", m.Readiness)
 VERSION = Endpoint("GET", "/version", m.VersionInfo)
+KEY = Endpoint("GET", "/v1/key", m.KeyInfo)
 EMBED = Endpoint("POST", "/v1/embed", m.EmbedResponse, m.EmbedRequest)
 LIST_COLLECTIONS = Endpoint("GET", "/v1/collections", m.CollectionList)
 CREATE_COLLECTION = Endpoint(
@@ -140,6 +141,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     HEALTH,
     READY,
     VERSION,
+    KEY,
     EMBED,
     LIST_COLLECTIONS,
     CREATE_COLLECTION,
