@@ -257,7 +257,6 @@ class Keyring:
             identity = Identity(ENV_KEY_NAME, Role.ADMIN)
             self._fixed = (ApiKey(digest, identity),)
         self._keys = self._load()
-        logger.info("api keys: %s", self.summary())
 
     @property
     def enabled(self) -> bool:
