@@ -33,8 +33,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import grpc
 import numpy as np
 from numpy.typing import NDArray
 from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
@@ -58,8 +59,8 @@ from app.collections.milvus_client import (
     Guarded,
     chunks,
     milvus_filter,
-    query_all,
     refused,
+    string_literal,
 )
 from app.collections.milvus_layout import Layout, PerCollection
 from app.collections.milvus_state import (
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from app.collections.base import CollectionBackend
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DOC_FIELDS = ["id", "seq", "text", "metadata", "norm", "n_tokens", "truncated"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
@@ -138,6 +140,8 @@ class MilvusStorage(Generic[C]):
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
         self.ef_search = ef_search
+        self._pastes_quotes: bool | None = None
+        self._timeout = options.timeout
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
         """Create ``name``'s Milvus collections, or rows (``ConflictError`` if taken).
@@ -315,6 +319,29 @@ class MilvusStorage(Generic[C]):
                 f"{error.message}",
             ) from error
 
+    def pastes_quotes(self) -> bool:
+        """Whether this Milvus is Milvus Lite 2.x, which cannot store an id with ``'``.
+
+        Its front end keeps rows in SQLite and pastes ids into its SQL between single
+        quotes: the upsert of such an id fails ("internal error"), and a delete of
+        one is undone by its next restart. Known from ``GetVersion``, which it alone
+        does not implement; an outage leaves it unknown (``False``) until asked again.
+        """
+        if self._pastes_quotes is None:
+            try:
+                self.client.raw.get_server_version(timeout=self._timeout)
+            except grpc.RpcError as error:
+                if not isinstance(error, grpc.Call):
+                    return False
+                if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    return False
+                self._pastes_quotes = True
+            except MilvusException:
+                return False
+            else:
+                self._pastes_quotes = False
+        return self._pastes_quotes
+
     def server_version(self) -> str:
         """The Milvus server's version, as it reports it (Milvus Lite 2.x does not)."""
         try:
@@ -332,6 +359,42 @@ def _document(row: dict[str, Any]) -> StoredDocument:
         norm=float(row["norm"]),
         n_tokens=int(row["n_tokens"]),
         truncated=bool(row["truncated"]),
+    )
+
+
+def _and(*exprs: str) -> str:
+    """The conjunction of the non-empty ``exprs``, each parenthesised."""
+    return " and ".join(f"({e})" for e in exprs if e)
+
+
+def _in_windows(
+    fetch: Callable[[str], list[T]],
+    seq: Callable[[T], int],
+    cap: int,
+    lo: int = 0,
+    hi: int = _INT64_END,
+) -> list[T]:
+    """Every row ``fetch`` finds with a seq in ``[lo, hi)``, though it returns at most ``cap``.
+
+    ``fetch`` is given the range as an expression. A range with ``cap`` rows (some
+    may be missing) is split at the median seq of those listed, so each half holds
+    at least half of them and fewer rows than the whole: about ``4 * rows / cap``
+    calls in all. Seqs are unique per document; ``cap`` rows sharing one cannot be
+    told apart and are an error rather than a silent miss.
+    """
+    bounds = [f"seq >= {lo}"] if lo > 0 else []
+    bounds += [f"seq < {hi}"] if hi < _INT64_END else []
+    rows = fetch(" and ".join(bounds))
+    if len(rows) < cap:
+        return rows
+    seqs = sorted(seq(row) for row in rows)
+    median = seqs[len(seqs) // 2]
+    if median == seqs[0]:
+        raise StorageUnavailableError(
+            f"{cap} rows share seq {median}: they cannot be listed in windows"
+        )
+    return _in_windows(fetch, seq, cap, lo, median) + _in_windows(
+        fetch, seq, cap, median, hi
     )
 
 
@@ -354,6 +417,7 @@ class MilvusCollection(Generic[C]):
         self.meta: dict[str, Any] = meta
         self._docs = storage.layout.documents(name, int(meta["dim"]), self.index_type)
         self._ef_search = storage.ef_search
+        self._pastes_quotes = storage.pastes_quotes
         self.lock = RWLock()
         self.closed = False
         # term -> document frequency ("" -> documents), counted at _df_at (monotonic)
@@ -392,8 +456,21 @@ class MilvusCollection(Generic[C]):
 
     # -- documents ----------------------------------------------------------------------
     def upsert(self, docs: Sequence[NewDocument]) -> None:
-        """One Milvus upsert of the batch; each document gets a new seq."""
-        for doc in docs:
+        """One Milvus upsert of the batch; each document gets a new seq.
+
+        An id no expression can address (:func:`string_literal`: a line break), or
+        that this Milvus cannot store (:meth:`MilvusStorage.pastes_quotes`), is
+        refused before anything is written.
+        """
+        for i, doc in enumerate(docs):
+            string_literal(doc.id, field=f"documents.{i}.id")
+            if "'" in doc.id and self._pastes_quotes():
+                raise InvalidRequestError(
+                    f"documents.{i}.id: this Milvus (Milvus Lite 2.x) cannot store an "
+                    "id containing ' (its front end pastes ids into SQL); use a "
+                    "Milvus server, Milvus Lite 3.x or the local backend",
+                    field=f"documents.{i}.id",
+                )
             if len(doc.text.encode()) > _MAX_TEXT_BYTES:
                 raise InvalidRequestError(
                     f"document {doc.id!r}: the {BACKEND} backend stores at most "
@@ -510,9 +587,30 @@ class MilvusCollection(Generic[C]):
             if narrower == expr:  # a full window that cannot narrow: scan
                 break
             expr = narrower
-        return sorted(
-            int(r["seq"]) for r in query_all(self._client, self._docs, expr, ["seq"])
-        )[:limit]
+        return sorted(int(r["seq"]) for r in self._all_rows(expr, ["seq"]))[:limit]
+
+    def _all_rows(self, expr: str, fields: list[str]) -> list[dict[str, Any]]:
+        """Every document row matching ``expr``: its ``fields`` and ``seq``.
+
+        Not pymilvus's query iterator, which pages by primary key and pastes the
+        last id of a page into the next page's filter, unescaped (an id ending in
+        ``"`` rewrote it): queries of seq ranges, each capped at
+        :data:`_QUERY_WINDOW` rows, split until every one is under the cap
+        (:func:`_in_windows`).
+        """
+        wanted = list(dict.fromkeys([*fields, "seq"]))
+
+        def window(bounds: str) -> list[dict[str, Any]]:
+            return list(
+                self._client.query(
+                    self._docs,
+                    filter=_and(bounds, expr),
+                    output_fields=wanted,
+                    limit=_QUERY_WINDOW,
+                )
+            )
+
+        return _in_windows(window, lambda row: int(row["seq"]), _QUERY_WINDOW)
 
     def delete_where(self, where: filters.Node) -> int:
         """Delete every document matching ``where``; return how many.
@@ -522,7 +620,7 @@ class MilvusCollection(Generic[C]):
         """
         expr = milvus_filter(where).expr
         with self._writing():
-            rows = query_all(self._client, self._docs, expr, ["id", "metadata"])
+            rows = self._all_rows(expr, ["id", "metadata"])
             ids = [r["id"] for r in rows if filters.evaluate(where, r["metadata"])]
             for chunk in chunks(ids):
                 self._client.delete(self._docs, ids=chunk)
@@ -589,7 +687,7 @@ class MilvusCollection(Generic[C]):
         pre = milvus_filter(where)
         if pre.exact:
             return pre.expr
-        rows = query_all(self._client, self._docs, pre.expr, ["seq", "metadata"])
+        rows = self._all_rows(pre.expr, ["seq", "metadata"])
         seqs = sorted(
             int(r["seq"]) for r in rows if filters.evaluate(where, r["metadata"])
         )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import grpc
-from pymilvus import MilvusException
+from pymilvus import MilvusClient, MilvusException
 from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
 from app.exceptions import (
@@ -75,13 +75,49 @@ def milvus_name(name: str, kind: str = DOCS) -> str:
     return "".join(out)
 
 
-def string_literal(value: str) -> str:
+LINE_BREAKS = "\n\r"
+"""What no string literal denotes on every supported engine: Milvus Lite 3.x reads a
+raw line break as the end of the literal and knows only the escapes ``\\n \\r``,
+which the engine (Milvus Lite 2.5) keeps as two characters, failing on the raw ones."""
+
+
+def string_literal(value: str, *, field: str = "filter") -> str:
     r"""A Milvus expression string literal denoting exactly ``value``.
 
-    The expression grammar knows the escapes ``\\ \"`` (and ``\n \r \t``, on
-    which the engine, Milvus Lite 2.5, fails); a control character could not be
-    written on both engines, so it is refused rather than passed through (a filter
-    then matches it in Python).
+    The one function that puts a value (an id, a tenant, a metadata key or value, a
+    state row's kind) into an expression: nothing else builds a literal, and no call
+    passes ids to pymilvus's ``get``/``delete``, which paste them unescaped between
+    single quotes. Neither engine serves parameterised expressions (``filter_params``):
+    Milvus Lite 3.x's parser refuses ``{name}``, the engine (Lite 2.5) fails the call.
+
+    The literal is double-quoted; ``\`` and ``"`` are escaped (as ``\\`` and
+    ``\"``, read alike by both engines); every other character stands
+    for itself (``'``, ``[``, ``]``, ``,``, ``or``, any Unicode: inside the quotes
+    they are text). A line break (:data:`LINE_BREAKS`) is refused,
+    :class:`~app.exceptions.InvalidRequestError` naming ``field``: no literal
+    denotes it on both engines.
+    """
+    for ch in value:
+        if ch in LINE_BREAKS:
+            raise InvalidRequestError(
+                f"{field}: the {BACKEND} backend cannot address a value containing "
+                f"a line break (U+{ord(ch):04X})",
+                field=field,
+            )
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def in_filter(field: str, values: Sequence[str]) -> str:
+    """``field in ["v1", "v2"]``: the rows whose ``field`` is one of ``values``."""
+    return f"{field} in [{', '.join(string_literal(v, field='id') for v in values)}]"
+
+
+def _filter_text(value: str) -> str:
+    """:func:`string_literal` of a filter's key or value, control characters refused.
+
+    On the engine a raw one in a JSON key matches nothing; the caller matches such
+    a filter in Python instead.
     """
     for ch in value:
         if ord(ch) < 0x20 or ord(ch) == 0x7F:
@@ -90,15 +126,14 @@ def string_literal(value: str) -> str:
                 f"character U+{ord(ch):04X}",
                 field="filter",
             )
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+    return string_literal(value)
 
 
 def _literal(value: str | int | float | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return string_literal(value)
+        return _filter_text(value)
     if isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
             raise InvalidRequestError(
@@ -168,7 +203,7 @@ def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
 
 def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
     """``(expression, exact)`` of a positive comparison of one key."""
-    field = f"metadata[{string_literal(node.key)}]"
+    field = f"metadata[{_filter_text(node.key)}]"
     if isinstance(node, filters.Compare):
         expr = f"{field} {filters.SYMBOL[node.op]} {_literal(node.value)}"
         return expr, isinstance(node.value, str)
@@ -313,6 +348,13 @@ class Reloads:
             thread.join()
 
 
+def _pastes_ids(raw: Any, method: str, kwargs: dict[str, Any]) -> bool:
+    """Whether this is pymilvus's ``get``, or ``delete`` by ids: never called."""
+    return isinstance(raw, MilvusClient) and (
+        method == "get" or (method == "delete" and kwargs.get("ids") is not None)
+    )
+
+
 # Methods that do not call the server (no timeout= or consistency_level=).
 _LOCAL_METHODS = frozenset({"close", "prepare_index_params", "create_schema"})
 _READS = frozenset({"search", "query", "get", "query_iterator", "hybrid_search"})
@@ -393,6 +435,11 @@ class Guarded:
         given = {} if self.options is None else self.options.of(method)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            if _pastes_ids(self.raw, method, kwargs):
+                raise TypeError(
+                    f"pymilvus's {method} by ids pastes them into an expression "
+                    "unescaped: call it on the layout's scoped client (Keyed)"
+                )
             try:
                 result = call(*args, **{**given, **kwargs})
             except MilvusException as error:
@@ -471,7 +518,13 @@ def refused(error: MilvusException) -> bool:
 def query_all(
     client: Guarded, milvus: str, filter_: str, fields: list[str]
 ) -> list[dict[str, Any]]:
-    """Every row matching ``filter_`` (a query iterator: no result-size cap)."""
+    """Every row matching ``filter_`` (a query iterator: no result-size cap).
+
+    Only for collections whose primary keys normcal makes from safe characters (state
+    rows: a kind and a SHA-256, after a tenant name): pymilvus's iterator pastes the
+    last key of each page into the next page's filter unescaped. Documents, keyed by
+    users' ids, are listed in seq windows instead (``MilvusCollection._all_rows``).
+    """
     iterator = client.query_iterator(
         milvus, batch_size=QUERY_BATCH, filter=filter_, output_fields=fields
     )
