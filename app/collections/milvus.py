@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -38,7 +36,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import grpc
 import numpy as np
 from numpy.typing import NDArray
-from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
+from pymilvus import (
+    DataType,
+    Function,
+    FunctionType,
+    MilvusClient,
+    MilvusException,
+)
+from pymilvus.client.types import LoadState
 from pymilvus.milvus_client import IndexParams
 
 from app.collections import lexical
@@ -53,8 +58,10 @@ from app.collections.base import (
 from app.collections.index import IndexType
 from app.collections.milvus_client import (
     BACKEND,
+    DOCS,
     GRPC_OPTIONS,
     SEQS,
+    STATE,
     CallOptions,
     Guarded,
     chunks,
@@ -62,7 +69,12 @@ from app.collections.milvus_client import (
     refused,
     string_literal,
 )
-from app.collections.milvus_layout import Layout, PerCollection
+from app.collections.milvus_layout import (
+    SHARED_DOCS,
+    SHARED_STATE,
+    Layout,
+    PerCollection,
+)
 from app.collections.milvus_state import (
     SCHEMA_VERSION,
     MilvusState,
@@ -70,6 +82,7 @@ from app.collections.milvus_state import (
     migrated,
 )
 from app.collections.pool import pool_of
+from app.collections.term_counts import TOTAL, TermCounts
 from app.concurrency import RWLock
 from app.exceptions import (
     BackendUnsupportedError,
@@ -80,6 +93,7 @@ from app.exceptions import (
     StorageUnavailableError,
 )
 from app.schemas import filters
+from app.settings import MILVUS_TERM_LOOKUPS as TERM_LOOKUPS
 from app.settings import MILVUS_TOP_K
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import hybrid_pool
@@ -124,8 +138,12 @@ class MilvusStorage(Generic[C]):
         layout: Layout | None = None,
         options: CallOptions | None = None,
         client_options: dict[str, Any] | None = None,
+        term_lookups: int = TERM_LOOKUPS,
     ) -> None:
-        """``client_options``: more ``MilvusClient`` arguments (database, TLS)."""
+        """Connect (``client_options``: more ``MilvusClient`` arguments, TLS, database).
+
+        ``term_lookups``: new terms counted per query (``TermCounts``).
+        """
         options = options or CallOptions()
         client = MilvusClient(
             uri=uri,
@@ -140,6 +158,7 @@ class MilvusStorage(Generic[C]):
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
         self.ef_search = ef_search
+        self.term_lookups = term_lookups
         self._pastes_quotes: bool | None = None
         self._timeout = options.timeout
 
@@ -201,8 +220,31 @@ class MilvusStorage(Generic[C]):
         meta = migrated(self.scoped(name), self.layout.state(name), name, meta)
         return MilvusCollection(name, self, self._load_calibrator, meta)
 
+    def load_released(self) -> None:
+        """Start loading every normcal Milvus collection that is not loaded.
+
+        A restarted Milvus (Milvus Lite: every restart of normcal) has released them
+        all; they load in the background (:class:`~app.collections.milvus_client.
+        Reloads`), a few at a time, while start-up goes on: ``/readyz`` says which
+        are still loading.
+        """
+        for milvus in self.client.list_collections():
+            if not milvus.startswith((DOCS, STATE, SHARED_DOCS, SHARED_STATE)):
+                continue
+            state = self.client.get_load_state(milvus).get("state")
+            if state != LoadState.Loaded:
+                self.client.load_in_background(milvus)
+
+    def loading(self) -> list[str]:
+        """The collections still being loaded (readiness); failed loads start again."""
+        self.client.reloads.retry()
+        return sorted({self.layout.owner(m) for m in self.client.reloads.pending()})
+
     def open_all(self) -> dict[str, MilvusCollection[C]]:
-        """Every stored collection, by name (shared layout: one query in all)."""
+        """Every stored collection, by name (shared layout: one query in all).
+
+        Those being loaded are left out: they open on first use.
+        """
         opened: dict[str, MilvusCollection[C]] = {}
         for name, meta in self.layout.metas(self.client).items():
             state = self.layout.state(name)
@@ -420,10 +462,9 @@ class MilvusCollection(Generic[C]):
         self._pastes_quotes = storage.pastes_quotes
         self.lock = RWLock()
         self.closed = False
-        # term -> document frequency ("" -> documents), counted at _df_at (monotonic)
-        self._df: dict[str, int] = {}
-        self._df_at = 0.0
-        self._df_lock = threading.Lock()
+        self._terms = TermCounts(
+            self._count_terms, per_query=storage.term_lookups, ttl=_DF_TTL
+        )
         self.state = MilvusState(
             name,
             self._client,
@@ -493,7 +534,7 @@ class MilvusCollection(Generic[C]):
         ]
         with self._writing():
             self._client.upsert(self._docs, rows)
-            self._forget_frequencies()
+            self._terms.forget()
 
     def delete(self, doc_id: str) -> None:
         """Delete one document (``NotFoundError`` if absent)."""
@@ -501,7 +542,7 @@ class MilvusCollection(Generic[C]):
             if not self._client.get(self._docs, ids=[doc_id], output_fields=["id"]):
                 raise NotFoundError("document", doc_id)
             self._client.delete(self._docs, ids=[doc_id])
-            self._forget_frequencies()
+            self._terms.forget()
 
     def get(self, doc_id: str) -> StoredDocument:
         """Read one document (``NotFoundError`` if absent)."""
@@ -624,7 +665,7 @@ class MilvusCollection(Generic[C]):
             ids = [r["id"] for r in rows if filters.evaluate(where, r["metadata"])]
             for chunk in chunks(ids):
                 self._client.delete(self._docs, ids=chunk)
-            self._forget_frequencies()
+            self._terms.forget()
         return len(ids)
 
     def delete_ids(self, ids: Sequence[str]) -> int:
@@ -637,6 +678,8 @@ class MilvusCollection(Generic[C]):
             ]
             for chunk in chunks(found):
                 self._client.delete(self._docs, ids=chunk)
+            if found:
+                self._terms.forget()
         return len(found)
 
     def search(
@@ -670,7 +713,7 @@ class MilvusCollection(Generic[C]):
                 search_params={"metric_type": "IP", "params": {"ef": ef}},
             )
             lex = self._lexical(texts, max(n, LEXICAL_DEPTH), expr, fields)
-            masses = self._idf_masses(texts)
+        masses = self._idf_masses(texts)  # no lock held: see TermCounts
         return [
             self._pool(vectors[i], n, where, dense[i], lex[i], masses[i])
             for i in range(len(texts))
@@ -765,73 +808,75 @@ class MilvusCollection(Generic[C]):
         for any match in a two-document collection). With it, ``lex`` is at most
         ``k1 + 1`` = 2.2, as on the local backend.
 
-        Document frequencies are counted by :meth:`_document_frequency` (BM25
-        searches, which every Milvus with the BM25 function serves: Milvus Lite
-        2.5's parser has no ``text_match``), kept in a per-collection cache with the
-        document total they were counted against: a term costs one count the first
-        time any query uses it. This process's writes
-        clear the cache; other replicas' writes are seen within :data:`_DF_TTL`
-        seconds. Between the two, ``idf_mass`` is that of a slightly older collection
-        state, where the SQLite backend's is exact: a normalisation scale that moves
-        by the log of a relative change in counts, so the ``lex`` feature drifts by
-        far less than the calibrators' noise.
+        Document frequencies come from the collection's
+        :class:`~app.collections.term_counts.TermCounts`: cached, at most
+        ``NORMCAL_MILVUS_TERM_LOOKUPS`` new terms counted per query, all of a search
+        in one Milvus call (:meth:`_count_terms`), no lock held meanwhile. A term
+        left past the bound counts as in no document (the largest IDF: ``lex`` is
+        understated, never above its ceiling). This process's writes clear the
+        cache; other replicas' writes are seen within :data:`_DF_TTL` seconds.
+        Between the two, ``idf_mass`` is that of a slightly older collection state,
+        where the SQLite backend's is exact: a normalisation scale that moves by the
+        log of a relative change in counts, so the ``lex`` feature drifts by far
+        less than the calibrators' noise.
         """
         terms = [lexical.query_terms(t) for t in texts]
         if not any(terms):
             return [0.0] * len(texts)
-        with self._df_lock:
-            if time.monotonic() - self._df_at > _DF_TTL:
-                self._df.clear()
-            if not self._df:
-                self._df_at = time.monotonic()
-                self._df[""] = self._count("")
-            for term in dict.fromkeys(t for ts in terms for t in ts):
-                if term not in self._df:
-                    self._df[term] = self._document_frequency(term)
-            df = dict(self._df)
-        total = df[""]
+        df = self._terms.frequencies(terms)
+        total = df[TOTAL]
         if total == 0:
             return [0.0] * len(texts)
         return [
-            sum(math.log1p((total - df[t] + 0.5) / (df[t] + 0.5)) for t in ts)
+            sum(
+                math.log1p((total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
+                for t in ts
+            )
             for ts in terms
         ]
 
-    def _document_frequency(self, term: str, lo: int = 0, hi: int = _INT64_END) -> int:
-        """How many documents with a seq in ``[lo, hi)`` contain ``term``.
+    def _count_terms(self, terms: list[str]) -> dict[str, int]:
+        """Document frequencies of ``terms`` (:data:`TOTAL`: the documents).
 
         A one-term BM25 search lists exactly the documents containing the term (a
-        document without it scores nothing), but at most :data:`_TOP_K` of them. A
-        range with that many hits is split at the median seq of the hits it listed,
-        so each half holds at least half of them and fewer documents than the
-        whole: the count is exact at any frequency, in about ``4 * df / _TOP_K``
-        searches for a term past the cap (cached as above).
+        document without it scores nothing), but at most :data:`_TOP_K` of them:
+        one search carries every term; a term with that many hits is counted again
+        in seq windows (:func:`_in_windows`), exact at any frequency in about
+        ``4 * df / _TOP_K`` searches.
         """
-        bounds = [f"seq >= {lo}"] if lo > 0 else []
-        bounds += [f"seq < {hi}"] if hi < _INT64_END else []
-        (hits,) = self._client.search(
-            self._docs,
-            data=[term],
-            anns_field="sparse",
-            limit=_TOP_K,
-            filter=" and ".join(bounds),
-            output_fields=["seq"],
-            search_params={"metric_type": "BM25"},
-        )
-        if len(hits) < _TOP_K:
-            return len(hits)
-        seqs = sorted(int(hit["entity"]["seq"]) for hit in hits)
-        median = seqs[len(seqs) // 2]
-        if median == seqs[0]:  # half the hits share a seq, which no writer makes
-            return len(hits)
-        return self._document_frequency(term, lo, median) + self._document_frequency(
-            term, median, hi
-        )
+        counts = {TOTAL: self._count("")} if TOTAL in terms else {}
+        asked = [t for t in terms if t != TOTAL]
+        for chunk in chunks(asked):
+            found = self._client.search(
+                self._docs,
+                data=chunk,
+                anns_field="sparse",
+                limit=_TOP_K,
+                output_fields=[],
+                search_params={"metric_type": "BM25"},
+            )
+            for term, hits in zip(chunk, found, strict=True):
+                counts[term] = len(hits)
+                if len(hits) == _TOP_K:
+                    counts[term] = len(self._term_hits(term))
+        return counts
 
-    def _forget_frequencies(self) -> None:
-        """Drop cached document frequencies: this process just changed the documents."""
-        with self._df_lock:
-            self._df.clear()
+    def _term_hits(self, term: str) -> list[int]:
+        """The seqs of every document containing ``term``, in seq windows."""
+
+        def window(bounds: str) -> list[int]:
+            (hits,) = self._client.search(
+                self._docs,
+                data=[term],
+                anns_field="sparse",
+                limit=_TOP_K,
+                filter=bounds,
+                output_fields=["seq"],
+                search_params={"metric_type": "BM25"},
+            )
+            return [int(hit["entity"]["seq"]) for hit in hits]
+
+        return _in_windows(window, int, _TOP_K)
 
     def _count(self, expr: str) -> int:
         rows = self._client.query(self._docs, filter=expr, output_fields=["count(*)"])

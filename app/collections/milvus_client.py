@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +35,7 @@ from app.exceptions import (
     InvalidRequestError,
     NormcalError,
     NotFoundError,
+    StorageLoadingError,
     StorageUnavailableError,
 )
 from app.schemas import filters
@@ -79,6 +82,21 @@ LINE_BREAKS = "\n\r"
 """What no string literal denotes on every supported engine: Milvus Lite 3.x reads a
 raw line break as the end of the literal and knows only the escapes ``\\n \\r``,
 which the engine (Milvus Lite 2.5) keeps as two characters, failing on the raw ones."""
+
+
+_CODE = re.compile(r"(?:[A-Za-z0-9]|_u|_d|_x[0-9a-f]{6})*")
+_ESCAPE = re.compile(r"_x([0-9a-f]{6})|_u|_d")
+
+
+def normcal_name(milvus: str) -> str | None:
+    """The normcal name :func:`milvus_name` encoded as ``milvus``; None if not one."""
+    kind = next((k for k in (DOCS, STATE) if milvus.startswith(k)), None)
+    code = milvus[len(kind) :] if kind else ""
+    if kind is None or not _CODE.fullmatch(code):
+        return None
+    return _ESCAPE.sub(
+        lambda m: chr(int(m[1], 16)) if m[1] else {"_u": "_", "_d": "-"}[m[0]], code
+    )
 
 
 def string_literal(value: str, *, field: str = "filter") -> str:
@@ -305,47 +323,88 @@ def classify(error: MilvusException) -> Outcome | None:
 
 
 class Reloads:
-    """Background loads of released collections: one at a time per collection.
+    """Background loads of released Milvus collections: one at a time per collection.
 
-    A released collection (a restarted server releases them all) is not loaded
-    inside the request that finds it so: that request is a 503 with ``Retry-After``
-    and one load starts here, whatever number of requests find it released meanwhile.
+    A released collection (a restarted server releases them all) is never loaded
+    inside a request: one load starts here, whatever number of requests find it
+    released meanwhile, and each of them gets a
+    :class:`~app.exceptions.StorageLoadingError` holding the load's ``loaded`` event
+    (a search waits for it, bounded: ``NORMCAL_MILVUS_LOAD_WAIT_S``). A collection
+    stays :meth:`pending` until a load succeeds (or finds it dropped): readiness
+    reports it and :meth:`retry` starts a failed load again.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[str, threading.Thread] = {}
+        self._running: dict[str, threading.Event] = {}
+        self._pending: dict[str, Callable[[str], object]] = {}
+        self._queue: queue.SimpleQueue[tuple[Callable[[str], object], str]] = (
+            queue.SimpleQueue()
+        )
+        self._workers = 0
 
-    def start(self, load: Callable[[str], object], milvus: str) -> None:
-        """Load ``milvus`` with ``load`` in the background unless already loading."""
+    def start(self, load: Callable[[str], object], milvus: str) -> threading.Event:
+        """Load ``milvus`` with ``load`` in the background unless already loading.
+
+        Returns the event set when that load ends. At most :data:`LOADS_AT_ONCE`
+        loads run at once (a restarted Milvus with many collections is loaded a
+        few at a time); the others wait their turn.
+        """
         with self._lock:
+            self._pending[milvus] = load
             if milvus in self._running:
-                return
-            thread = threading.Thread(
-                target=self._run,
-                args=(load, milvus),
-                name=f"load-{milvus}",
-                daemon=True,
-            )
-            self._running[milvus] = thread
-        thread.start()
+                return self._running[milvus]
+            ended = self._running[milvus] = threading.Event()
+            self._queue.put((load, milvus))
+            if self._workers < LOADS_AT_ONCE:
+                self._workers += 1
+                threading.Thread(
+                    target=self._work, name="milvus-loads", daemon=True
+                ).start()
+        return ended
+
+    def _work(self) -> None:
+        while True:
+            load, milvus = self._queue.get()
+            self._run(load, milvus)
 
     def _run(self, load: Callable[[str], object], milvus: str) -> None:
+        loaded = False
         try:
             load(milvus)
+            loaded = True
             logger.info("loaded released Milvus collection %s", milvus)
-        except Exception as error:  # the next request that finds it released retries
+        except MilvusException as error:
+            loaded = classify(error) == "not_found"  # dropped meanwhile: nothing to do
+            if not loaded:
+                logger.warning("cannot load Milvus collection %s: %s", milvus, error)
+        except Exception as error:  # the next request or readiness probe retries
             logger.warning("cannot load Milvus collection %s: %s", milvus, error)
         finally:
             with self._lock:
-                del self._running[milvus]
+                ended = self._running.pop(milvus)
+                if loaded:
+                    self._pending.pop(milvus, None)
+            ended.set()
+
+    def pending(self) -> list[str]:
+        """Milvus collections found released and not loaded since, sorted."""
+        with self._lock:
+            return sorted(self._pending)
+
+    def retry(self) -> None:
+        """Start again the loads of pending collections that failed."""
+        with self._lock:
+            idle = {m: f for m, f in self._pending.items() if m not in self._running}
+        for milvus, load in idle.items():
+            self.start(load, milvus)
 
     def wait(self) -> None:
         """Wait for the loads under way (for tests)."""
         with self._lock:
-            threads = list(self._running.values())
-        for thread in threads:
-            thread.join()
+            events = list(self._running.values())
+        for ended in events:
+            ended.wait()
 
 
 def _pastes_ids(raw: Any, method: str, kwargs: dict[str, Any]) -> bool:
@@ -359,6 +418,7 @@ def _pastes_ids(raw: Any, method: str, kwargs: dict[str, Any]) -> bool:
 _LOCAL_METHODS = frozenset({"close", "prepare_index_params", "create_schema"})
 _READS = frozenset({"search", "query", "get", "query_iterator", "hybrid_search"})
 RELOAD_TIMEOUT_S = 600.0  # seconds a background load of a released collection may take
+LOADS_AT_ONCE = 4  # background loads running at the same time
 
 
 @dataclass(frozen=True)
@@ -392,7 +452,8 @@ class Guarded:
       either is a missing engine feature or a bug, and a retry would fail the same;
     * a collection not found is a 404 when the wrapped client serves one normcal
       collection (``collection``), e.g. after another replica dropped it;
-    * a released collection is a 503 with ``Retry-After`` while one background load
+    * a released collection is a 503 with ``Retry-After``
+      (:class:`~app.exceptions.StorageLoadingError`) while one background load
       starts (:class:`Reloads`);
     * anything else (no connection, a call past its timeout, a server failure) is a
       503 with ``Retry-After`` naming Milvus and its URI, never the token; nothing
@@ -473,10 +534,10 @@ class Guarded:
         if outcome == "not_found" and self._collection is not None:
             return NotFoundError("collection", self._collection)
         if outcome == "not_loaded" and isinstance(milvus, str):
-            self.reloads.start(self._load, milvus)
-            return StorageUnavailableError(
+            return StorageLoadingError(
                 f"Milvus at {self._uri} has collection {milvus} released: it is being "
                 "loaded, retry",
+                loaded=self.load_in_background(milvus),
                 retry_after=_RETRY_AFTER,
             )
         return StorageUnavailableError(
@@ -493,6 +554,10 @@ class Guarded:
         return StorageUnavailableError(
             f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
         )
+
+    def load_in_background(self, milvus: str) -> threading.Event:
+        """Start loading ``milvus`` (:class:`Reloads`); the event is set when it ends."""
+        return self.reloads.start(self._load, milvus)
 
     def _load(self, milvus: str) -> None:
         self.raw.load_collection(milvus, timeout=RELOAD_TIMEOUT_S)

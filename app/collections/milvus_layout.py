@@ -35,6 +35,7 @@ from app.collections.milvus_client import (
     Guarded,
     in_filter,
     milvus_name,
+    normcal_name,
     query_all,
     string_literal,
 )
@@ -42,6 +43,7 @@ from app.collections.milvus_state import read_meta
 from app.exceptions import (
     BackendUnsupportedError,
     NormcalError,
+    StorageLoadingError,
 )
 
 LayoutName = Literal["per-collection", "shared"]
@@ -106,6 +108,10 @@ class Layout(Protocol):
         """Delete everything of ``name``; False if nothing was stored."""
         ...
 
+    def owner(self, milvus: str) -> str:
+        """Which normcal collections Milvus collection ``milvus`` holds (for messages)."""
+        ...
+
 
 def _meta_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {r["key"]: r["data"]["value"] for r in rows}
@@ -147,17 +153,37 @@ class PerCollection:
         """Nothing: a drop removes whole collections."""
 
     def names(self, client: Guarded) -> list[str]:
-        """The name row of every state collection: one query each."""
+        """The name row of every state collection: one query each.
+
+        A state collection being loaded (released by a restarted Milvus) cannot be
+        queried: its name is the one its Milvus name encodes
+        (:func:`~app.collections.milvus_client.normcal_name`), and its load starts.
+        """
         found: list[str] = []
         for milvus in client.list_collections():
-            if milvus.startswith(STATE):
+            if not milvus.startswith(STATE):
+                continue
+            try:
                 rows = client.query(milvus, filter=_NAME_ROWS, output_fields=["data"])
-                found.extend(str(r["data"]["value"]) for r in rows)
+            except StorageLoadingError:
+                found.extend(n for n in [normcal_name(milvus)] if n is not None)
+                continue
+            found.extend(str(r["data"]["value"]) for r in rows)
         return sorted(found)
 
     def metas(self, client: Guarded) -> dict[str, dict[str, Any]]:
-        """One query per collection."""
-        return {n: read_meta(client, self.state(n)) for n in self.names(client)}
+        """One query per collection; those being loaded are left out."""
+        metas: dict[str, dict[str, Any]] = {}
+        for name in self.names(client):
+            try:
+                metas[name] = read_meta(client, self.state(name))
+            except StorageLoadingError:
+                continue
+        return metas
+
+    def owner(self, milvus: str) -> str:
+        """The normcal collection ``milvus`` belongs to."""
+        return normcal_name(milvus) or milvus
 
     def meta(self, client: Guarded, name: str) -> dict[str, Any] | None:
         """The state collection's meta rows."""
@@ -274,6 +300,10 @@ class Shared:
         expr = f'{tenant_filter(name)} and kind == "meta"'
         meta = _meta_of(query_all(client, SHARED_STATE, expr, ["key", "data"]))
         return meta if "name" in meta else None
+
+    def owner(self, milvus: str) -> str:
+        """Every normcal collection: they all have rows in ``milvus``."""
+        return f"every collection (Milvus collection {milvus})"
 
     def drop(self, client: Guarded, name: str) -> bool:
         """Delete ``name``'s documents, then its state rows (the name row last)."""
