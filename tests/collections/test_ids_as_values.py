@@ -249,3 +249,23 @@ def test_a_line_break_in_an_id_is_refused_by_milvus_and_kept_by_sqlite(
                 read(doc_id)
     assert held(a, ["fine", *BYSTANDERS]).keys() == set(BYSTANDERS)  # nothing written
     assert a.counts()[0] == b.counts()[0] == len(BYSTANDERS)
+
+
+@needs_milvus
+def test_pymilvus_get_and_delete_by_ids_are_never_called(tmp_path: Path) -> None:
+    """They paste ids into an expression: the guarded client refuses them outright."""
+    from app.collections.milvus import MilvusStorage
+
+    storage: MilvusStorage[Any] = MilvusStorage(str(tmp_path / "milvus.db"), _load)
+    try:
+        storage.create("kb", {"model": "m", "dim": DIM, "created_at": 0.0})
+        docs = storage.layout.documents("kb", DIM, "flat")
+        for call in (
+            lambda: storage.client.get(docs, ids=["x' or id != '"]),
+            lambda: storage.client.delete(docs, ids=["x' or id != '"]),
+        ):
+            with pytest.raises(TypeError, match="pastes"):
+                call()
+        storage.client.delete(docs, filter='id == "x"')  # by a filter: fine
+    finally:
+        storage.close()

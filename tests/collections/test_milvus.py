@@ -26,7 +26,12 @@ from pymilvus import MilvusException
 from app.collections import milvus, milvus_client
 from app.collections.base import NewDocument
 from app.collections.milvus import MilvusCollection, MilvusStorage
-from app.collections.milvus_client import MilvusFilter, milvus_filter, milvus_name
+from app.collections.milvus_client import (
+    MilvusFilter,
+    milvus_filter,
+    milvus_name,
+    normcal_name,
+)
 from app.exceptions import (
     BackendUnsupportedError,
     ConflictError,
@@ -92,6 +97,12 @@ def test_names_map_injectively_to_milvus_names(storage: MilvusStorage[Cal]) -> N
     assert len(set(mapped)) == len(names)
     assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,254}", m) for m in mapped)
     assert milvus_name("a-b") != milvus_name("a-b", "ncs_")
+    # and back (listing a collection being loaded reads its name from its Milvus name)
+    assert [normcal_name(m) for m in mapped] == names
+    assert normcal_name(milvus_name("é", "ncs_")) == "é"
+    assert [normcal_name(m) for m in ("nct_state", "ncd_a_q", "ncd_a_x00zz", "x")] == [
+        None
+    ] * 4
     for name in ("9-_x", "a_db", "a-b"):
         storage.create(name, {**META, "name": name})
     assert storage.names() == ["9-_x", "a-b", "a_db"]
