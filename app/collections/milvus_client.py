@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -338,9 +338,7 @@ class Reloads:
         self._lock = threading.Lock()
         self._running: dict[str, threading.Event] = {}
         self._pending: dict[str, Callable[[str], object]] = {}
-        self._queue: queue.SimpleQueue[tuple[Callable[[str], object], str]] = (
-            queue.SimpleQueue()
-        )
+        self._queue: deque[tuple[Callable[[str], object], str]] = deque()
         self._workers = 0
 
     def start(self, load: Callable[[str], object], milvus: str) -> threading.Event:
@@ -355,7 +353,7 @@ class Reloads:
             if milvus in self._running:
                 return self._running[milvus]
             ended = self._running[milvus] = threading.Event()
-            self._queue.put((load, milvus))
+            self._queue.append((load, milvus))
             if self._workers < LOADS_AT_ONCE:
                 self._workers += 1
                 threading.Thread(
@@ -364,8 +362,13 @@ class Reloads:
         return ended
 
     def _work(self) -> None:
+        """Run queued loads; a worker ends when none is left (start makes another)."""
         while True:
-            load, milvus = self._queue.get()
+            with self._lock:
+                if not self._queue:
+                    self._workers -= 1
+                    return
+                load, milvus = self._queue.popleft()
             self._run(load, milvus)
 
     def _run(self, load: Callable[[str], object], milvus: str) -> None:

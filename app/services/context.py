@@ -159,12 +159,12 @@ class Part:
             try:
                 return await attempt()
             except StorageLoadingError as loading:
-                while not loading.loaded.is_set():
+                while True:  # at least one pause: never a busy loop of retries
                     if time.monotonic() >= deadline:
                         raise
                     await asyncio.sleep(LOAD_POLL_S)
-                if time.monotonic() >= deadline:
-                    raise
+                    if loading.loaded.is_set():
+                        break
 
     def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
         if collection.state.profile is not None:
