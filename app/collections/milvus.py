@@ -36,13 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import grpc
 import numpy as np
 from numpy.typing import NDArray
-from pymilvus import (
-    DataType,
-    Function,
-    FunctionType,
-    MilvusClient,
-    MilvusException,
-)
+from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
 from pymilvus.client.types import LoadState
 from pymilvus.milvus_client import IndexParams
 
@@ -93,8 +87,7 @@ from app.exceptions import (
     StorageUnavailableError,
 )
 from app.schemas import filters
-from app.settings import MILVUS_TERM_LOOKUPS as TERM_LOOKUPS
-from app.settings import MILVUS_TOP_K
+from app.settings import MILVUS_TERM_LOOKUPS, MILVUS_TOP_K
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import hybrid_pool
 
@@ -138,7 +131,7 @@ class MilvusStorage(Generic[C]):
         layout: Layout | None = None,
         options: CallOptions | None = None,
         client_options: dict[str, Any] | None = None,
-        term_lookups: int = TERM_LOOKUPS,
+        term_lookups: int = MILVUS_TERM_LOOKUPS,
     ) -> None:
         """Connect (``client_options``: more ``MilvusClient`` arguments, TLS, database).
 

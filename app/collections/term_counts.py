@@ -80,7 +80,9 @@ class TermCounts:
                 self._known.clear()
                 self._since = time.monotonic()
                 self._generation += 1
-            known, generation = dict(self._known), self._generation
+            asked = {TOTAL, *(t for terms in queries for t in terms)}
+            known = {t: self._known[t] for t in asked if t in self._known}
+            generation = self._generation
         wanted: dict[str, None] = {} if TOTAL in known else {TOTAL: None}
         past = 0
         for terms in queries:

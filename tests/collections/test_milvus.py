@@ -11,6 +11,7 @@ not in ``make test-fast``.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -550,3 +551,39 @@ def test_document_frequencies_are_exact_past_the_search_cap(
     assert pool.lexical.idf_mass == pytest.approx(
         np.log1p((30 - holding + 0.5) / (holding + 0.5))
     )
+
+
+@pytest.mark.slow
+def test_a_search_counting_terms_holds_no_lock_of_its_collection(
+    kb: MilvusCollection[Cal],
+) -> None:
+    """Issue 33, finding 6: while one search counts its terms' document frequencies
+    in Milvus (held here at a gate), a write and another search of the same
+    collection are served, and the held search answers once its count ends."""
+    kb.upsert(new_docs(["a", "b"], seed=4))
+    counting, release = threading.Event(), threading.Event()
+    real = kb._terms._count
+
+    def gated(terms: list[str]) -> dict[str, int]:
+        if "fresh" in terms:  # the held search's count; others count at once
+            counting.set()
+            assert release.wait(120)
+        return real(terms)
+
+    kb._terms._count = gated
+    held: list[Any] = []
+    search = threading.Thread(
+        target=lambda: held.extend(kb.search(unit_vectors(1, 2), ["fresh"], 2))
+    )
+    search.start()
+    try:
+        assert counting.wait(120)
+        kb.upsert(new_docs(["c"], seed=5))  # the write lock: no reader holds it
+        (other,) = kb.search(unit_vectors(1, 3), ["text"], 3)
+        assert {h.document.id for h in other.hits} == {"a", "b", "c"}
+    finally:
+        release.set()
+        search.join(120)
+    assert not search.is_alive()
+    (pool,) = held
+    assert len(pool.hits) == 2
