@@ -14,10 +14,13 @@
     ├── OverloadedError          (CPU pool saturated; retry later)
     ├── CollectionUnavailableError (its file could not be opened; quarantined)
     ├── StorageUnavailableError  (the data dir cannot be written; Milvus does not answer)
+    │   └── StorageLoadingError  (a Milvus collection is being loaded; wait or retry)
     └── InsufficientStorageError (the disk is full; nothing was written)
 """
 
 from __future__ import annotations
+
+import threading
 
 
 class NormcalError(Exception):
@@ -123,6 +126,20 @@ class StorageUnavailableError(NormcalError):
     def __init__(self, detail: str, *, retry_after: int | None = None) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class StorageLoadingError(StorageUnavailableError):
+    """Part of the storage is being loaded (a Milvus collection after a restart).
+
+    A 503 with ``Retry-After``; ``loaded`` is set when the load under way ends
+    (done or failed), so a request may wait for it, bounded, and try again.
+    """
+
+    def __init__(
+        self, detail: str, *, loaded: threading.Event, retry_after: int
+    ) -> None:
+        super().__init__(detail, retry_after=retry_after)
+        self.loaded = loaded
 
 
 class InsufficientStorageError(NormcalError):

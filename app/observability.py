@@ -25,11 +25,17 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.routing import Route, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.collections.term_counts import LOOKUPS
 from app.embedding.precision import precision_of
 from app.exceptions import StorageUnavailableError
 
@@ -110,6 +116,22 @@ class _CollectionCollector(Collector):
         yield indexed
         yield calibrator
         yield unavailable
+
+
+class _TermLookupsCollector(Collector):
+    """Milvus document-frequency lookups of query terms (``app.collections.term_counts``)."""
+
+    def collect(self) -> Iterator[Metric]:
+        lookups = CounterMetricFamily(
+            "normcal_milvus_term_lookups",
+            "Query terms whose document frequency searches counted in Milvus "
+            "(counted), or left uncounted past NORMCAL_MILVUS_TERM_LOOKUPS "
+            "(past_bound), since the process started.",
+            labels=["outcome"],
+        )
+        lookups.add_metric(["counted"], LOOKUPS.counted)
+        lookups.add_metric(["past_bound"], LOOKUPS.past_bound)
+        yield lookups
 
 
 # ``(collection, drifting, PSI by feature)`` of each collection with a drift verdict.
@@ -215,6 +237,7 @@ class Metrics:
         self.registry.register(self._collections)
         self._drift = _DriftCollector()
         self.registry.register(self._drift)
+        self.registry.register(_TermLookupsCollector())
 
     def watch(self, registry: Registry[Any] | None) -> None:
         """Report index sizes and calibrators of ``registry`` (None: stop)."""

@@ -29,6 +29,9 @@ from pydantic_settings import (
 MILVUS_TOP_K = 16_384  # Milvus's cap on the limit (top k) of one search or query
 MILVUS_TIMEOUT_S = 10.0  # default seconds per Milvus call
 MILVUS_TIMEOUT_BOUNDS = (0.1, 600.0)  # NORMCAL_MILVUS_TIMEOUT_S's declared range
+MILVUS_LOAD_WAIT_MAX_S = 600.0  # NORMCAL_MILVUS_LOAD_WAIT_S's largest value
+MILVUS_TERM_LOOKUPS = 32  # NORMCAL_MILVUS_TERM_LOOKUPS's default
+MAX_QUERY_TERMS = 64  # distinct terms of a query lexical scoring uses (the first ones)
 
 
 def default_model_path() -> str:
@@ -225,6 +228,20 @@ class Settings(BaseSettings):
         le=MILVUS_TIMEOUT_BOUNDS[1],
         description="seconds one call to Milvus may take; past it the request is a "
         "503 with Retry-After",
+    )
+    milvus_load_wait_s: float = Field(
+        30.0,
+        ge=0,
+        le=MILVUS_LOAD_WAIT_MAX_S,
+        description="seconds a search waits for a Milvus collection being loaded "
+        "(a restarted Milvus releases them) before a 503 with Retry-After; 0: never",
+    )
+    milvus_term_lookups: int = Field(
+        MILVUS_TERM_LOOKUPS,
+        ge=0,
+        le=MAX_QUERY_TERMS,
+        description="uncached query terms whose document frequency a search counts "
+        "in Milvus, per query; a term past it counts as rare (docs/storage.md)",
     )
     milvus_consistency: Literal["Strong", "Bounded", "Session", "Eventually"] = Field(
         "Strong",

@@ -12,9 +12,11 @@ from fastapi import FastAPI
 
 from app.api.errors import job_error
 from app.collections.backends import open_registry
+from app.collections.base import Registry
 from app.collections.index import limit_threads
 from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
+from app.exceptions import StorageUnavailableError
 from app.observability import Metrics
 from app.profiles import load_default_profile
 from app.services import NO_DEFAULT_REASON, Context, Service
@@ -62,6 +64,18 @@ def load_embedder(settings: Settings) -> Embedder:
     )
 
 
+def _counted(registry: Registry[Profile]) -> str:
+    """How many collections there are, for the start-up line; never raises.
+
+    Milvus may be loading what its restart released, or not answer: start-up goes
+    on (``/readyz`` says why) rather than fail on a log line.
+    """
+    try:
+        return str(len(registry.names()))
+    except StorageUnavailableError as error:
+        return f"? ({error.detail})"
+
+
 def make_lifespan(
     settings: Settings,
     embedder: Embedder | None = None,
@@ -97,11 +111,11 @@ def make_lifespan(
                 default.agnostic_because,
             )
         logger.info(
-            "normcal ready: model %s (%s, dim %d), %d collections in %s (%s)",
+            "normcal ready: model %s (%s, dim %d), %s collections in %s (%s)",
             model.model_name,
             model.model_id,
             model.dim,
-            len(registry.names()),
+            _counted(registry),
             settings.data_dir if registry.backend == "local" else settings.milvus_uri,
             registry.backend,
         )

@@ -56,6 +56,7 @@ def open_registry(
             load_calibrator=load_calibrator,
             timeout=settings.milvus_timeout_s,
             consistency=settings.milvus_consistency,
+            term_lookups=settings.milvus_term_lookups,
             **common,
         )
     else:

@@ -411,6 +411,10 @@ class Registry(Protocol[C]):
         """Collections that cannot be served, by name."""
         ...
 
+    def loading(self) -> list[str]:
+        """Collections the storage is still loading (Milvus after a restart), sorted."""
+        ...
+
     def storage_problem(self) -> str | None:
         """Why nothing can be written now (None when all is well)."""
         ...

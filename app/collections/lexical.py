@@ -39,6 +39,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from app.settings import MAX_QUERY_TERMS
+
 __all__ = [
     "FTS_TABLE",
     "MAX_TOKEN_BYTES",
@@ -62,8 +64,6 @@ __all__ = [
 Stemmer = Literal["porter", "none"]
 STEMMERS: tuple[Stemmer, ...] = ("porter", "none")
 FTS_TABLE = "documents_fts"
-MAX_QUERY_TERMS = 64
-"""Distinct query terms used for lexical scoring (the first ones, in query order)."""
 MAX_TOKEN_BYTES = 32_768
 """FTS5's bound on a token (``FTS5_MAX_TOKEN_SIZE``): longer ones are cut byte-wise."""
 VOCAB_TERM = "CAST(term AS BLOB)"

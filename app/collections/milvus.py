@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import grpc
 import numpy as np
 from numpy.typing import NDArray
 from pymilvus import DataType, Function, FunctionType, MilvusClient, MilvusException
+from pymilvus.client.types import LoadState
 from pymilvus.milvus_client import IndexParams
 
 from app.collections import lexical
@@ -52,16 +52,23 @@ from app.collections.base import (
 from app.collections.index import IndexType
 from app.collections.milvus_client import (
     BACKEND,
+    DOCS,
     GRPC_OPTIONS,
     SEQS,
+    STATE,
     CallOptions,
     Guarded,
     chunks,
     milvus_filter,
-    query_all,
     refused,
+    string_literal,
 )
-from app.collections.milvus_layout import Layout, PerCollection
+from app.collections.milvus_layout import (
+    SHARED_DOCS,
+    SHARED_STATE,
+    Layout,
+    PerCollection,
+)
 from app.collections.milvus_state import (
     SCHEMA_VERSION,
     MilvusState,
@@ -69,6 +76,7 @@ from app.collections.milvus_state import (
     migrated,
 )
 from app.collections.pool import pool_of
+from app.collections.term_counts import TOTAL, TermCounts
 from app.concurrency import RWLock
 from app.exceptions import (
     BackendUnsupportedError,
@@ -79,7 +87,7 @@ from app.exceptions import (
     StorageUnavailableError,
 )
 from app.schemas import filters
-from app.settings import MILVUS_TOP_K
+from app.settings import MILVUS_TERM_LOOKUPS, MILVUS_TOP_K
 from calibration.features import LEXICAL_DEPTH
 from calibration.fusion import hybrid_pool
 
@@ -87,6 +95,7 @@ if TYPE_CHECKING:
     from app.collections.base import CollectionBackend
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DOC_FIELDS = ["id", "seq", "text", "metadata", "norm", "n_tokens", "truncated"]
 _MAX_ID_BYTES = 1024  # Limits.max_id_chars (256) of up to 4 UTF-8 bytes each
@@ -122,8 +131,12 @@ class MilvusStorage(Generic[C]):
         layout: Layout | None = None,
         options: CallOptions | None = None,
         client_options: dict[str, Any] | None = None,
+        term_lookups: int = MILVUS_TERM_LOOKUPS,
     ) -> None:
-        """``client_options``: more ``MilvusClient`` arguments (database, TLS)."""
+        """Connect (``client_options``: more ``MilvusClient`` arguments, TLS, database).
+
+        ``term_lookups``: new terms counted per query (``TermCounts``).
+        """
         options = options or CallOptions()
         client = MilvusClient(
             uri=uri,
@@ -138,6 +151,9 @@ class MilvusStorage(Generic[C]):
         self._index_type: IndexType = index_type
         self._hnsw = {"M": hnsw_m, "efConstruction": max(ef_search, 64)}
         self.ef_search = ef_search
+        self.term_lookups = term_lookups
+        self._pastes_quotes: bool | None = None
+        self._timeout = options.timeout
 
     def create(self, name: str, meta: dict[str, Any]) -> MilvusCollection[C]:
         """Create ``name``'s Milvus collections, or rows (``ConflictError`` if taken).
@@ -197,8 +213,31 @@ class MilvusStorage(Generic[C]):
         meta = migrated(self.scoped(name), self.layout.state(name), name, meta)
         return MilvusCollection(name, self, self._load_calibrator, meta)
 
+    def load_released(self) -> None:
+        """Start loading every normcal Milvus collection that is not loaded.
+
+        A restarted Milvus (Milvus Lite: every restart of normcal) has released them
+        all; they load in the background (:class:`~app.collections.milvus_client.
+        Reloads`), a few at a time, while start-up goes on: ``/readyz`` says which
+        are still loading.
+        """
+        for milvus in self.client.list_collections():
+            if not milvus.startswith((DOCS, STATE, SHARED_DOCS, SHARED_STATE)):
+                continue
+            state = self.client.get_load_state(milvus).get("state")
+            if state != LoadState.Loaded:
+                self.client.load_in_background(milvus)
+
+    def loading(self) -> list[str]:
+        """The collections still being loaded (readiness); failed loads start again."""
+        self.client.reloads.retry()
+        return sorted({self.layout.owner(m) for m in self.client.reloads.pending()})
+
     def open_all(self) -> dict[str, MilvusCollection[C]]:
-        """Every stored collection, by name (shared layout: one query in all)."""
+        """Every stored collection, by name (shared layout: one query in all).
+
+        Those being loaded are left out: they open on first use.
+        """
         opened: dict[str, MilvusCollection[C]] = {}
         for name, meta in self.layout.metas(self.client).items():
             state = self.layout.state(name)
@@ -315,6 +354,29 @@ class MilvusStorage(Generic[C]):
                 f"{error.message}",
             ) from error
 
+    def pastes_quotes(self) -> bool:
+        """Whether this Milvus is Milvus Lite 2.x, which cannot store an id with ``'``.
+
+        Its front end keeps rows in SQLite and pastes ids into its SQL between single
+        quotes: the upsert of such an id fails ("internal error"), and a delete of
+        one is undone by its next restart. Known from ``GetVersion``, which it alone
+        does not implement; an outage leaves it unknown (``False``) until asked again.
+        """
+        if self._pastes_quotes is None:
+            try:
+                self.client.raw.get_server_version(timeout=self._timeout)
+            except grpc.RpcError as error:
+                if not isinstance(error, grpc.Call):
+                    return False
+                if error.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    return False
+                self._pastes_quotes = True
+            except MilvusException:
+                return False
+            else:
+                self._pastes_quotes = False
+        return self._pastes_quotes
+
     def server_version(self) -> str:
         """The Milvus server's version, as it reports it (Milvus Lite 2.x does not)."""
         try:
@@ -332,6 +394,42 @@ def _document(row: dict[str, Any]) -> StoredDocument:
         norm=float(row["norm"]),
         n_tokens=int(row["n_tokens"]),
         truncated=bool(row["truncated"]),
+    )
+
+
+def _and(*exprs: str) -> str:
+    """The conjunction of the non-empty ``exprs``, each parenthesised."""
+    return " and ".join(f"({e})" for e in exprs if e)
+
+
+def _in_windows(
+    fetch: Callable[[str], list[T]],
+    seq: Callable[[T], int],
+    cap: int,
+    lo: int = 0,
+    hi: int = _INT64_END,
+) -> list[T]:
+    """Every row ``fetch`` finds with a seq in ``[lo, hi)``, though it returns at most ``cap``.
+
+    ``fetch`` is given the range as an expression. A range with ``cap`` rows (some
+    may be missing) is split at the median seq of those listed, so each half holds
+    at least half of them and fewer rows than the whole: about ``4 * rows / cap``
+    calls in all. Seqs are unique per document; ``cap`` rows sharing one cannot be
+    told apart and are an error rather than a silent miss.
+    """
+    bounds = [f"seq >= {lo}"] if lo > 0 else []
+    bounds += [f"seq < {hi}"] if hi < _INT64_END else []
+    rows = fetch(" and ".join(bounds))
+    if len(rows) < cap:
+        return rows
+    seqs = sorted(seq(row) for row in rows)
+    median = seqs[len(seqs) // 2]
+    if median == seqs[0]:
+        raise StorageUnavailableError(
+            f"{cap} rows share seq {median}: they cannot be listed in windows"
+        )
+    return _in_windows(fetch, seq, cap, lo, median) + _in_windows(
+        fetch, seq, cap, median, hi
     )
 
 
@@ -354,12 +452,12 @@ class MilvusCollection(Generic[C]):
         self.meta: dict[str, Any] = meta
         self._docs = storage.layout.documents(name, int(meta["dim"]), self.index_type)
         self._ef_search = storage.ef_search
+        self._pastes_quotes = storage.pastes_quotes
         self.lock = RWLock()
         self.closed = False
-        # term -> document frequency ("" -> documents), counted at _df_at (monotonic)
-        self._df: dict[str, int] = {}
-        self._df_at = 0.0
-        self._df_lock = threading.Lock()
+        self._terms = TermCounts(
+            self._count_terms, per_query=storage.term_lookups, ttl=_DF_TTL
+        )
         self.state = MilvusState(
             name,
             self._client,
@@ -392,8 +490,21 @@ class MilvusCollection(Generic[C]):
 
     # -- documents ----------------------------------------------------------------------
     def upsert(self, docs: Sequence[NewDocument]) -> None:
-        """One Milvus upsert of the batch; each document gets a new seq."""
-        for doc in docs:
+        """One Milvus upsert of the batch; each document gets a new seq.
+
+        An id no expression can address (:func:`string_literal`: a line break), or
+        that this Milvus cannot store (:meth:`MilvusStorage.pastes_quotes`), is
+        refused before anything is written.
+        """
+        for i, doc in enumerate(docs):
+            string_literal(doc.id, field=f"documents.{i}.id")
+            if "'" in doc.id and self._pastes_quotes():
+                raise InvalidRequestError(
+                    f"documents.{i}.id: this Milvus (Milvus Lite 2.x) cannot store an "
+                    "id containing ' (its front end pastes ids into SQL); use a "
+                    "Milvus server, Milvus Lite 3.x or the local backend",
+                    field=f"documents.{i}.id",
+                )
             if len(doc.text.encode()) > _MAX_TEXT_BYTES:
                 raise InvalidRequestError(
                     f"document {doc.id!r}: the {BACKEND} backend stores at most "
@@ -416,7 +527,7 @@ class MilvusCollection(Generic[C]):
         ]
         with self._writing():
             self._client.upsert(self._docs, rows)
-            self._forget_frequencies()
+            self._terms.forget()
 
     def delete(self, doc_id: str) -> None:
         """Delete one document (``NotFoundError`` if absent)."""
@@ -424,7 +535,7 @@ class MilvusCollection(Generic[C]):
             if not self._client.get(self._docs, ids=[doc_id], output_fields=["id"]):
                 raise NotFoundError("document", doc_id)
             self._client.delete(self._docs, ids=[doc_id])
-            self._forget_frequencies()
+            self._terms.forget()
 
     def get(self, doc_id: str) -> StoredDocument:
         """Read one document (``NotFoundError`` if absent)."""
@@ -510,9 +621,30 @@ class MilvusCollection(Generic[C]):
             if narrower == expr:  # a full window that cannot narrow: scan
                 break
             expr = narrower
-        return sorted(
-            int(r["seq"]) for r in query_all(self._client, self._docs, expr, ["seq"])
-        )[:limit]
+        return sorted(int(r["seq"]) for r in self._all_rows(expr, ["seq"]))[:limit]
+
+    def _all_rows(self, expr: str, fields: list[str]) -> list[dict[str, Any]]:
+        """Every document row matching ``expr``: its ``fields`` and ``seq``.
+
+        Not pymilvus's query iterator, which pages by primary key and pastes the
+        last id of a page into the next page's filter, unescaped (an id ending in
+        ``"`` rewrote it): queries of seq ranges, each capped at
+        :data:`_QUERY_WINDOW` rows, split until every one is under the cap
+        (:func:`_in_windows`).
+        """
+        wanted = list(dict.fromkeys([*fields, "seq"]))
+
+        def window(bounds: str) -> list[dict[str, Any]]:
+            return list(
+                self._client.query(
+                    self._docs,
+                    filter=_and(bounds, expr),
+                    output_fields=wanted,
+                    limit=_QUERY_WINDOW,
+                )
+            )
+
+        return _in_windows(window, lambda row: int(row["seq"]), _QUERY_WINDOW)
 
     def delete_where(self, where: filters.Node) -> int:
         """Delete every document matching ``where``; return how many.
@@ -522,11 +654,11 @@ class MilvusCollection(Generic[C]):
         """
         expr = milvus_filter(where).expr
         with self._writing():
-            rows = query_all(self._client, self._docs, expr, ["id", "metadata"])
+            rows = self._all_rows(expr, ["id", "metadata"])
             ids = [r["id"] for r in rows if filters.evaluate(where, r["metadata"])]
             for chunk in chunks(ids):
                 self._client.delete(self._docs, ids=chunk)
-            self._forget_frequencies()
+            self._terms.forget()
         return len(ids)
 
     def delete_ids(self, ids: Sequence[str]) -> int:
@@ -539,6 +671,8 @@ class MilvusCollection(Generic[C]):
             ]
             for chunk in chunks(found):
                 self._client.delete(self._docs, ids=chunk)
+            if found:
+                self._terms.forget()
         return len(found)
 
     def search(
@@ -572,7 +706,7 @@ class MilvusCollection(Generic[C]):
                 search_params={"metric_type": "IP", "params": {"ef": ef}},
             )
             lex = self._lexical(texts, max(n, LEXICAL_DEPTH), expr, fields)
-            masses = self._idf_masses(texts)
+        masses = self._idf_masses(texts)  # no lock held: see TermCounts
         return [
             self._pool(vectors[i], n, where, dense[i], lex[i], masses[i])
             for i in range(len(texts))
@@ -589,7 +723,7 @@ class MilvusCollection(Generic[C]):
         pre = milvus_filter(where)
         if pre.exact:
             return pre.expr
-        rows = query_all(self._client, self._docs, pre.expr, ["seq", "metadata"])
+        rows = self._all_rows(pre.expr, ["seq", "metadata"])
         seqs = sorted(
             int(r["seq"]) for r in rows if filters.evaluate(where, r["metadata"])
         )
@@ -667,73 +801,75 @@ class MilvusCollection(Generic[C]):
         for any match in a two-document collection). With it, ``lex`` is at most
         ``k1 + 1`` = 2.2, as on the local backend.
 
-        Document frequencies are counted by :meth:`_document_frequency` (BM25
-        searches, which every Milvus with the BM25 function serves: Milvus Lite
-        2.5's parser has no ``text_match``), kept in a per-collection cache with the
-        document total they were counted against: a term costs one count the first
-        time any query uses it. This process's writes
-        clear the cache; other replicas' writes are seen within :data:`_DF_TTL`
-        seconds. Between the two, ``idf_mass`` is that of a slightly older collection
-        state, where the SQLite backend's is exact: a normalisation scale that moves
-        by the log of a relative change in counts, so the ``lex`` feature drifts by
-        far less than the calibrators' noise.
+        Document frequencies come from the collection's
+        :class:`~app.collections.term_counts.TermCounts`: cached, at most
+        ``NORMCAL_MILVUS_TERM_LOOKUPS`` new terms counted per query, all of a search
+        in one Milvus call (:meth:`_count_terms`), no lock held meanwhile. A term
+        left past the bound counts as in no document (the largest IDF: ``lex`` is
+        understated, never above its ceiling). This process's writes clear the
+        cache; other replicas' writes are seen within :data:`_DF_TTL` seconds.
+        Between the two, ``idf_mass`` is that of a slightly older collection state,
+        where the SQLite backend's is exact: a normalisation scale that moves by the
+        log of a relative change in counts, so the ``lex`` feature drifts by far
+        less than the calibrators' noise.
         """
         terms = [lexical.query_terms(t) for t in texts]
         if not any(terms):
             return [0.0] * len(texts)
-        with self._df_lock:
-            if time.monotonic() - self._df_at > _DF_TTL:
-                self._df.clear()
-            if not self._df:
-                self._df_at = time.monotonic()
-                self._df[""] = self._count("")
-            for term in dict.fromkeys(t for ts in terms for t in ts):
-                if term not in self._df:
-                    self._df[term] = self._document_frequency(term)
-            df = dict(self._df)
-        total = df[""]
+        df = self._terms.frequencies(terms)
+        total = df[TOTAL]
         if total == 0:
             return [0.0] * len(texts)
         return [
-            sum(math.log1p((total - df[t] + 0.5) / (df[t] + 0.5)) for t in ts)
+            sum(
+                math.log1p((total - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
+                for t in ts
+            )
             for ts in terms
         ]
 
-    def _document_frequency(self, term: str, lo: int = 0, hi: int = _INT64_END) -> int:
-        """How many documents with a seq in ``[lo, hi)`` contain ``term``.
+    def _count_terms(self, terms: list[str]) -> dict[str, int]:
+        """Document frequencies of ``terms`` (:data:`TOTAL`: the documents).
 
         A one-term BM25 search lists exactly the documents containing the term (a
-        document without it scores nothing), but at most :data:`_TOP_K` of them. A
-        range with that many hits is split at the median seq of the hits it listed,
-        so each half holds at least half of them and fewer documents than the
-        whole: the count is exact at any frequency, in about ``4 * df / _TOP_K``
-        searches for a term past the cap (cached as above).
+        document without it scores nothing), but at most :data:`_TOP_K` of them:
+        one search carries every term; a term with that many hits is counted again
+        in seq windows (:func:`_in_windows`), exact at any frequency in about
+        ``4 * df / _TOP_K`` searches.
         """
-        bounds = [f"seq >= {lo}"] if lo > 0 else []
-        bounds += [f"seq < {hi}"] if hi < _INT64_END else []
-        (hits,) = self._client.search(
-            self._docs,
-            data=[term],
-            anns_field="sparse",
-            limit=_TOP_K,
-            filter=" and ".join(bounds),
-            output_fields=["seq"],
-            search_params={"metric_type": "BM25"},
-        )
-        if len(hits) < _TOP_K:
-            return len(hits)
-        seqs = sorted(int(hit["entity"]["seq"]) for hit in hits)
-        median = seqs[len(seqs) // 2]
-        if median == seqs[0]:  # half the hits share a seq, which no writer makes
-            return len(hits)
-        return self._document_frequency(term, lo, median) + self._document_frequency(
-            term, median, hi
-        )
+        counts = {TOTAL: self._count("")} if TOTAL in terms else {}
+        asked = [t for t in terms if t != TOTAL]
+        for chunk in chunks(asked):
+            found = self._client.search(
+                self._docs,
+                data=chunk,
+                anns_field="sparse",
+                limit=_TOP_K,
+                output_fields=[],
+                search_params={"metric_type": "BM25"},
+            )
+            for term, hits in zip(chunk, found, strict=True):
+                counts[term] = len(hits)
+                if len(hits) == _TOP_K:
+                    counts[term] = len(self._term_hits(term))
+        return counts
 
-    def _forget_frequencies(self) -> None:
-        """Drop cached document frequencies: this process just changed the documents."""
-        with self._df_lock:
-            self._df.clear()
+    def _term_hits(self, term: str) -> list[int]:
+        """The seqs of every document containing ``term``, in seq windows."""
+
+        def window(bounds: str) -> list[int]:
+            (hits,) = self._client.search(
+                self._docs,
+                data=[term],
+                anns_field="sparse",
+                limit=_TOP_K,
+                filter=bounds,
+                output_fields=["seq"],
+                search_params={"metric_type": "BM25"},
+            )
+            return [int(hit["entity"]["seq"]) for hit in hits]
+
+        return _in_windows(window, int, _TOP_K)
 
     def _count(self, expr: str) -> int:
         rows = self._client.query(self._docs, filter=expr, output_fields=["count(*)"])

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import grpc
-from pymilvus import MilvusException
+from pymilvus import MilvusClient, MilvusException
 from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
 from app.exceptions import (
@@ -33,6 +35,7 @@ from app.exceptions import (
     InvalidRequestError,
     NormcalError,
     NotFoundError,
+    StorageLoadingError,
     StorageUnavailableError,
 )
 from app.schemas import filters
@@ -75,13 +78,64 @@ def milvus_name(name: str, kind: str = DOCS) -> str:
     return "".join(out)
 
 
-def string_literal(value: str) -> str:
+LINE_BREAKS = "\n\r"
+"""What no string literal denotes on every supported engine: Milvus Lite 3.x reads a
+raw line break as the end of the literal and knows only the escapes ``\\n \\r``,
+which the engine (Milvus Lite 2.5) keeps as two characters, failing on the raw ones."""
+
+
+_CODE = re.compile(r"(?:[A-Za-z0-9]|_u|_d|_x[0-9a-f]{6})*")
+_ESCAPE = re.compile(r"_x([0-9a-f]{6})|_u|_d")
+
+
+def normcal_name(milvus: str) -> str | None:
+    """The normcal name :func:`milvus_name` encoded as ``milvus``; None if not one."""
+    kind = next((k for k in (DOCS, STATE) if milvus.startswith(k)), None)
+    code = milvus[len(kind) :] if kind else ""
+    if kind is None or not _CODE.fullmatch(code):
+        return None
+    return _ESCAPE.sub(
+        lambda m: chr(int(m[1], 16)) if m[1] else {"_u": "_", "_d": "-"}[m[0]], code
+    )
+
+
+def string_literal(value: str, *, field: str = "filter") -> str:
     r"""A Milvus expression string literal denoting exactly ``value``.
 
-    The expression grammar knows the escapes ``\\ \"`` (and ``\n \r \t``, on
-    which the engine, Milvus Lite 2.5, fails); a control character could not be
-    written on both engines, so it is refused rather than passed through (a filter
-    then matches it in Python).
+    The one function that puts a value (an id, a tenant, a metadata key or value, a
+    state row's kind) into an expression: nothing else builds a literal, and no call
+    passes ids to pymilvus's ``get``/``delete``, which paste them unescaped between
+    single quotes. Neither engine serves parameterised expressions (``filter_params``):
+    Milvus Lite 3.x's parser refuses ``{name}``, the engine (Lite 2.5) fails the call.
+
+    The literal is double-quoted; ``\`` and ``"`` are escaped (as ``\\`` and
+    ``\"``, read alike by both engines); every other character stands
+    for itself (``'``, ``[``, ``]``, ``,``, ``or``, any Unicode: inside the quotes
+    they are text). A line break (:data:`LINE_BREAKS`) is refused,
+    :class:`~app.exceptions.InvalidRequestError` naming ``field``: no literal
+    denotes it on both engines.
+    """
+    for ch in value:
+        if ch in LINE_BREAKS:
+            raise InvalidRequestError(
+                f"{field}: the {BACKEND} backend cannot address a value containing "
+                f"a line break (U+{ord(ch):04X})",
+                field=field,
+            )
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def in_filter(field: str, values: Sequence[str]) -> str:
+    """``field in ["v1", "v2"]``: the rows whose ``field`` is one of ``values``."""
+    return f"{field} in [{', '.join(string_literal(v, field='id') for v in values)}]"
+
+
+def _filter_text(value: str) -> str:
+    """:func:`string_literal` of a filter's key or value, control characters refused.
+
+    On the engine a raw one in a JSON key matches nothing; the caller matches such
+    a filter in Python instead.
     """
     for ch in value:
         if ord(ch) < 0x20 or ord(ch) == 0x7F:
@@ -90,15 +144,14 @@ def string_literal(value: str) -> str:
                 f"character U+{ord(ch):04X}",
                 field="filter",
             )
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+    return string_literal(value)
 
 
 def _literal(value: str | int | float | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return string_literal(value)
+        return _filter_text(value)
     if isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
             raise InvalidRequestError(
@@ -168,7 +221,7 @@ def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
 
 def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
     """``(expression, exact)`` of a positive comparison of one key."""
-    field = f"metadata[{string_literal(node.key)}]"
+    field = f"metadata[{_filter_text(node.key)}]"
     if isinstance(node, filters.Compare):
         expr = f"{field} {filters.SYMBOL[node.op]} {_literal(node.value)}"
         return expr, isinstance(node.value, str)
@@ -270,53 +323,105 @@ def classify(error: MilvusException) -> Outcome | None:
 
 
 class Reloads:
-    """Background loads of released collections: one at a time per collection.
+    """Background loads of released Milvus collections: one at a time per collection.
 
-    A released collection (a restarted server releases them all) is not loaded
-    inside the request that finds it so: that request is a 503 with ``Retry-After``
-    and one load starts here, whatever number of requests find it released meanwhile.
+    A released collection (a restarted server releases them all) is never loaded
+    inside a request: one load starts here, whatever number of requests find it
+    released meanwhile, and each of them gets a
+    :class:`~app.exceptions.StorageLoadingError` holding the load's ``loaded`` event
+    (a search waits for it, bounded: ``NORMCAL_MILVUS_LOAD_WAIT_S``). A collection
+    stays :meth:`pending` until a load succeeds (or finds it dropped): readiness
+    reports it and :meth:`retry` starts a failed load again.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[str, threading.Thread] = {}
+        self._running: dict[str, threading.Event] = {}
+        self._pending: dict[str, Callable[[str], object]] = {}
+        self._queue: deque[tuple[Callable[[str], object], str]] = deque()
+        self._workers = 0
 
-    def start(self, load: Callable[[str], object], milvus: str) -> None:
-        """Load ``milvus`` with ``load`` in the background unless already loading."""
+    def start(self, load: Callable[[str], object], milvus: str) -> threading.Event:
+        """Load ``milvus`` with ``load`` in the background unless already loading.
+
+        Returns the event set when that load ends. At most :data:`LOADS_AT_ONCE`
+        loads run at once (a restarted Milvus with many collections is loaded a
+        few at a time); the others wait their turn.
+        """
         with self._lock:
+            self._pending[milvus] = load
             if milvus in self._running:
-                return
-            thread = threading.Thread(
-                target=self._run,
-                args=(load, milvus),
-                name=f"load-{milvus}",
-                daemon=True,
-            )
-            self._running[milvus] = thread
-        thread.start()
+                return self._running[milvus]
+            ended = self._running[milvus] = threading.Event()
+            self._queue.append((load, milvus))
+            if self._workers < LOADS_AT_ONCE:
+                self._workers += 1
+                threading.Thread(
+                    target=self._work, name="milvus-loads", daemon=True
+                ).start()
+        return ended
+
+    def _work(self) -> None:
+        """Run queued loads; a worker ends when none is left (start makes another)."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._workers -= 1
+                    return
+                load, milvus = self._queue.popleft()
+            self._run(load, milvus)
 
     def _run(self, load: Callable[[str], object], milvus: str) -> None:
+        loaded = False
         try:
             load(milvus)
+            loaded = True
             logger.info("loaded released Milvus collection %s", milvus)
-        except Exception as error:  # the next request that finds it released retries
+        except MilvusException as error:
+            loaded = classify(error) == "not_found"  # dropped meanwhile: nothing to do
+            if not loaded:
+                logger.warning("cannot load Milvus collection %s: %s", milvus, error)
+        except Exception as error:  # the next request or readiness probe retries
             logger.warning("cannot load Milvus collection %s: %s", milvus, error)
         finally:
             with self._lock:
-                del self._running[milvus]
+                ended = self._running.pop(milvus)
+                if loaded:
+                    self._pending.pop(milvus, None)
+            ended.set()
+
+    def pending(self) -> list[str]:
+        """Milvus collections found released and not loaded since, sorted."""
+        with self._lock:
+            return sorted(self._pending)
+
+    def retry(self) -> None:
+        """Start again the loads of pending collections that failed."""
+        with self._lock:
+            idle = {m: f for m, f in self._pending.items() if m not in self._running}
+        for milvus, load in idle.items():
+            self.start(load, milvus)
 
     def wait(self) -> None:
         """Wait for the loads under way (for tests)."""
         with self._lock:
-            threads = list(self._running.values())
-        for thread in threads:
-            thread.join()
+            events = list(self._running.values())
+        for ended in events:
+            ended.wait()
+
+
+def _pastes_ids(raw: Any, method: str, kwargs: dict[str, Any]) -> bool:
+    """Whether this is pymilvus's ``get``, or ``delete`` by ids: never called."""
+    return isinstance(raw, MilvusClient) and (
+        method == "get" or (method == "delete" and kwargs.get("ids") is not None)
+    )
 
 
 # Methods that do not call the server (no timeout= or consistency_level=).
 _LOCAL_METHODS = frozenset({"close", "prepare_index_params", "create_schema"})
 _READS = frozenset({"search", "query", "get", "query_iterator", "hybrid_search"})
 RELOAD_TIMEOUT_S = 600.0  # seconds a background load of a released collection may take
+LOADS_AT_ONCE = 4  # background loads running at the same time
 
 
 @dataclass(frozen=True)
@@ -350,7 +455,8 @@ class Guarded:
       either is a missing engine feature or a bug, and a retry would fail the same;
     * a collection not found is a 404 when the wrapped client serves one normcal
       collection (``collection``), e.g. after another replica dropped it;
-    * a released collection is a 503 with ``Retry-After`` while one background load
+    * a released collection is a 503 with ``Retry-After``
+      (:class:`~app.exceptions.StorageLoadingError`) while one background load
       starts (:class:`Reloads`);
     * anything else (no connection, a call past its timeout, a server failure) is a
       503 with ``Retry-After`` naming Milvus and its URI, never the token; nothing
@@ -393,6 +499,11 @@ class Guarded:
         given = {} if self.options is None else self.options.of(method)
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            if _pastes_ids(self.raw, method, kwargs):
+                raise TypeError(
+                    f"pymilvus's {method} by ids pastes them into an expression "
+                    "unescaped: call it on the layout's scoped client (Keyed)"
+                )
             try:
                 result = call(*args, **{**given, **kwargs})
             except MilvusException as error:
@@ -426,10 +537,10 @@ class Guarded:
         if outcome == "not_found" and self._collection is not None:
             return NotFoundError("collection", self._collection)
         if outcome == "not_loaded" and isinstance(milvus, str):
-            self.reloads.start(self._load, milvus)
-            return StorageUnavailableError(
+            return StorageLoadingError(
                 f"Milvus at {self._uri} has collection {milvus} released: it is being "
                 "loaded, retry",
+                loaded=self.load_in_background(milvus),
                 retry_after=_RETRY_AFTER,
             )
         return StorageUnavailableError(
@@ -446,6 +557,10 @@ class Guarded:
         return StorageUnavailableError(
             f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
         )
+
+    def load_in_background(self, milvus: str) -> threading.Event:
+        """Start loading ``milvus`` (:class:`Reloads`); the event is set when it ends."""
+        return self.reloads.start(self._load, milvus)
 
     def _load(self, milvus: str) -> None:
         self.raw.load_collection(milvus, timeout=RELOAD_TIMEOUT_S)
@@ -471,7 +586,13 @@ def refused(error: MilvusException) -> bool:
 def query_all(
     client: Guarded, milvus: str, filter_: str, fields: list[str]
 ) -> list[dict[str, Any]]:
-    """Every row matching ``filter_`` (a query iterator: no result-size cap)."""
+    """Every row matching ``filter_`` (a query iterator: no result-size cap).
+
+    Only for collections whose primary keys normcal makes from safe characters (state
+    rows: a kind and a SHA-256, after a tenant name): pymilvus's iterator pastes the
+    last key of each page into the next page's filter unescaped. Documents, keyed by
+    users' ids, are listed in seq windows instead (``MilvusCollection._all_rows``).
+    """
     iterator = client.query_iterator(
         milvus, batch_size=QUERY_BATCH, filter=filter_, output_fields=fields
     )

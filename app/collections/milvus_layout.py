@@ -33,7 +33,9 @@ from app.collections.milvus_client import (
     DOCS,
     STATE,
     Guarded,
+    in_filter,
     milvus_name,
+    normcal_name,
     query_all,
     string_literal,
 )
@@ -41,6 +43,7 @@ from app.collections.milvus_state import read_meta
 from app.exceptions import (
     BackendUnsupportedError,
     NormcalError,
+    StorageLoadingError,
 )
 
 LayoutName = Literal["per-collection", "shared"]
@@ -105,6 +108,10 @@ class Layout(Protocol):
         """Delete everything of ``name``; False if nothing was stored."""
         ...
 
+    def owner(self, milvus: str) -> str:
+        """Which normcal collections Milvus collection ``milvus`` holds (for messages)."""
+        ...
+
 
 def _meta_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {r["key"]: r["data"]["value"] for r in rows}
@@ -135,8 +142,8 @@ class PerCollection:
         """Nothing to check."""
 
     def scoped(self, raw: Any, name: str) -> Any:  # noqa: ARG002
-        """The client itself: the collections are ``name``'s alone."""
-        return raw
+        """The client, keyed: the collections are ``name``'s alone."""
+        return Keyed(raw)
 
     def exists(self, client: Guarded, name: str) -> bool:
         """Either Milvus collection exists."""
@@ -146,17 +153,37 @@ class PerCollection:
         """Nothing: a drop removes whole collections."""
 
     def names(self, client: Guarded) -> list[str]:
-        """The name row of every state collection: one query each."""
+        """The name row of every state collection: one query each.
+
+        A state collection being loaded (released by a restarted Milvus) cannot be
+        queried: its name is the one its Milvus name encodes
+        (:func:`~app.collections.milvus_client.normcal_name`), and its load starts.
+        """
         found: list[str] = []
         for milvus in client.list_collections():
-            if milvus.startswith(STATE):
+            if not milvus.startswith(STATE):
+                continue
+            try:
                 rows = client.query(milvus, filter=_NAME_ROWS, output_fields=["data"])
-                found.extend(str(r["data"]["value"]) for r in rows)
+            except StorageLoadingError:
+                found.extend(n for n in [normcal_name(milvus)] if n is not None)
+                continue
+            found.extend(str(r["data"]["value"]) for r in rows)
         return sorted(found)
 
     def metas(self, client: Guarded) -> dict[str, dict[str, Any]]:
-        """One query per collection."""
-        return {n: read_meta(client, self.state(n)) for n in self.names(client)}
+        """One query per collection; those being loaded are left out."""
+        metas: dict[str, dict[str, Any]] = {}
+        for name in self.names(client):
+            try:
+                metas[name] = read_meta(client, self.state(name))
+            except StorageLoadingError:
+                continue
+        return metas
+
+    def owner(self, milvus: str) -> str:
+        """The normcal collection ``milvus`` belongs to."""
+        return normcal_name(milvus) or milvus
 
     def meta(self, client: Guarded, name: str) -> dict[str, Any] | None:
         """The state collection's meta rows."""
@@ -274,6 +301,10 @@ class Shared:
         meta = _meta_of(query_all(client, SHARED_STATE, expr, ["key", "data"]))
         return meta if "name" in meta else None
 
+    def owner(self, milvus: str) -> str:
+        """Every normcal collection: they all have rows in ``milvus``."""
+        return f"every collection (Milvus collection {milvus})"
+
     def drop(self, client: Guarded, name: str) -> bool:
         """Delete ``name``'s documents, then its state rows (the name row last)."""
         if not self.exists(client, name):
@@ -287,25 +318,67 @@ def layout_of(name: LayoutName) -> Layout:
     return Shared() if name == "shared" else PerCollection()
 
 
-class TenantClient:
+class Keyed:
+    """A ``MilvusClient`` whose ``get`` and ``delete`` by ids filter by escaped literals.
+
+    pymilvus's own ``get(ids=…)`` and ``delete(ids=…)`` paste each id between single
+    quotes, unescaped (``id in ['<id>']``): an id holding ``'`` rewrote the expression
+    (one crafted id deleted every row). Here they are a query, or a delete, whose
+    filter is :func:`~app.collections.milvus_client.in_filter` of the row keys (the
+    primary key field: ``id`` of documents, ``pk`` of state rows). Other calls pass
+    through.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._raw, method)
+
+    def _key_filter(self, collection: str, ids: list[Any]) -> str:
+        return in_filter("pk" if collection.startswith(STATE) else "id", ids)
+
+    def get(self, collection: str, ids: list[Any], **kwargs: Any) -> Any:
+        """The rows of these ids (a query: no row of another id can match)."""
+        if not ids:
+            return []
+        return self.query(
+            collection, filter=self._key_filter(collection, ids), **kwargs
+        )
+
+    def delete(
+        self, collection: str, ids: list[Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """Delete the rows of these ids (or, ``ids`` unset, matching ``filter``)."""
+        if ids is None:
+            return self._raw.delete(collection, **kwargs)
+        if not ids:
+            return {"delete_count": 0}
+        return self.delete(
+            collection, filter=self._key_filter(collection, ids), **kwargs
+        )
+
+
+class TenantClient(Keyed):
     """A ``MilvusClient`` confined to one tenant's rows of shared collections.
 
-    Writes get :data:`TENANT` and :data:`KEY`; ids become keys; every filter is
+    Writes get :data:`TENANT` and :data:`KEY`; ids become keys (``<tenant>/<id>``,
+    matched by escaped literals as in :class:`Keyed`); every filter is
     ``tenant == "<name>" and (filter)``, the filter itself built from typed values
     (:func:`~app.collections.milvus_client.milvus_filter`) and parenthesised, so it
     can only narrow the tenant's rows. Other calls pass through.
     """
 
     def __init__(self, raw: Any, tenant: str) -> None:
-        self._raw = raw
+        super().__init__(raw)
         self._tenant = tenant
         self._scope = tenant_filter(tenant)
 
-    def __getattr__(self, method: str) -> Any:
-        return getattr(self._raw, method)
-
     def _key(self, own: Any) -> str:
         return f"{self._tenant}/{own}"
+
+    def _key_filter(self, collection: str, ids: list[Any]) -> str:  # noqa: ARG002
+        return in_filter(KEY, [self._key(i) for i in ids])
 
     def _filter(self, expr: str | None) -> str:
         return f"{self._scope} and ({expr})" if expr else self._scope
@@ -331,17 +404,13 @@ class TenantClient:
         """An iterator over the tenant's rows."""
         return self._scoping("query_iterator")(collection, *args, **kwargs)
 
-    def get(self, collection: str, ids: list[Any], **kwargs: Any) -> Any:
-        """The tenant's rows of these ids."""
-        return self._raw.get(collection, ids=[self._key(i) for i in ids], **kwargs)
-
     def delete(
         self, collection: str, ids: list[Any] | None = None, **kwargs: Any
     ) -> Any:
         """Delete the tenant's rows of these ids (or matching ``filter``)."""
         if ids is None:
             return self._scoping("delete")(collection, **kwargs)
-        return self._raw.delete(collection, ids=[self._key(i) for i in ids], **kwargs)
+        return super().delete(collection, ids, **kwargs)
 
     def upsert(self, collection: str, rows: list[dict[str, Any]], **kwargs: Any) -> Any:
         """Upsert rows as the tenant's."""

@@ -33,7 +33,7 @@ from app.collections.milvus_client import BACKEND, CallOptions
 from app.collections.milvus_layout import LayoutName, layout_of
 from app.collections.registry import CollectionRegistry, check_model
 from app.exceptions import ConflictError, NotFoundError, StorageUnavailableError
-from app.settings import MILVUS_TIMEOUT_S
+from app.settings import MILVUS_TERM_LOOKUPS, MILVUS_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class MilvusRegistry(Generic[C]):
         consistency: str = "Strong",
         layout: LayoutName = "per-collection",
         client_options: dict[str, Any] | None = None,
+        term_lookups: int = MILVUS_TERM_LOOKUPS,
     ) -> None:
         """``client_options``: more ``MilvusClient`` arguments (database, TLS)."""
         self.uri = uri
@@ -76,6 +77,7 @@ class MilvusRegistry(Generic[C]):
             "options": CallOptions(timeout, consistency),
             "layout": layout_of(layout),
             "client_options": client_options,
+            "term_lookups": term_lookups,
         }
         self._storage: MilvusStorage[C] | None = None
         self._problem: str | None = None
@@ -83,18 +85,20 @@ class MilvusRegistry(Generic[C]):
         self._lock = threading.Lock()
 
     def load(self) -> None:
-        """Connect and open every stored collection; a failure is kept for readiness.
+        """Connect, start loading what Milvus released, open every loaded collection.
 
-        Never raises: the service starts, answers ``/readyz`` with the reason, and
-        every collection request with a 503 until a readiness probe reconnects.
+        Never raises, never waits for a load: the service starts, and ``/readyz``
+        answers 503 naming what is still loading (or why Milvus cannot be used) until
+        every collection can answer. A collection not opened here opens on first use.
         """
         with self._lock:
             storage = self._connect()
             if storage is None:
                 return
             try:
+                storage.load_released()
                 opened = storage.open_all()
-            except StorageUnavailableError as error:  # e.g. released: being loaded
+            except StorageUnavailableError as error:  # e.g. shared: being loaded
                 logger.warning("collections open on first use: %s", error.detail)
                 return
             self._collections.update(opened)
@@ -182,6 +186,11 @@ class MilvusRegistry(Generic[C]):
     def unavailable(self) -> list[Unavailable]:
         """None: Milvus has no per-collection file to quarantine."""
         return []
+
+    def loading(self) -> list[str]:
+        """Collections Milvus is loading (released by its restart); failed loads retry."""
+        storage = self._storage
+        return [] if storage is None else storage.loading()
 
     def storage_problem(self) -> str | None:
         """Why Milvus cannot be used now (a cheap call checks the connection)."""

@@ -221,6 +221,10 @@ class CollectionRegistry(Generic[C]):
         """The quarantined collections, by name."""
         return sorted(self._unavailable.copy().values(), key=lambda u: u.name)
 
+    def loading(self) -> list[str]:
+        """None: SQLite files open at once."""
+        return []
+
     def storage_problem(self) -> str | None:
         """Why new data cannot be written to ``data_dir`` (None when it can).
 

@@ -106,14 +106,16 @@ class CollectionInfo(BaseModel):
     """A collection's description.
 
     A quarantined collection (its file could not be opened at start-up) is listed
-    with ``status: "unavailable"``, a ``reason`` and no other fields.
+    with ``status: "unavailable"``, a ``reason`` and no other fields; one the storage
+    is still loading (Milvus after a restart) with ``status: "loading"`` likewise.
     """
 
     name: str
-    status: Literal["ready", "unavailable"] = "ready"
+    status: Literal["ready", "unavailable", "loading"] = "ready"
     reason: str | None = Field(
         None,
-        description="why the collection is unavailable; how to recover is in the 503",
+        description="why the collection is unavailable or loading; how to recover "
+        "is in the 503",
     )
     description: str | None = None
     model: str | None = None

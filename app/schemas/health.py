@@ -51,6 +51,11 @@ class Readiness(BaseModel):
         "when an API key is set)",
     )
     unavailable: list[UnavailableCollection] | None = None
+    loading: list[str] | None = Field(
+        None,
+        description="collections the storage is still loading (Milvus after a "
+        "restart): not ready until none is (omitted for anonymous callers)",
+    )
     embedding: EmbeddingInfo | None = Field(
         None, description="how the model runs (omitted for anonymous callers)"
     )

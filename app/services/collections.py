@@ -8,7 +8,11 @@ from typing import Any
 from app.collections.base import CLIENT_EMBEDDING, CollectionBackend, own_vectors
 from app.collections.snapshots import Snapshot, Snapshots
 from app.collections.store_files import DEFAULT_STEMMER
-from app.exceptions import BackendUnsupportedError, NotFoundError
+from app.exceptions import (
+    BackendUnsupportedError,
+    NotFoundError,
+    StorageLoadingError,
+)
 from app.schemas.collections import CollectionInfo, OwnEmbedding
 from app.schemas.snapshots import SnapshotInfo
 from app.services import limits
@@ -84,7 +88,8 @@ class CollectionsService(Part):
     def list_collections(self) -> list[CollectionInfo]:
         """Describe every collection, the quarantined ones with their reason.
 
-        A collection dropped while the list is built is left out, never an error.
+        A collection dropped while the list is built is left out, never an error;
+        one the storage is still loading is listed as ``loading``, with the reason.
         """
         out = [
             CollectionInfo(name=u.name, status="unavailable", reason=u.reason)
@@ -95,6 +100,10 @@ class CollectionsService(Part):
                 out.append(self.describe(name))
             except NotFoundError:
                 continue
+            except StorageLoadingError as error:  # Milvus restarted: being loaded
+                out.append(
+                    CollectionInfo(name=name, status="loading", reason=error.detail)
+                )
         return sorted(out, key=lambda info: info.name)
 
     def drop_collection(self, name: str) -> None:

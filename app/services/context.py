@@ -7,13 +7,18 @@ the others) is a ``Part`` over it, so a use case reads ``self.registry`` or
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from app.collections.base import CollectionBackend, Registry, own_vectors
 from app.collections.snapshots import Snapshots
 from app.concurrency import CpuPool
 from app.embedding import Embedder
 from app.embedding.batching import EmbedBatcher, lanes_for
+from app.exceptions import StorageLoadingError
 from app.observability import Metrics
 from app.profiles import agnostic_profile
 from app.schemas.collections import CalibratorRef, DriftStatus, Guarantee, NextStep
@@ -26,6 +31,8 @@ from calibration.profile import Profile
 DEFAULT_PAGE_SIZE = 100  # items per page of a listing without a limit
 NO_DEFAULT_REASON = "no calibration profile ships for this embedding model"
 JUDGE_PAGE = "/ui/collections/{name}/judge"
+LOAD_POLL_S = 0.05  # seconds between looks at a storage load a request waits for
+T = TypeVar("T")
 
 
 @dataclass
@@ -137,6 +144,27 @@ class Part:
     def no_default_reason(self) -> str:
         """Why no shipped profile serves this model."""
         return self.context.no_default_reason
+
+    async def after_loads(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, tried again when it found a collection being loaded.
+
+        A restarted Milvus releases its collections; the request waits for the load
+        under way (never holding a thread: the event is polled), then tries again,
+        for at most ``NORMCAL_MILVUS_LOAD_WAIT_S`` in all. Past that, the
+        :class:`~app.exceptions.StorageLoadingError` is the answer: a 503 with
+        ``Retry-After``.
+        """
+        deadline = time.monotonic() + self.settings.milvus_load_wait_s
+        while True:
+            try:
+                return await attempt()
+            except StorageLoadingError as loading:
+                while True:  # at least one pause: never a busy loop of retries
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(LOAD_POLL_S)
+                    if loading.loaded.is_set():
+                        break
 
     def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
         if collection.state.profile is not None:

@@ -37,7 +37,14 @@ class SearchService(Part):
     """Calibrated search over a collection."""
 
     async def search(self, name: str, request: SearchRequest) -> list[SearchResult]:
-        """Embed the queries; return each one's top-k hits with probabilities."""
+        """Embed the queries; return each one's top-k hits with probabilities.
+
+        A search that finds its collection being loaded (Milvus after a restart)
+        waits for the load, bounded (:meth:`Part.after_loads`).
+        """
+        return await self.after_loads(lambda: self._search(name, request))
+
+    async def _search(self, name: str, request: SearchRequest) -> list[SearchResult]:
         lim = self.settings.limits
         texts = request.texts
         sent = request.own_vectors

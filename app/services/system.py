@@ -27,11 +27,15 @@ class SystemService(Part):
     def readiness(self, *, detailed: bool) -> Readiness:
         """Whether the service can take writes; ``status`` is ``"not ready"`` if not.
 
+        Not ready also while the storage loads collections (Milvus after a restart):
+        ready means every collection can answer.
+
         Only a ``detailed`` answer (for a caller holding the API key, or when there
         is none) counts and names collections and says which path is unwritable.
         """
         storage = self.registry.storage_problem()
         broken = self.registry.unavailable()
+        loading = [] if storage else self.registry.loading()
         reasons: list[str] = []
         if storage is not None:
             reasons.append(
@@ -41,10 +45,13 @@ class SystemService(Part):
                 if self.registry.backend == "local"
                 else f"the {self.registry.backend} storage does not answer"
             )
+        if loading:
+            reasons.append(f"{len(loading)} collection(s) still loading")
         if broken:
             reasons.append(f"{len(broken)} collection(s) unavailable")
+        status = "degraded" if broken else "ready"
         answer = Readiness(
-            status="not ready" if storage else "degraded" if broken else "ready",
+            status="not ready" if storage or loading else status,
             model=self.embedder.model_name,
             dim=self.embedder.dim,
             reasons=reasons,
@@ -57,6 +64,7 @@ class SystemService(Part):
             answer.unavailable = [
                 UnavailableCollection(name=u.name, reason=u.reason) for u in broken
             ]
+            answer.loading = loading
             answer.embedding = self.embedding_info()
         return answer
 

@@ -11,6 +11,7 @@ not in ``make test-fast``.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,12 @@ from pymilvus import MilvusException
 from app.collections import milvus, milvus_client
 from app.collections.base import NewDocument
 from app.collections.milvus import MilvusCollection, MilvusStorage
-from app.collections.milvus_client import MilvusFilter, milvus_filter, milvus_name
+from app.collections.milvus_client import (
+    MilvusFilter,
+    milvus_filter,
+    milvus_name,
+    normcal_name,
+)
 from app.exceptions import (
     BackendUnsupportedError,
     ConflictError,
@@ -92,6 +98,12 @@ def test_names_map_injectively_to_milvus_names(storage: MilvusStorage[Cal]) -> N
     assert len(set(mapped)) == len(names)
     assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,254}", m) for m in mapped)
     assert milvus_name("a-b") != milvus_name("a-b", "ncs_")
+    # and back (listing a collection being loaded reads its name from its Milvus name)
+    assert [normcal_name(m) for m in mapped] == names
+    assert normcal_name(milvus_name("é", "ncs_")) == "é"
+    assert [normcal_name(m) for m in ("nct_state", "ncd_a_q", "ncd_a_x00zz", "x")] == [
+        None
+    ] * 4
     for name in ("9-_x", "a_db", "a-b"):
         storage.create(name, {**META, "name": name})
     assert storage.names() == ["9-_x", "a-b", "a_db"]
@@ -519,7 +531,8 @@ def test_document_frequencies_are_exact_past_the_search_cap(
     kb: MilvusCollection[Cal], monkeypatch: pytest.MonkeyPatch, holding: int
 ) -> None:
     """A search lists at most ``_TOP_K`` hits (16,384 on Milvus; 4 here): a term in
-    as many documents, or more, is counted by splitting the seqs, still exactly."""
+    as many documents, or more, is counted by splitting the seqs, still exactly;
+    every term of a search is counted in one call."""
     monkeypatch.setattr(milvus, "_TOP_K", 4)
     docs = new_docs([f"d{i:02d}" for i in range(30)], seed=12)
     kb.upsert(
@@ -528,10 +541,49 @@ def test_document_frequencies_are_exact_past_the_search_cap(
             for i, d in enumerate(docs)
         ]
     )
-    assert kb._document_frequency("zebra") == holding
-    assert kb._document_frequency("okapi") == 30 - holding
-    assert kb._document_frequency("absent") == 0
+    assert kb._count_terms(["zebra", "okapi", "absent", ""]) == {
+        "zebra": holding,
+        "okapi": 30 - holding,
+        "absent": 0,
+        "": 30,
+    }
     (pool,) = kb.search(unit_vectors(1, 3), ["zebra"], 3)
     assert pool.lexical.idf_mass == pytest.approx(
         np.log1p((30 - holding + 0.5) / (holding + 0.5))
     )
+
+
+@pytest.mark.slow
+def test_a_search_counting_terms_holds_no_lock_of_its_collection(
+    kb: MilvusCollection[Cal],
+) -> None:
+    """Issue 33, finding 6: while one search counts its terms' document frequencies
+    in Milvus (held here at a gate), a write and another search of the same
+    collection are served, and the held search answers once its count ends."""
+    kb.upsert(new_docs(["a", "b"], seed=4))
+    counting, release = threading.Event(), threading.Event()
+    real = kb._terms._count
+
+    def gated(terms: list[str]) -> dict[str, int]:
+        if "fresh" in terms:  # the held search's count; others count at once
+            counting.set()
+            assert release.wait(120)
+        return real(terms)
+
+    kb._terms._count = gated
+    held: list[Any] = []
+    search = threading.Thread(
+        target=lambda: held.extend(kb.search(unit_vectors(1, 2), ["fresh"], 2))
+    )
+    search.start()
+    try:
+        assert counting.wait(120)
+        kb.upsert(new_docs(["c"], seed=5))  # the write lock: no reader holds it
+        (other,) = kb.search(unit_vectors(1, 3), ["text"], 3)
+        assert {h.document.id for h in other.hits} == {"a", "b", "c"}
+    finally:
+        release.set()
+        search.join(120)
+    assert not search.is_alive()
+    (pool,) = held
+    assert len(pool.hits) == 2

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.api.app import create_app
-from app.settings import MILVUS_TIMEOUT_BOUNDS, MILVUS_TOP_K, Limits, Settings
+from app.settings import (
+    MAX_QUERY_TERMS,
+    MILVUS_LOAD_WAIT_MAX_S,
+    MILVUS_TIMEOUT_BOUNDS,
+    MILVUS_TOP_K,
+    Limits,
+    Settings,
+)
 from tests.collections.test_milvus_outage import poll, unavailable
 from tests.collections.test_storage_contract import (
     DOCS,
@@ -51,6 +60,24 @@ def test_the_milvus_timeout_is_declared_and_checked(bound: float) -> None:
     past = bound - 0.01 if bound == MILVUS_TIMEOUT_BOUNDS[0] else bound + 1
     with pytest.raises(ValidationError, match="milvus_timeout_s"):
         Settings(milvus_timeout_s=past)
+
+
+@pytest.mark.parametrize(
+    ("field", "bound", "below"),
+    [
+        ("milvus_load_wait_s", MILVUS_LOAD_WAIT_MAX_S, 0.0),
+        ("milvus_term_lookups", MAX_QUERY_TERMS, 0),
+    ],
+)
+def test_the_load_wait_and_the_term_lookups_are_declared_and_checked(
+    field: str, bound: float, below: float
+) -> None:
+    """Accepted at both ends of the range, refused one past either."""
+    for value in (below, bound):
+        assert getattr(Settings(**{field: value}), field) == value
+    for past in (below - 1, bound + 1):
+        with pytest.raises(ValidationError, match=field):
+            Settings(**{field: past})
 
 
 def test_the_consistency_level_is_one_of_milvus_levels() -> None:
@@ -157,32 +184,113 @@ def test_a_call_past_its_timeout_is_a_503_and_the_request_ends(
 
 @needs_milvus
 @pytest.mark.slow
-def test_a_released_collection_is_loaded_in_the_background_not_in_the_request(
-    tmp_path: Path, embedder: Any, lite_server: tuple[str, Any]
+@pytest.mark.parametrize("wait", [0.0, MILVUS_LOAD_WAIT_MAX_S])
+def test_a_released_collection_is_loaded_in_the_background_and_a_search_waits(
+    tmp_path: Path,
+    embedder: Any,
+    lite_server: tuple[str, Any],
+    wait: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """(The engine of Lite 2.5.1 ignores ``release_collection``: Lite 3.x here.)"""
+    """The request never loads; while the background load runs ``/readyz`` is not
+    ready and names the collection, and a search waits for the load, bounded by
+    NORMCAL_MILVUS_LOAD_WAIT_S (0: never, a 503 with Retry-After, then served).
+
+    The load is held at a gate (the real load, started late) so that the search
+    arrives during it. (The engine of Lite 2.5.1 ignores ``release_collection``:
+    Lite 3.x here.)
+    """
     from pymilvus import MilvusClient
 
-    from app.collections.milvus_client import milvus_name
+    from app.collections.milvus_client import Guarded, milvus_name
+
+    gate, real_load = threading.Event(), Guarded._load
+
+    def gated_load(self: Guarded, milvus: str) -> None:
+        assert gate.wait(120)
+        real_load(self, milvus)
 
     uri, _ = lite_server
-    client = app_on(backend_settings(tmp_path, "milvus", milvus_uri=uri), embedder)
+    settings = backend_settings(
+        tmp_path, "milvus", milvus_uri=uri, milvus_load_wait_s=wait
+    )
+    client = app_on(settings, embedder)
     other = MilvusClient(uri=uri)
     try:
         before = client.post(f"{URL}/search", json=QUERY)
         assert before.status_code == 200, before.text
-        other.release_collection(milvus_name("kb"))
-        body = unavailable(client.post(f"{URL}/search", json=QUERY), uri)
-        assert "being loaded" in body["detail"]
+        monkeypatch.setattr(Guarded, "_load", gated_load)
+        for kind in ("ncs_", "ncd_"):  # Lite 3.x counts a released one: not enough
+            other.release_collection(milvus_name("kb", kind))
+        answers: list[httpx.Response] = []
+        search = threading.Thread(
+            target=lambda: answers.append(client.post(f"{URL}/search", json=QUERY))
+        )
+        search.start()
+        ready = poll(lambda: client.get("/readyz"), 503)  # the load has started
+        assert ready.json()["status"] == "not ready"
+        assert ready.json()["loading"] == ["kb"]
+        (listed,) = client.get("/v1/collections").json()["data"]
+        assert (listed["name"], listed["status"]) == ("kb", "loading"), listed
+        assert "being loaded" in listed["reason"]
+        if wait == 0:
+            search.join()
+            body = unavailable(answers[0], uri)
+            assert "being loaded" in body["detail"]
+        gate.set()
+        search.join()
         storage = client.app_state["service"].context.registry._storage
-        storage.client.reloads.wait()  # the one background load
-        assert other.get_load_state(milvus_name("kb"))["state"].name == "Loaded"
-        after = client.post(f"{URL}/search", json=QUERY)
+        storage.client.reloads.wait()
+        after = answers[0]
+        for _ in range(
+            2 if wait == 0 else 0
+        ):  # one collection's load, then the other's
+            after = client.post(f"{URL}/search", json=QUERY)
+            storage.client.reloads.wait()
         assert after.status_code == 200, after.text
         assert after.json()["hits"] == before.json()["hits"]
+        for kind in ("ncs_", "ncd_"):
+            state = other.get_load_state(milvus_name("kb", kind))["state"]
+            assert state.name == "Loaded"
+        ready = client.get("/readyz")
+        assert (ready.status_code, ready.json()["loading"]) == (200, [])
     finally:
+        gate.set()
         other.close()
         client.__exit__(None, None, None)
+
+
+@needs_milvus
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["per-collection", "shared"])
+def test_an_app_started_on_a_milvus_that_released_everything_serves_at_once(
+    tmp_path: Path, embedder: Any, layout: str
+) -> None:
+    """Milvus Lite restarts with the app that opens its file: every collection is
+    released. Start-up goes on (it used to fail with two collections), and the first
+    searches wait for the loads instead of a 503."""
+    settings = backend_settings(tmp_path, "milvus", milvus_layout=layout)
+    names = ("kb", "kb2")
+    with TestClient(create_app(settings, embedder=embedder)) as first:
+        for name in names:
+            assert first.post("/v1/collections", json={"name": name}).is_success
+            docs = {"documents": DOCS}
+            assert first.put(f"/v1/collections/{name}/documents", json=docs).is_success
+        before = {
+            name: first.post(f"/v1/collections/{name}/search", json=QUERY).json()
+            for name in names
+        }
+    with TestClient(create_app(settings, embedder=embedder)) as again:
+        for name in names:
+            answer = again.post(f"/v1/collections/{name}/search", json=QUERY)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["hits"] == before[name]["hits"]
+        ready = poll(lambda: again.get("/readyz"), 200)
+        assert (ready.json()["loading"], ready.json()["collections"]) == ([], 2)
+        listed = again.get("/v1/collections").json()["data"]
+        assert [(c["name"], c["status"]) for c in listed] == [
+            (n, "ready") for n in names
+        ]
 
 
 @needs_milvus

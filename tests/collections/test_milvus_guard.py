@@ -20,7 +20,13 @@ import grpc
 from pymilvus import MilvusException
 from pymilvus.exceptions import MilvusUnavailableException, ParamError
 
-from app.collections.milvus_client import CallOptions, Guarded, refused
+from app.collections.milvus_client import (
+    LOADS_AT_ONCE,
+    CallOptions,
+    Guarded,
+    Reloads,
+    refused,
+)
 from app.exceptions import (
     BackendUnsupportedError,
     InvalidRequestError,
@@ -201,6 +207,42 @@ def test_a_released_collection_is_a_503_and_one_background_load():
     client.reloads.wait()
     assert raw.loaded == ["ncd_kb", "ncd_kb"]
     assert client.get("ncd_kb") == "rows"
+
+
+def test_background_loads_run_a_few_at_a_time_and_stay_pending_until_done():
+    """A restarted Milvus with many collections is loaded LOADS_AT_ONCE at a time;
+    readiness sees every one pending until its load succeeded; a failed one is
+    started again by ``retry``."""
+    running: set[str] = set()
+    most = 0
+    lock, release = threading.Lock(), threading.Event()
+    fail = {"c5"}
+
+    def load(milvus: str) -> None:
+        nonlocal most
+        with lock:
+            running.add(milvus)
+            most = max(most, len(running))
+        release.wait(60)
+        with lock:
+            running.discard(milvus)
+        if milvus in fail:
+            raise MilvusException(65535, "load failed")
+
+    reloads = Reloads()
+    names = [f"c{i}" for i in range(LOADS_AT_ONCE + 2)]
+    ended = [reloads.start(load, name) for name in names]
+    assert reloads.start(load, "c0") is ended[0]  # one load per collection
+    assert reloads.pending() == sorted(names)
+    release.set()
+    for event in ended:
+        assert event.wait(60)
+    assert most <= LOADS_AT_ONCE
+    assert reloads.pending() == ["c5"]  # failed: still pending
+    fail.clear()
+    reloads.retry()
+    reloads.wait()
+    assert reloads.pending() == []
 
 
 def test_every_call_is_bounded_and_reads_use_the_consistency_level():
