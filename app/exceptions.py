@@ -11,6 +11,7 @@
     ├── PayloadTooLargeError     (request body over the byte cap)
     ├── UnauthorizedError        (missing or wrong API key)
     ├── OverloadedError          (CPU pool saturated; retry later)
+    ├── FilterTimeoutError       (a filter's scan passed its deadline; stopped)
     ├── CollectionUnavailableError (its file could not be opened; quarantined)
     ├── StorageUnavailableError  (the data dir cannot be written; Milvus does not answer)
     └── InsufficientStorageError (the disk is full; nothing was written)
@@ -82,6 +83,24 @@ class OverloadedError(NormcalError):
     def __init__(self, detail: str, *, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class FilterTimeoutError(NormcalError):
+    """A metadata filter's scan passed ``NORMCAL_FILTER_TIMEOUT_MS`` and was stopped.
+
+    Nothing changed (a delete's transaction is rolled back). ``retry_after``: the
+    scan may pass on a less busy server; a filter that always takes longer needs
+    fewer conditions, or a collection with less metadata to read.
+    """
+
+    def __init__(self, collection: str, timeout_ms: int) -> None:
+        super().__init__(
+            f"the metadata filter's scan of collection {collection!r} took longer "
+            f"than NORMCAL_FILTER_TIMEOUT_MS ({timeout_ms} ms) and was stopped; "
+            "nothing changed. Fewer conditions, or conditions that rule documents "
+            "out early in an $and, scan less; retry if the server was busy"
+        )
+        self.retry_after = 1
 
 
 class CollectionUnavailableError(NormcalError):

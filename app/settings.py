@@ -272,6 +272,23 @@ class Settings(BaseSettings):
     max_pending_jobs: int = Field(
         64, ge=1, description="queued CPU jobs beyond which requests get 503"
     )
+    filter_timeout_ms: int = Field(
+        1000,
+        ge=10,
+        le=600_000,
+        description="milliseconds a metadata filter's scan of a collection (search, "
+        "delete by filter) may take on the local backend; past it the scan stops, "
+        "nothing changes and the request gets a 503 filter-timeout with Retry-After",
+    )
+    filter_jobs_per_collection: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="filtered searches and deletes of one collection that run at "
+        "once; the others wait their turn holding no worker thread. 0: "
+        "NORMCAL_WORKER_THREADS - 1 (at least 1), so one collection's filters "
+        "never take every worker from the others",
+    )
     max_open_collections: int = Field(
         128,
         ge=1,

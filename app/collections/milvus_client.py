@@ -168,6 +168,8 @@ def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
 
 def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
     """``(expression, exact)`` of a positive comparison of one key."""
+    if not node.key:  # the engine refuses metadata[""]: matched in Python
+        return None, False
     field = f"metadata[{string_literal(node.key)}]"
     if isinstance(node, filters.Compare):
         expr = f"{field} {filters.SYMBOL[node.op]} {_literal(node.value)}"

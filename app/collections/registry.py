@@ -100,6 +100,7 @@ class CollectionRegistry(Generic[C]):
         synchronous: str = "FULL",
         max_open: int = 128,
         lexical_builds: int = 1,
+        filter_timeout_ms: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.model_name = model_name
@@ -108,6 +109,7 @@ class CollectionRegistry(Generic[C]):
         self._kind: IndexType = index_type
         self._index_args = {"hnsw_m": hnsw_m, "ef_search": ef_search}
         self._synchronous = synchronous
+        self._filter_timeout_ms = filter_timeout_ms
         self._connections = OpenConnections(max_open)
         self._builds = LexicalBuilds(lexical_builds)
         self._load_calibrator = load_calibrator
@@ -382,6 +384,7 @@ class CollectionRegistry(Generic[C]):
             synchronous=self._synchronous,
             connections=self._connections,
             builds=self._builds,
+            filter_timeout_ms=self._filter_timeout_ms,
         )
 
     def _check_free(self, name: str) -> None:

@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from app.collections.base import CollectionBackend, Pool
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
+from app.schemas import filters
 from app.schemas.collections import CalibratorRef
 from app.schemas.judging import QueryLogSettings
 from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
@@ -58,6 +59,8 @@ class SearchService(Part):
         )
         limits.check_texts("queries" if request.queries else "query", texts, lim)
         where = limits.parse_filter("filter", request.filter, lim)
+        if filters.always(where) is True:  # no need to look at any metadata
+            where = filters.MATCH_ALL
         collection = self.registry.get_compatible(name)
         own_vectors.check_kind(
             collection, sent is not None, "vectors" if request.vectors else "vector"
@@ -84,7 +87,27 @@ class SearchService(Part):
         ref = self._calibrator_ref(
             name, profile, drift=self.drift.verdict(name, profile), reason=reason
         )
-        with self.batcher.lane(wanted=sent is None) as alone:
+        async with self.filter_turn(name, where):
+            results, summaries = await self._answer(
+                collection, request, texts, n, k, where, ref, profile
+            )
+        self.drift.observe(name, profile, summaries)
+        await self._log_queries(collection, texts)
+        return results
+
+    async def _answer(
+        self,
+        collection: CollectionBackend[Profile],
+        request: SearchRequest,
+        texts: list[str],
+        n: int,
+        k: int,
+        where: filters.Node,
+        ref: CalibratorRef,
+        profile: Profile | None,
+    ) -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
+        """Embed (or take) the queries, retrieve their pools, score and cut them."""
+        with self.batcher.lane(wanted=request.own_vectors is None) as alone:
             batched = None if alone else await self._query_batch(collection, request)
 
             def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
@@ -99,10 +122,7 @@ class SearchService(Part):
                 )
                 return search_results(batch, pools, ref, profile, request, k)
 
-            results, summaries = await self.pool.run(answer)
-        self.drift.observe(name, profile, summaries)
-        await self._log_queries(collection, texts)
-        return results
+            return await self.pool.run(answer)
 
     async def _query_batch(
         self, collection: CollectionBackend[Profile], request: SearchRequest
