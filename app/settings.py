@@ -72,6 +72,14 @@ class Limits(BaseSettings):
     max_query_log_retention: int = Field(
         100_000, ge=1, description="largest retention of a collection's query log"
     )
+    max_logged_query_chars: int = Field(
+        2048,
+        ge=1,
+        # Milvus keys a log entry by its text: 65,535 bytes of UTF-8 at most.
+        le=16_000,
+        description="characters of a query the query log keeps (its first ones; the "
+        "entry is flagged truncated when that cut it)",
+    )
     max_judging_queries: int = Field(
         1000, ge=1, description="queries per upload to the judging queue"
     )
@@ -108,6 +116,12 @@ class Limits(BaseSettings):
     )
     max_filter_value_chars: int = Field(
         4096, ge=1, description="characters of one key or string value of a filter"
+    )
+    max_calibrators_per_collection: int = Field(
+        50,
+        ge=1,
+        description="calibrators a collection stores (fits and imports); past it a "
+        "fit or an import gets 422 until one is deleted",
     )
     max_queued_fit_jobs: int = Field(
         4, ge=1, description="fit jobs queued or running; past it a fit gets 503"

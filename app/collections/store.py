@@ -34,6 +34,7 @@ from app.collections.store_files import (
     ADDED_SCHEMA,
     ADDED_TABLES,
     DEFAULT_STEMMER,
+    QUERY_LOG_FLAG,
     SCHEMA_VERSION,
     Transaction,
     file_uri,
@@ -627,11 +628,16 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     the next open.
     """
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    if all(t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)):
+    logged = {r[1] for r in conn.execute("PRAGMA table_info(query_log)")}
+    if "truncated" in logged and all(
+        t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)
+    ):
         return
     with Transaction(conn):
         for statement in ADDED_SCHEMA:
             conn.execute(statement)
+        if "truncated" not in logged:
+            conn.execute(QUERY_LOG_FLAG)
         if lexical.FTS_TABLE not in tables:
             _build_lexical_index(conn)
         write_meta(conn, {"schema_version": SCHEMA_VERSION})

@@ -140,10 +140,27 @@ class CalibratorInfo(BaseModel):
     )
 
 
-class CalibratorList(ListEnvelope):
-    """Calibrators of a collection."""
+class CalibratorSummary(BaseModel):
+    """A calibrator in a listing; its report is ``GET .../calibrators/{id}``."""
 
-    data: list[CalibratorInfo]
+    id: str
+    collection: str | None = Field(description="null for the shipped default")
+    method: str
+    created_at: float
+    active: bool
+    default: bool
+
+
+class CalibratorList(ListEnvelope):
+    """One page of a collection's calibrators, oldest first (the default first).
+
+    Pass ``next_cursor`` back as ``cursor`` for the next page; it is null on the last
+    page. The reports are not listed: ``GET .../calibrators/{id}`` has one, and
+    ``GET .../calibrators/{id}/export`` the whole profile.
+    """
+
+    data: list[CalibratorSummary]
+    next_cursor: str | None = Field(description="cursor of the next page; null: done")
 
 
 class FeedbackRequest(RequestModel):

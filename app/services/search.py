@@ -148,7 +148,12 @@ class SearchService(Part):
         if not current.enabled or not texts:
             return
         try:
-            await self.pool.run(collection.state.log_queries, texts, current.retention)
+            await self.pool.run(
+                collection.state.log_queries,
+                texts,
+                current.retention,
+                self.settings.limits.max_logged_query_chars,
+            )
         except Exception:  # the search was answered; the log is best effort
             logger.warning(
                 "could not log queries of %s", collection.name, exc_info=True

@@ -42,10 +42,20 @@ async def create_calibrator(
 
 
 @router.get("/calibrators")
-def read_calibrators(*, name: CollectionName, service: ServiceDep) -> CalibratorList:
-    """List the collection's calibrators, oldest first."""
-    data = service.calibrators.list_calibrators(name)
-    return CalibratorList(data=data, count=len(data))
+def read_calibrators(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, description="at most limits.max_page_size; default 100 or that"),
+    ] = None,
+    cursor: Annotated[
+        str | None, Query(description="next_cursor of the previous page")
+    ] = None,
+) -> CalibratorList:
+    """The collection's calibrators, oldest first, a page at a time (no reports)."""
+    return service.calibrators.list_calibrators(name, limit, cursor)
 
 
 @router.get("/calibrators/{calibrator_id}")

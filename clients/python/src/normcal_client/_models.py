@@ -593,11 +593,23 @@ class FitJobList(ResponseModel):
     count: int
 
 
-class CalibratorList(ResponseModel):
-    """Calibrators of a collection, oldest first."""
+class CalibratorSummary(ResponseModel):
+    """A calibrator in a listing; ``get_calibrator`` has its report."""
 
-    data: list[CalibratorInfo]
+    id: str
+    collection: str | None
+    method: str
+    created_at: float
+    active: bool
+    default: bool
+
+
+class CalibratorList(ResponseModel):
+    """A page of calibrators, oldest first; ``next_cursor`` is None on the last page."""
+
+    data: list[CalibratorSummary]
     count: int
+    next_cursor: str | None
 
 
 class FeedbackResponse(ResponseModel):
