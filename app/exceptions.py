@@ -110,11 +110,11 @@ class CollectionUnavailableError(NormcalError):
     ``DELETE`` the collection to remove it.
     """
 
-    def __init__(self, name: str, path: str, reason: str) -> None:
+    def __init__(self, name: str, file: str, reason: str) -> None:
         super().__init__(
-            f"collection {name!r} is unavailable: its file {path} could not be "
-            f"opened ({reason}). Restore or repair the file and restart the server, "
-            "or DELETE the collection to remove the file."
+            f"collection {name!r} is unavailable: its file {file} in the data dir "
+            f"could not be opened ({reason}). Restore or repair the file and restart "
+            "the server, or DELETE the collection to remove the file."
         )
         self.name = name
         self.reason = reason

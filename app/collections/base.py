@@ -111,7 +111,7 @@ class Unavailable:
 
     def error(self) -> CollectionUnavailableError:
         """The 503 every request on it gets."""
-        return CollectionUnavailableError(self.name, str(self.path), self.reason)
+        return CollectionUnavailableError(self.name, self.path.name, self.reason)
 
 
 class StoredCalibrator(Protocol):

@@ -120,7 +120,8 @@ class MilvusRegistry(Generic[C]):
     def _connected(self) -> MilvusStorage[C]:
         storage = self._connect()
         if storage is None:
-            raise StorageUnavailableError(self._problem or "Milvus is not connected")
+            # The problem names the URI: readiness (with the key) and the log say it.
+            raise StorageUnavailableError("Milvus is not connected (see /readyz)")
         return storage
 
     def create(self, name: str, **extra_meta: Any) -> MilvusCollection[C]:

@@ -130,6 +130,7 @@ class CollectionRegistry(Generic[C]):
             logger.error("cannot create data dir %s: %s", self.data_dir, error)
             return
         self._remove_unfinished()
+        self.snapshots.remove_unfinished()
         for path in sorted(self.data_dir.glob(f"*{_SUFFIX}")):
             name = path.name.removesuffix(_SUFFIX)
             if not _NAME_RE.match(name):
@@ -248,8 +249,8 @@ class CollectionRegistry(Generic[C]):
                 raise NotFoundError("collection", name)
             if broken is not None and broken.path.is_dir():
                 raise ConflictError(
-                    f"{broken.path} is a directory, not a collection file; "
-                    "remove it by hand"
+                    f"{broken.path.name} in the data dir is a directory, not a "
+                    "collection file; remove it by hand"
                 )
             if collection is not None:
                 collection.close()
@@ -280,7 +281,9 @@ class CollectionRegistry(Generic[C]):
                 raise NotFoundError("collection", name)
             path = self._path(name)
             if path.is_dir():
-                raise ConflictError(f"{path} is a directory, not a collection file")
+                raise ConflictError(
+                    f"{path.name} in the data dir is a directory, not a collection file"
+                )
             with self._writing_files():
                 staged, meta = _stage_snapshot(self.data_dir, name, source)
             try:
@@ -411,8 +414,9 @@ class CollectionRegistry(Generic[C]):
                 yield
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                logger.error("data dir %s is not writable: %s", self.data_dir, error)
                 raise StorageUnavailableError(
-                    f"data dir {self.data_dir} is not writable: {error.strerror}"
+                    f"the data dir is not writable: {error.strerror}"
                 ) from error
             raise
 

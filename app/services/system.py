@@ -27,7 +27,8 @@ class SystemService(Part):
     def readiness(self, *, detailed: bool) -> Readiness:
         """Whether the service can take writes; ``status`` is ``"not ready"`` if not.
 
-        Only a ``detailed`` answer (for a caller holding the API key, or when there
+        ``degraded`` when some collections are quarantined or fit jobs cannot be
+        recorded (a damaged ``_jobs.sqlite3``): the rest is served. Only a ``detailed`` answer (for a caller holding the API key, or when there
         is none) counts and names collections and says which path is unwritable.
         """
         storage = self.registry.storage_problem()
@@ -43,8 +44,15 @@ class SystemService(Part):
             )
         if broken:
             reasons.append(f"{len(broken)} collection(s) unavailable")
+        jobs = self.fit_jobs.problem()
+        if jobs is not None:  # searches and writes are served; fits are not
+            reasons.append(jobs if detailed else "fit jobs unavailable")
         answer = Readiness(
-            status="not ready" if storage else "degraded" if broken else "ready",
+            status="not ready"
+            if storage
+            else "degraded"
+            if broken or jobs
+            else "ready",
             model=self.embedder.model_name,
             dim=self.embedder.dim,
             reasons=reasons,
