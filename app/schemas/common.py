@@ -72,7 +72,7 @@ def _check_unicode(path: str, text: str) -> None:
     if "\x00" in text:
         raise _invalid(
             path,
-            f"NUL character (U+0000) at position {text.index(chr(0))}: no key or "
+            f"NUL character (U+0000) at position {text.find(chr(0))}: no key or "
             "string value may hold one (SQLite's JSON functions end a string there)",
         )
 
