@@ -41,6 +41,7 @@ import pytest
 from tests.conftest import assert_problem
 from tests.faults.test_storage import _tmpfs
 from tests.support.corpus import CORPUS, QUERIES
+from tests.support.milvus_engine import emptied
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
@@ -114,21 +115,6 @@ class Api:
         }
 
 
-def _engine_emptied(uri: str) -> str:
-    """The session's engine server with no collection left by other tests."""
-    from pymilvus import MilvusClient
-
-    from app.collections.milvus_client import GRPC_OPTIONS
-
-    client = MilvusClient(uri=uri, grpc_options=GRPC_OPTIONS)
-    try:
-        for name in client.list_collections():
-            client.drop_collection(name)
-    finally:
-        client.close()
-    return uri
-
-
 @contextmanager
 def _serving(data: Path, env: dict[str, str], *secrets: str) -> Iterator[Api]:
     """A ``normcal serve`` on ``data`` (its log beside it) and a client of it; the
@@ -157,7 +143,7 @@ def served(
     if request.param == "milvus":
         uri = str(tmp / "milvus.db")
     elif request.param == "milvus-engine":
-        uri = _engine_emptied(str(request.getfixturevalue("milvus_engine")))
+        uri = emptied(str(request.getfixturevalue("milvus_engine")))
     if uri:
         env |= {"NORMCAL_STORAGE": "milvus", "NORMCAL_MILVUS_URI": uri}
     with _serving(tmp / "data", env, uri, "ncd_", "ncs_") as api:

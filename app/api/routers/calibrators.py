@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
-from app.api.routers.params import CollectionName
+from app.api.routers.params import CollectionName, PageCursor, PageLimit
 from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
@@ -46,13 +46,8 @@ def read_calibrators(
     *,
     name: CollectionName,
     service: ServiceDep,
-    limit: Annotated[
-        int | None,
-        Query(ge=1, description="at most limits.max_page_size; default 100 or that"),
-    ] = None,
-    cursor: Annotated[
-        str | None, Query(description="next_cursor of the previous page")
-    ] = None,
+    limit: PageLimit = None,
+    cursor: PageCursor = None,
 ) -> CalibratorList:
     """The collection's calibrators, oldest first, a page at a time (no reports)."""
     return service.calibrators.list_calibrators(name, limit, cursor)
@@ -153,13 +148,8 @@ def read_feedback(
     *,
     name: CollectionName,
     service: ServiceDep,
-    limit: Annotated[
-        int | None,
-        Query(ge=1, description="at most limits.max_page_size; default 100 or that"),
-    ] = None,
-    cursor: Annotated[
-        str | None, Query(description="next_cursor of the previous page")
-    ] = None,
+    limit: PageLimit = None,
+    cursor: PageCursor = None,
 ) -> FeedbackPage:
     """Stored judgments, oldest first, a page at a time."""
     return service.calibrators.list_feedback(name, limit, cursor)
