@@ -702,6 +702,7 @@ class JudgingNext(ResponseModel):
 
     query: str | None
     source: Literal["uploaded", "log", "none"]
+    truncated: bool = False  # the query log kept only the query's first characters
     confidence: float | None
     hits: list[JudgingHit]
     calibrator: CalibratorRef | None
