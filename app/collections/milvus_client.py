@@ -417,8 +417,8 @@ class Guarded:
         """The error to report for ``error`` (``milvus``: the collection called).
 
         Its detail names neither the URI (a path for Milvus Lite) nor Milvus's own
-        collection names, and a refusal leaves out Milvus's message, which quotes
-        the expression normcal built: the log has all of them.
+        collection names, and leaves out Milvus's message (a refusal's quotes the
+        expression normcal built, an outage's the address): the log has them.
         """
         outcome = classify(error)
         logger.warning(
@@ -441,7 +441,9 @@ class Guarded:
                 retry_after=_RETRY_AFTER,
             )
         return StorageUnavailableError(
-            f"Milvus is unavailable: {said}", retry_after=_RETRY_AFTER
+            f"Milvus is unavailable (Milvus error {error.code}; the server log has "
+            "its message)",
+            retry_after=_RETRY_AFTER,
         )
 
     def _no_answer(self, error: grpc.RpcError) -> StorageUnavailableError:

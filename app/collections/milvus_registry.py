@@ -192,7 +192,8 @@ class MilvusRegistry(Generic[C]):
         try:
             storage.client.list_collections()
         except StorageUnavailableError as error:  # the guarded client's outage
-            return error.detail
+            # Readiness (detailed for key holders only) may say where and why.
+            return f"Milvus at {self.uri} does not answer: {error.__cause__ or error}"
         except Exception as error:  # any other failure of the round trip
             return f"Milvus at {self.uri} does not answer: {error}"
         return None

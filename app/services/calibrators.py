@@ -284,14 +284,17 @@ class CalibratorsService(Part):
         The shipped default comes first (on the first page) when it was fitted for
         the collection's model. The stored ones are read without their profiles
         (:meth:`CollectionState.calibrator_page`), so a page costs the same whatever
-        the profiles weigh; the cursor is a stored position (the default's is 0).
+        the profiles weigh, and one stored before profiles were checked is listed
+        (to be deleted) though it cannot serve; ``active`` is the one that serves.
+        The cursor is a stored position (the default's is 0).
         """
         largest = self.settings.limits.max_page_size
         size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, largest)
         limits.check_value("limit", size, largest)
         after = decode_cursor(cursor) if cursor is not None else None
         collection = self.registry.get(name)
-        active = collection.meta.get("active_calibrator")
+        served = self._profile_for(collection)  # a stored one that decodes, or not
+        active = None if served is None else served.id
         default = self._default_for(collection) if after is None else None
         data = [] if default is None else [self._summary(collection, default)]
         # One more than asked tells whether another page follows.
@@ -319,13 +322,12 @@ class CalibratorsService(Part):
         self, collection: CollectionBackend[Profile], profile: Profile
     ) -> CalibratorSummary:
         """The shipped default as a listing shows it."""
-        active = self._profile_for(collection)
         return CalibratorSummary(
             id=profile.id,
             collection=None,
             method=profile.method,
             created_at=profile.created_at,
-            active=active is not None and active.id == profile.id,
+            active=self._profile_for(collection) is profile,
             default=True,
         )
 

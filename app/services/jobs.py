@@ -149,7 +149,9 @@ class FitJobs:
         except (sqlite3.Error, OSError) as error:
             if conn is not None:
                 conn.close()
-            logger.error("the fit job file %s cannot be used: %s", self._path, error)
+            # Once, not at every readiness probe that tries it again.
+            log = logger.error if self._problem is None else logger.debug
+            log("the fit job file %s cannot be used: %s", self._path, error)
             self._problem = (
                 f"the fit job file ({JOBS_FILE} in the data dir) cannot be used: "
                 "see the server log; move it away to start afresh"

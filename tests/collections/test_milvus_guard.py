@@ -184,9 +184,10 @@ def test_failures_of_milvus_are_503_with_retry_after_naming_no_uri(error, caplog
     with pytest.raises(StorageUnavailableError) as caught:
         guarded(Raw(error)).get("ncd_kb")
     assert caught.value.retry_after and caught.value.retry_after > 0
-    assert error.message in caught.value.detail
+    assert f"Milvus error {error.code}" in caught.value.detail
+    assert error.message not in caught.value.detail
     assert URI not in caught.value.detail and "ncd_kb" not in caught.value.detail
-    assert URI in caplog.text  # the operator's log has it
+    assert URI in caplog.text and error.message in caplog.text  # the operator's log
 
 
 def test_a_released_collection_is_a_503_and_one_background_load():
