@@ -445,12 +445,17 @@ class CollectionStore:
 
     def filter_seqs(self, where: filters.Node) -> NDArray[np.int64]:
         """Seqs of documents whose metadata matches ``where``."""
-        with self.connection() as conn, self._deadline(conn):
+        with self.connection() as conn:
+            return np.array(self._matching(conn, where), dtype=np.int64)
+
+    def _matching(self, conn: sqlite3.Connection, where: filters.Node) -> list[int]:
+        """Seqs of the documents matching ``where``; a filter's scan has a deadline."""
+        if where == filters.MATCH_ALL:
+            return [r[0] for r in conn.execute("SELECT seq FROM documents")]
+        with self._deadline(conn):
             condition, params = _exact_condition(conn, where)
-            rows = conn.execute(
-                f"SELECT seq FROM documents WHERE {condition}", params
-            ).fetchall()
-        return np.array([r[0] for r in rows], dtype=np.int64)
+            rows = conn.execute(f"SELECT seq FROM documents WHERE {condition}", params)
+            return [r[0] for r in rows]
 
     @contextmanager
     def _deadline(self, conn: sqlite3.Connection) -> Iterator[None]:
@@ -506,16 +511,17 @@ class CollectionStore:
 
         :data:`~app.schemas.filters.MATCH_ALL` matches every document. Returns the
         deleted seqs (for the index); the lexical index follows by its delete trigger.
+        Only the filter's scan has a deadline, not the deletion (its triggers' work
+        grows with the documents matched, however cheap the filter).
         """
-        with (
-            self._write_documents(derive) as (conn, changes),
-            self._deadline(conn),
-        ):
-            condition, params = _exact_condition(conn, where)
-            rows = conn.execute(
-                f"DELETE FROM documents WHERE {condition} RETURNING seq", params
-            ).fetchall()
-            changes.removed.extend(int(r[0]) for r in rows)
+        with self._write_documents(derive) as (conn, changes):
+            seqs = self._matching(conn, where)
+            changes.removed.extend(
+                int(seq)
+                for (seq,) in _in_chunks(
+                    conn, "DELETE FROM documents WHERE seq IN", seqs, " RETURNING seq"
+                )
+            )
         return changes.removed
 
     def delete_ids(self, ids: Sequence[str], derive: Derive | None = None) -> list[int]:
@@ -690,8 +696,6 @@ def _exact_condition(
     row never reaches Python.
     """
     condition, params = _filter_condition(where)
-    if where == filters.MATCH_ALL:
-        return condition, params
     conn.create_function(
         _EVALUATE, 1, lambda text: filters.evaluate(where, json.loads(text))
     )

@@ -10,6 +10,7 @@ test shares one collection (each new one waits ~2 s on Milvus's index builds) an
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -534,3 +535,26 @@ def test_a_filter_past_its_deadline_is_stopped_and_deletes_nothing(
         assert len(unbounded.filter_seqs(parse({"key0001": 1}, Bounds()))) == 999
     finally:
         unbounded.close()
+
+
+def test_the_deadline_bounds_the_filters_scan_not_the_deletion_it_selects(
+    tmp_path: Path,
+):
+    """A cheap filter matching many documents is deleted whatever the deletion
+    costs (the lexical index's triggers grow with the documents matched): here each
+    deleted row costs a millisecond of a trigger, 300 of them 3x the 100 ms deadline."""
+    path = tmp_path / "kb.sqlite3"
+    build_store(path, {"name": "kb", "model": "m", "dim": DIM}, synchronous="OFF")
+    store = CollectionStore(path, synchronous="OFF", filter_timeout_ms=100)
+    try:
+        store.upsert(_documents([{"t": 1}] * 300 + [{"t": 2}]))
+        with store.connection() as conn:
+            conn.create_function("slow", 0, lambda: time.sleep(0.001))
+            conn.execute(
+                "CREATE TEMP TRIGGER slow AFTER DELETE ON documents BEGIN"
+                " SELECT slow(); END"
+            )
+        assert len(store.delete_where(parse({"t": 1}, Bounds()))) == 300
+        assert store.count() == 1
+    finally:
+        store.close()
