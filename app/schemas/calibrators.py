@@ -114,15 +114,20 @@ class CalibratorSelection(BaseModel):
     )
 
 
-class CalibratorInfo(BaseModel):
-    """A fitted calibrator and its report."""
+class CalibratorSummary(BaseModel):
+    """A calibrator in a listing; its report is ``GET .../calibrators/{id}``."""
 
     id: str
-    collection: str | None
+    collection: str | None = Field(description="null for the shipped default")
     method: str
     created_at: float
     active: bool
     default: bool
+
+
+class CalibratorInfo(CalibratorSummary):
+    """A fitted calibrator and its report."""
+
     reorders_hits: bool
     cv: dict[str, MethodMetrics]
     norm_lift: dict[str, Any]
@@ -138,17 +143,6 @@ class CalibratorInfo(BaseModel):
         description="judgments the fit that made it left out for naming unknown "
         'documents (unknown_documents: "skip"); set only in that fit\'s answer',
     )
-
-
-class CalibratorSummary(BaseModel):
-    """A calibrator in a listing; its report is ``GET .../calibrators/{id}``."""
-
-    id: str
-    collection: str | None = Field(description="null for the shipped default")
-    method: str
-    created_at: float
-    active: bool
-    default: bool
 
 
 class CalibratorList(ListEnvelope):

@@ -16,7 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from app.collections.base import CollectionBackend, check_calibrator_cap
+from app.collections.base import (
+    CalibratorEntry,
+    CollectionBackend,
+    check_calibrator_cap,
+)
 from app.embedding import EmbeddingBatch
 from app.exceptions import ConflictError, InvalidRequestError
 from app.schemas.calibrators import (
@@ -294,41 +298,33 @@ class CalibratorsService(Part):
         after = decode_cursor(cursor) if cursor is not None else None
         collection = self.registry.get(name)
         served = self._profile_for(collection)  # a stored one that decodes, or not
-        active = None if served is None else served.id
         default = self._default_for(collection) if after is None else None
-        data = [] if default is None else [self._summary(collection, default)]
-        # One more than asked tells whether another page follows.
-        stored = collection.state.calibrator_page(size + 1 - len(data), after or 0)
-        data += [
-            CalibratorSummary(
-                id=entry.id,
-                collection=name,
-                method=entry.method,
-                created_at=entry.created_at,
-                active=entry.id == active,
-                default=False,
+        shipped: list[CalibratorEntry] = []
+        if default is not None:  # first, at position 0
+            shipped.append(
+                CalibratorEntry(0, default.id, default.method, default.created_at)
             )
-            for entry in stored
-        ]
-        more = len(data) > size
-        positions = [0] * (len(data) - len(stored)) + [e.position for e in stored]
-        return CalibratorList(
-            data=data[:size],
-            count=min(len(data), size),
-            next_cursor=encode_cursor(positions[size - 1]) if more else None,
+        # One more than asked tells whether another page follows.
+        entries = shipped + collection.state.calibrator_page(
+            size + 1 - len(shipped), after or 0
         )
-
-    def _summary(
-        self, collection: CollectionBackend[Profile], profile: Profile
-    ) -> CalibratorSummary:
-        """The shipped default as a listing shows it."""
-        return CalibratorSummary(
-            id=profile.id,
-            collection=None,
-            method=profile.method,
-            created_at=profile.created_at,
-            active=self._profile_for(collection) is profile,
-            default=True,
+        page = entries[:size]
+        return CalibratorList(
+            data=[
+                CalibratorSummary(
+                    id=e.id,
+                    collection=None if e in shipped else name,
+                    method=e.method,
+                    created_at=e.created_at,
+                    active=served is not None and e.id == served.id,
+                    default=e in shipped,
+                )
+                for e in page
+            ],
+            count=len(page),
+            next_cursor=encode_cursor(page[-1].position)
+            if len(entries) > size
+            else None,
         )
 
     def get_calibrator(self, name: str, calibrator_id: str) -> CalibratorInfo:

@@ -488,8 +488,8 @@ class CalibratorSelection(ResponseModel):
     recalibrated_cv: dict[str, MethodMetrics]
 
 
-class CalibratorInfo(ResponseModel):
-    """A fitted calibrator and its report."""
+class CalibratorSummary(ResponseModel):
+    """A calibrator in a listing; ``get_calibrator`` has its report."""
 
     id: str
     collection: str | None
@@ -497,6 +497,11 @@ class CalibratorInfo(ResponseModel):
     created_at: float
     active: bool
     default: bool
+
+
+class CalibratorInfo(CalibratorSummary):
+    """A fitted calibrator and its report."""
+
     reorders_hits: bool
     cv: dict[str, MethodMetrics]
     norm_lift: dict[str, Any]
@@ -591,17 +596,6 @@ class FitJobList(ResponseModel):
 
     data: list[FitJob]
     count: int
-
-
-class CalibratorSummary(ResponseModel):
-    """A calibrator in a listing; ``get_calibrator`` has its report."""
-
-    id: str
-    collection: str | None
-    method: str
-    created_at: float
-    active: bool
-    default: bool
 
 
 class CalibratorList(ResponseModel):
