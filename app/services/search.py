@@ -88,41 +88,29 @@ class SearchService(Part):
             name, profile, drift=self.drift.verdict(name, profile), reason=reason
         )
         async with self.filter_turn(name, where):
-            results, summaries = await self._answer(
-                collection, request, texts, n, k, where, ref, profile
-            )
+            with self.batcher.lane(wanted=sent is None) as alone:
+                batched = (
+                    None if alone else await self._query_batch(collection, request)
+                )
+
+                def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
+                    # With the batcher idle, the queries' pass runs in this job too:
+                    # one hand-off to the pool, not three (each costs a search about
+                    # half a millisecond here; docs/performance.md).
+                    batch = (
+                        self.embedder.embed(texts, "query")
+                        if batched is None
+                        else batched
+                    )
+                    pools = collection.search(
+                        batch.vectors, texts or [""] * len(batch), n, where
+                    )
+                    return search_results(batch, pools, ref, profile, request, k)
+
+                results, summaries = await self.pool.run(answer)
         self.drift.observe(name, profile, summaries)
         await self._log_queries(collection, texts)
         return results
-
-    async def _answer(
-        self,
-        collection: CollectionBackend[Profile],
-        request: SearchRequest,
-        texts: list[str],
-        n: int,
-        k: int,
-        where: filters.Node,
-        ref: CalibratorRef,
-        profile: Profile | None,
-    ) -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
-        """Embed (or take) the queries, retrieve their pools, score and cut them."""
-        with self.batcher.lane(wanted=request.own_vectors is None) as alone:
-            batched = None if alone else await self._query_batch(collection, request)
-
-            def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
-                # With the batcher idle, the queries' pass runs in this job too: one
-                # hand-off to the pool, not three (each costs a search about half a
-                # millisecond here; docs/performance.md).
-                batch = (
-                    self.embedder.embed(texts, "query") if batched is None else batched
-                )
-                pools = collection.search(
-                    batch.vectors, texts or [""] * len(batch), n, where
-                )
-                return search_results(batch, pools, ref, profile, request, k)
-
-            return await self.pool.run(answer)
 
     async def _query_batch(
         self, collection: CollectionBackend[Profile], request: SearchRequest

@@ -28,8 +28,9 @@ class SystemService(Part):
         """Whether the service can take writes; ``status`` is ``"not ready"`` if not.
 
         ``degraded`` when some collections are quarantined or fit jobs cannot be
-        recorded (a damaged ``_jobs.sqlite3``): the rest is served. Only a ``detailed`` answer (for a caller holding the API key, or when there
-        is none) counts and names collections and says which path is unwritable.
+        recorded (a damaged ``_jobs.sqlite3``): the rest is served. Only a
+        ``detailed`` answer (for a caller holding the API key, or when there is
+        none) counts and names collections and says which path is unwritable.
         """
         storage = self.registry.storage_problem()
         broken = self.registry.unavailable()
@@ -47,12 +48,9 @@ class SystemService(Part):
         jobs = self.fit_jobs.problem()
         if jobs is not None:  # searches and writes are served; fits are not
             reasons.append(jobs if detailed else "fit jobs unavailable")
+        status = "not ready" if storage else "degraded" if broken or jobs else "ready"
         answer = Readiness(
-            status="not ready"
-            if storage
-            else "degraded"
-            if broken or jobs
-            else "ready",
+            status=status,
             model=self.embedder.model_name,
             dim=self.embedder.dim,
             reasons=reasons,
