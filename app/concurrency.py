@@ -1,8 +1,9 @@
-"""Concurrency primitives: a readers-writer lock and a bounded CPU pool.
+"""Concurrency primitives: a readers-writer lock, a bounded CPU pool, a keyed gate.
 
 CPU work (embedding, FAISS, fitting) never runs on the event loop. The pool refuses
 work beyond ``max_pending`` queued jobs with :class:`OverloadedError` (HTTP 503 +
-``Retry-After``) instead of queueing forever.
+``Retry-After``) instead of queueing forever. The gate lets only so many jobs of one
+key (a collection's metadata filters) into the pool at once.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import ParamSpec, TypeVar
 
 from app.exceptions import OverloadedError
@@ -115,3 +116,46 @@ class CpuPool:
     def shutdown(self) -> None:
         """Wait for running jobs, then stop the threads."""
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class KeyedGate:
+    """At most ``per_key`` holders of one key at once; the others wait their turn.
+
+    A waiter holds no thread (it awaits on the event loop, before its job enters
+    the pool), so a key's queue never occupies the workers other keys need. Beyond
+    ``max_waiting`` waiters in all, :meth:`hold` raises :class:`OverloadedError`.
+    Used from the event loop only.
+    """
+
+    def __init__(self, per_key: int, max_waiting: int) -> None:
+        self._per_key = per_key
+        self._max_waiting = max_waiting
+        self._gates: dict[str, asyncio.Semaphore] = {}
+        self._users: dict[str, int] = {}  # holders and waiters, per key
+        self._waiting = 0
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Hold one of ``key``'s places for the block, once it is free."""
+        gate = self._gates.setdefault(key, asyncio.Semaphore(self._per_key))
+        if gate.locked() and self._waiting >= self._max_waiting:
+            raise OverloadedError(
+                f"{self._waiting} requests are already waiting for their turn; "
+                "retry shortly",
+                retry_after=1,
+            )
+        self._users[key] = self._users.get(key, 0) + 1
+        try:
+            self._waiting += 1
+            try:
+                await gate.acquire()
+            finally:
+                self._waiting -= 1
+            try:
+                yield
+            finally:
+                gate.release()
+        finally:
+            self._users[key] -= 1
+            if not self._users[key]:  # no one left: forget the key
+                del self._users[key], self._gates[key]

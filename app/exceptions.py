@@ -12,6 +12,7 @@
     ├── UnauthorizedError        (missing or wrong API key)
     ├── ForbiddenError           (a valid key without the role or the collection)
     ├── OverloadedError          (CPU pool saturated; retry later)
+    ├── FilterTimeoutError       (a filter's scan passed its deadline; stopped)
     ├── CollectionUnavailableError (its file could not be opened; quarantined)
     ├── StorageUnavailableError  (the data dir cannot be written; Milvus does not answer)
     │   └── StorageLoadingError  (a Milvus collection is being loaded; wait or retry)
@@ -99,6 +100,24 @@ class OverloadedError(NormcalError):
         self.retry_after = retry_after
 
 
+class FilterTimeoutError(NormcalError):
+    """A metadata filter's scan passed ``NORMCAL_FILTER_TIMEOUT_MS`` and was stopped.
+
+    Nothing changed (a delete's transaction is rolled back). ``retry_after``: the
+    scan may pass on a less busy server; a filter that always takes longer needs
+    fewer conditions, or a collection with less metadata to read.
+    """
+
+    def __init__(self, collection: str, timeout_ms: int) -> None:
+        super().__init__(
+            f"the metadata filter's scan of collection {collection!r} took longer "
+            f"than NORMCAL_FILTER_TIMEOUT_MS ({timeout_ms} ms) and was stopped; "
+            "nothing changed. Fewer conditions, or conditions that rule documents "
+            "out early in an $and, scan less; retry if the server was busy"
+        )
+        self.retry_after = 1
+
+
 class CollectionUnavailableError(NormcalError):
     """A collection whose file failed validation at start-up (it is quarantined).
 
@@ -106,11 +125,11 @@ class CollectionUnavailableError(NormcalError):
     ``DELETE`` the collection to remove it.
     """
 
-    def __init__(self, name: str, path: str, reason: str) -> None:
+    def __init__(self, name: str, file: str, reason: str) -> None:
         super().__init__(
-            f"collection {name!r} is unavailable: its file {path} could not be "
-            f"opened ({reason}). Restore or repair the file and restart the server, "
-            "or DELETE the collection to remove the file."
+            f"collection {name!r} is unavailable: its file {file} in the data dir "
+            f"could not be opened ({reason}). Restore or repair the file and restart "
+            "the server, or DELETE the collection to remove the file."
         )
         self.name = name
         self.reason = reason

@@ -75,6 +75,14 @@ class Limits(BaseSettings):
     max_query_log_retention: int = Field(
         100_000, ge=1, description="largest retention of a collection's query log"
     )
+    max_logged_query_chars: int = Field(
+        2048,
+        ge=1,
+        # Milvus keys a log entry by its text: 65,535 bytes of UTF-8 at most.
+        le=16_000,
+        description="characters of a query the query log keeps (its first ones; the "
+        "entry is flagged truncated when that cut it)",
+    )
     max_judging_queries: int = Field(
         1000, ge=1, description="queries per upload to the judging queue"
     )
@@ -111,6 +119,12 @@ class Limits(BaseSettings):
     )
     max_filter_value_chars: int = Field(
         4096, ge=1, description="characters of one key or string value of a filter"
+    )
+    max_calibrators_per_collection: int = Field(
+        50,
+        ge=1,
+        description="calibrators a collection stores (fits and imports); past it a "
+        "fit or an import gets 422 until one is deleted",
     )
     max_queued_fit_jobs: int = Field(
         4, ge=1, description="fit jobs queued or running; past it a fit gets 503"
@@ -288,6 +302,23 @@ class Settings(BaseSettings):
     worker_threads: int = Field(2, ge=1, le=64, description="CPU work pool size")
     max_pending_jobs: int = Field(
         64, ge=1, description="queued CPU jobs beyond which requests get 503"
+    )
+    filter_timeout_ms: int = Field(
+        1000,
+        ge=10,
+        le=600_000,
+        description="milliseconds a metadata filter's scan of a collection (search, "
+        "delete by filter) may take on the local backend; past it the scan stops, "
+        "nothing changes and the request gets a 503 filter-timeout with Retry-After",
+    )
+    filter_jobs_per_collection: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="filtered searches and deletes of one collection that run at "
+        "once; the others wait their turn holding no worker thread. 0: "
+        "NORMCAL_WORKER_THREADS - 1 (at least 1), so one collection's filters "
+        "never take every worker from the others",
     )
     max_open_collections: int = Field(
         128,

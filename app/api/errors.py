@@ -77,6 +77,7 @@ PROBLEM_TABLE: dict[type[Exception], ProblemType] = {
     exc.UnauthorizedError: ProblemType(401, "unauthorized", "Unauthorized"),
     exc.ForbiddenError: ProblemType(403, "forbidden", "Forbidden"),
     exc.OverloadedError: ProblemType(503, "overloaded", "Service overloaded"),
+    exc.FilterTimeoutError: ProblemType(503, "filter-timeout", "Filter took too long"),
     exc.CollectionUnavailableError: ProblemType(
         503, "collection-unavailable", "Collection unavailable"
     ),

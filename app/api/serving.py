@@ -246,6 +246,9 @@ def serve(
     port from the kernel with no race, and ``port_file`` names it for callers. An
     address that cannot be bound raises :class:`CannotListenError`.
     """
+    # What the service creates is its owner's alone (0600 files, 0700 folders),
+    # whatever creates it: SQLite's -wal, -shm and -journal files, an ONNX export.
+    os.umask(0o077)
     nofile = raise_open_file_limit()
     if nofile < settings.max_connections + 64:
         logger.warning(

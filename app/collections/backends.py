@@ -65,6 +65,7 @@ def open_registry(
             load_calibrator=load_calibrator,
             synchronous=settings.sqlite_synchronous,
             max_open=settings.max_open_collections,
+            filter_timeout_ms=settings.filter_timeout_ms,
             **common,
         )
     registry.load()

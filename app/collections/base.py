@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.collections.index import IndexType
-from app.exceptions import CollectionUnavailableError
+from app.exceptions import CollectionUnavailableError, LimitExceededError
 from app.schemas import filters
 from calibration.features import LexicalEvidence
 
@@ -111,7 +111,7 @@ class Unavailable:
 
     def error(self) -> CollectionUnavailableError:
         """The 503 every request on it gets."""
-        return CollectionUnavailableError(self.name, str(self.path), self.reason)
+        return CollectionUnavailableError(self.name, self.path.name, self.reason)
 
 
 class StoredCalibrator(Protocol):
@@ -127,16 +127,45 @@ class StoredCalibrator(Protocol):
         """Calibration method, stored beside the JSON for listings."""
         ...
 
+    @property
+    def created_at(self) -> float:
+        """When it was made (seconds since the epoch), stored beside the JSON too."""
+        ...
+
     def to_json(self) -> dict[str, Any]:
         """The JSON that ``load_calibrator`` turns back into the object."""
         ...
 
 
 C = TypeVar("C", bound=StoredCalibrator)
+
+
+@dataclass(frozen=True)
+class CalibratorEntry:
+    """A stored calibrator as a listing shows it, read without its JSON."""
+
+    position: int  # grows with each one stored: where a listing's page ends
+    id: str
+    method: str
+    created_at: float
+
+
 # A document's new metadata from its id and current metadata (may raise to refuse).
 ReviseMetadata = Callable[[str, dict[str, Any]], dict[str, Any]]
 # Turns a stored calibrator's JSON back into the owner's object.
 CalibratorLoader = Callable[[dict[str, Any]], C]
+
+
+def check_calibrator_cap(stored: int, cap: int | None) -> None:
+    """Refuse (``LimitExceededError``) one more calibrator when ``cap`` are stored."""
+    if cap is not None and stored >= cap:
+        raise LimitExceededError(
+            "calibrators",
+            cap,
+            stored + 1,
+            rule="limits.max_calibrators_per_collection: delete one "
+            "(DELETE .../calibrators/{id}) first",
+        )
 
 
 def active_profile(
@@ -228,8 +257,18 @@ class CollectionState(Protocol[C]):
         ...
 
     # -- query log and judging queue ----------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts in the opt-in query log."""
+    def log_queries(
+        self, queries: Sequence[str], retention: int, max_chars: int
+    ) -> None:
+        """Count searched query texts in the opt-in query log.
+
+        A text is kept to its first ``max_chars`` characters, the entry flagged
+        ``truncated`` when that cut it; the ``retention`` most recent are kept.
+        """
+        ...
+
+    def truncated_in_log(self, query: str) -> bool:
+        """Whether the log's entry ``query`` was cut to fit (False: no such entry)."""
         ...
 
     def trim_query_log(self, retention: int) -> int:
@@ -265,8 +304,22 @@ class CollectionState(Protocol[C]):
         """Every stored calibrator, oldest first."""
         ...
 
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator, optionally making it the active one."""
+    def calibrator_page(self, limit: int, after: int) -> list[CalibratorEntry]:
+        """Up to ``limit`` stored calibrators past position ``after``, oldest first."""
+        ...
+
+    def calibrators_count(self) -> int:
+        """How many calibrators are stored."""
+        ...
+
+    def add_calibrator(
+        self, profile: C, *, activate: bool, cap: int | None = None
+    ) -> None:
+        """Store a fitted calibrator, optionally making it the active one.
+
+        With ``cap``, refused (``LimitExceededError``, nothing stored) when ``cap``
+        are stored already; counting and storing are one step.
+        """
         ...
 
     def activate(self, calibrator_id: str) -> C:

@@ -9,8 +9,9 @@ served (at start-up) or installed (restore, online or offline) only when
   ``PRAGMA table_xinfo``, and its definition), index, trigger and view of a
   collection built just now by :func:`app.collections.store_files.build_store`, compared
   by their normalised SQL, nothing missing and nothing extra; or exactly the schema
-  of an older file: without the judging tables, the lexical index or both (the two
-  were added by separate changes), which the first writable open brings up to date
+  of an older file: without the query log's ``truncated`` flag, and also without
+  the judging tables, the lexical index or both (added by separate changes), which
+  the first writable open brings up to date
   (``store._upgrade``, which goes by the tables present, not by the
   ``schema_version`` recorded);
 - every meta key is one the server knows and its value decodes through the typed
@@ -195,7 +196,13 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
     return schema
 
 
-SHAPES = ("current", "no judging tables", "no lexical index", "neither")
+SHAPES = (
+    "current",
+    "no log flag",
+    "no judging tables",
+    "no lexical index",
+    "neither",
+)
 
 
 @cache
@@ -204,7 +211,8 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
 
     The current one is a collection made by :func:`build_store` in a temporary
     directory; the older ones (which ``_upgrade`` brings up to date) leave out the
-    judging tables, the lexical index or both.
+    query log's ``truncated`` flag (version 3), and also the judging tables, the
+    lexical index or both.
     """
     if shape == "current":
         with tempfile.TemporaryDirectory(prefix="normcal-schema-") as tmp:
@@ -217,9 +225,9 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
             finally:
                 conn.close()
     statements = list(SCHEMA)
-    if shape == "no lexical index":
+    if shape in ("no lexical index", "no log flag"):
         statements += ADDED_SCHEMA
-    if shape == "no judging tables":
+    if shape in ("no judging tables", "no log flag"):
         statements += lexical.schema(stemmer)
     conn = sqlite3.connect(":memory:")
     try:

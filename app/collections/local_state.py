@@ -22,7 +22,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Generic
 
-from app.collections.base import C, CalibratorLoader, active_profile, decodable
+from app.collections.base import (
+    C,
+    CalibratorEntry,
+    CalibratorLoader,
+    active_profile,
+    check_calibrator_cap,
+    decodable,
+)
 from app.collections.store import CollectionStore
 from app.collections.store_files import write_meta
 from app.exceptions import ConflictError, NotFoundError
@@ -91,15 +98,41 @@ class LocalState(Generic[C]):
         stored = [dict(json.loads(r[0])) for r in rows]
         return decodable(self.name, stored, self._load_calibrator, strict=strict)
 
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator; activating it is part of the same commit."""
+    def calibrator_page(self, limit: int, after: int) -> list[CalibratorEntry]:
+        """Up to ``limit`` stored calibrators past ``rowid`` ``after``, oldest first.
+
+        Reads the id, method and time columns, never a profile.
+        """
+        with self._reading() as conn:
+            rows = conn.execute(
+                "SELECT rowid, id, method, created_at FROM calibrators"
+                " WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        return [
+            CalibratorEntry(int(n), str(i), str(m), float(t)) for n, i, m, t in rows
+        ]
+
+    def calibrators_count(self) -> int:
+        """How many calibrators are stored."""
+        with self._reading() as conn:
+            return _count_calibrators(conn)
+
+    def add_calibrator(
+        self, profile: C, *, activate: bool, cap: int | None = None
+    ) -> None:
+        """Store a fitted calibrator; activating it is part of the same commit.
+
+        The count against ``cap`` is in the same transaction.
+        """
         with self._writing() as conn:
+            check_calibrator_cap(_count_calibrators(conn), cap)
             conn.execute(
                 "INSERT INTO calibrators(id, created_at, method, profile)"
                 " VALUES (?, ?, ?, ?)",
                 (
                     profile.id,
-                    time.time(),
+                    profile.created_at,
                     profile.method,
                     json.dumps(profile.to_json()),
                 ),
@@ -213,17 +246,32 @@ class LocalState(Generic[C]):
             return int(cursor.rowcount)
 
     # -- query log and judging queue ----------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts, keeping the ``retention`` most recent ones."""
+    def log_queries(
+        self, queries: Sequence[str], retention: int, max_chars: int
+    ) -> None:
+        """Count searched query texts, keeping the ``retention`` most recent ones.
+
+        Each is kept to its first ``max_chars`` characters: longer texts sharing
+        them count as one entry, ``truncated`` from the first cut on.
+        """
         now = time.time()
         with self._writing() as conn:
             conn.executemany(
-                "INSERT INTO query_log(query, first_seen, last_seen, count)"
-                " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
-                " last_seen = excluded.last_seen, count = count + 1",
-                [(q, now, now) for q in queries],
+                "INSERT INTO query_log(query, first_seen, last_seen, count, truncated)"
+                " VALUES (?, ?, ?, 1, ?) ON CONFLICT(query) DO UPDATE SET"
+                " last_seen = excluded.last_seen, count = count + 1,"
+                " truncated = max(truncated, excluded.truncated)",
+                [(q[:max_chars], now, now, int(len(q) > max_chars)) for q in queries],
             )
             _trim_query_log(conn, retention)
+
+    def truncated_in_log(self, query: str) -> bool:
+        """Whether the log's entry ``query`` was cut to fit (False: no such entry)."""
+        with self._reading() as conn:
+            row = conn.execute(
+                "SELECT truncated FROM query_log WHERE query = ?", (query,)
+            ).fetchone()
+        return bool(row and row[0])
 
     def trim_query_log(self, retention: int) -> int:
         """Drop all but the ``retention`` most recent entries; return how many remain."""
@@ -303,6 +351,10 @@ class LocalState(Generic[C]):
             ).fetchone()
             skipped = conn.execute("SELECT COUNT(*) FROM judging_skips").fetchone()[0]
         return int(judged), int(relevant), int(skipped)
+
+
+def _count_calibrators(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM calibrators").fetchone()[0])
 
 
 def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:

@@ -221,6 +221,8 @@ def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
 
 def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
     """``(expression, exact)`` of a positive comparison of one key."""
+    if not node.key:  # the engine refuses metadata[""]: matched in Python
+        return None, False
     field = f"metadata[{_filter_text(node.key)}]"
     if isinstance(node, filters.Compare):
         expr = f"{field} {filters.SYMBOL[node.op]} {_literal(node.value)}"
@@ -523,28 +525,36 @@ class Guarded:
         return self._translate(error)
 
     def _translate(self, error: MilvusException, milvus: Any = None) -> NormcalError:
-        """The error to report for ``error`` (``milvus``: the collection called)."""
+        """The error to report for ``error`` (``milvus``: the collection called).
+
+        Its detail names neither the URI (a path for Milvus Lite) nor Milvus's own
+        collection names, and leaves out Milvus's message (a refusal's quotes the
+        expression normcal built, an outage's the address): the log has them.
+        """
         outcome = classify(error)
+        logger.warning(
+            "Milvus at %s (%s): %s", self._uri, milvus, error.message or error
+        )
         said = f"{error.message or error} (Milvus error {error.code})"
         if outcome == "input":
             return InvalidRequestError(
-                f"Milvus at {self._uri} refused the request: {said}"
+                f"Milvus refused the request (Milvus error {error.code}; the "
+                "server log has its message)"
             )
         if outcome == "unsupported":
-            return BackendUnsupportedError(
-                BACKEND, f"at {self._uri} cannot serve this: {said}"
-            )
+            return BackendUnsupportedError(BACKEND, f"cannot serve this: {said}")
         if outcome == "not_found" and self._collection is not None:
             return NotFoundError("collection", self._collection)
         if outcome == "not_loaded" and isinstance(milvus, str):
             return StorageLoadingError(
-                f"Milvus at {self._uri} has collection {milvus} released: it is being "
-                "loaded, retry",
+                "Milvus has the collection released: it is being loaded, retry",
                 loaded=self.load_in_background(milvus),
                 retry_after=_RETRY_AFTER,
             )
         return StorageUnavailableError(
-            f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
+            f"Milvus is unavailable (Milvus error {error.code}; the server log has "
+            "its message)",
+            retry_after=_RETRY_AFTER,
         )
 
     def _no_answer(self, error: grpc.RpcError) -> StorageUnavailableError:
@@ -552,10 +562,11 @@ class Guarded:
         said = (
             f"no answer within {self.options.timeout} s (NORMCAL_MILVUS_TIMEOUT_S)"
             if code == grpc.StatusCode.DEADLINE_EXCEEDED and self.options is not None
-            else f"{error}"
+            else f"gRPC {code.name if code is not None else 'error'}"
         )
+        logger.warning("Milvus at %s: %s (%s)", self._uri, said, error)
         return StorageUnavailableError(
-            f"Milvus at {self._uri} is unavailable: {said}", retry_after=_RETRY_AFTER
+            f"Milvus is unavailable: {said}", retry_after=_RETRY_AFTER
         )
 
     def load_in_background(self, milvus: str) -> threading.Event:

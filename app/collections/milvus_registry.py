@@ -124,7 +124,8 @@ class MilvusRegistry(Generic[C]):
     def _connected(self) -> MilvusStorage[C]:
         storage = self._connect()
         if storage is None:
-            raise StorageUnavailableError(self._problem or "Milvus is not connected")
+            # The problem names the URI: readiness (with the key) and the log say it.
+            raise StorageUnavailableError("Milvus is not connected (see /readyz)")
         return storage
 
     def create(self, name: str, **extra_meta: Any) -> MilvusCollection[C]:
@@ -200,7 +201,8 @@ class MilvusRegistry(Generic[C]):
         try:
             storage.client.list_collections()
         except StorageUnavailableError as error:  # the guarded client's outage
-            return error.detail
+            # Readiness (detailed for key holders only) may say where and why.
+            return f"Milvus at {self.uri} does not answer: {error.__cause__ or error}"
         except Exception as error:  # any other failure of the round trip
             return f"Milvus at {self.uri} does not answer: {error}"
         return None

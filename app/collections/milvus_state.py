@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, Generic
 
 from pymilvus import DataType
 
-from app.collections.base import C, CalibratorLoader, active_profile, decodable
+from app.collections.base import (
+    C,
+    CalibratorEntry,
+    CalibratorLoader,
+    active_profile,
+    check_calibrator_cap,
+    decodable,
+)
 from app.collections.milvus_client import (
     SEQS,
     Guarded,
@@ -154,12 +161,11 @@ class MilvusState(Generic[C]):
         )
 
     # -- rows ---------------------------------------------------------------------------
-    def _rows(self, kind: str) -> list[dict[str, Any]]:
+    def _rows(
+        self, kind: str, fields: list[str] = STATE_FIELDS
+    ) -> list[dict[str, Any]]:
         return query_all(
-            self._client,
-            self._collection,
-            f"kind == {string_literal(kind)}",
-            STATE_FIELDS,
+            self._client, self._collection, f"kind == {string_literal(kind)}", fields
         )
 
     def _put(self, kind: str, items: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
@@ -252,16 +258,35 @@ class MilvusState(Generic[C]):
         return len(keys)
 
     # -- query log and judging queue ----------------------------------------------------
-    def log_queries(self, queries: Sequence[str], retention: int) -> None:
-        """Count searched query texts, keeping the ``retention`` most recent."""
+    def log_queries(
+        self, queries: Sequence[str], retention: int, max_chars: int
+    ) -> None:
+        """Count searched query texts, keeping the ``retention`` most recent.
+
+        Each is kept to its first ``max_chars`` characters (``truncated`` when cut).
+        """
         now = time.time()
+        kept = [q[:max_chars] for q in queries]
         with self._writing():
             known = {r["key"]: r["data"] for r in self._rows("log")}
-            for query in queries:
-                entry = known.get(query) or {"first_seen": now, "count": 0}
-                known[query] = {**entry, "last_seen": now, "count": entry["count"] + 1}
-            self._put("log", [(q, 0, known[q]) for q in dict.fromkeys(queries)])
+            for query, text in zip(queries, kept, strict=True):
+                entry = known.get(text) or {"first_seen": now, "count": 0}
+                known[text] = {
+                    **entry,
+                    "last_seen": now,
+                    "count": entry["count"] + 1,
+                    "truncated": entry.get("truncated", False) or text != query,
+                }
+            self._put("log", [(q, 0, known[q]) for q in dict.fromkeys(kept)])
             self._trim(retention)
+
+    def truncated_in_log(self, query: str) -> bool:
+        """Whether the log's entry ``query`` was cut to fit (False: no such entry)."""
+        with self._reading():
+            rows = self._client.get(
+                self._collection, ids=[_pk("log", query)], output_fields=["data"]
+            )
+        return bool(rows and rows[0]["data"].get("truncated"))
 
     def _trim(self, retention: int) -> int:
         rows = sorted(self._rows("log"), key=lambda r: -r["data"]["last_seen"])
@@ -351,10 +376,57 @@ class MilvusState(Generic[C]):
             self.name, [dict(r["data"]["profile"]) for r in rows], self._load_calibrator
         )
 
-    def add_calibrator(self, profile: C, *, activate: bool) -> None:
-        """Store a fitted calibrator, then (a second write) activate it."""
-        data = {"method": profile.method, "profile": profile.to_json()}
+    def calibrator_page(self, limit: int, after: int) -> list[CalibratorEntry]:
+        """Up to ``limit`` stored calibrators past seq ``after``, oldest first.
+
+        The positions come from one query of keys and seqs; only the page's rows are
+        read whole (their JSON holds the method beside the profile).
+        """
+        with self._reading():
+            found = self._rows("calibrator", ["key", "n"])
+            page = sorted((int(r["n"]), str(r["key"])) for r in found if r["n"] > after)
+            page = page[:limit]
+            rows = (
+                self._client.get(
+                    self._collection,
+                    ids=[_pk("calibrator", key) for _, key in page],
+                    output_fields=["key", "data"],
+                )
+                if page
+                else []
+            )
+        data = {str(r["key"]): r["data"] for r in rows}
+        return [
+            CalibratorEntry(
+                n,
+                key,
+                str(data[key]["method"]),
+                # Stored before the time was kept beside the profile: its seq.
+                float(data[key].get("created_at", n / 1e6)),
+            )
+            for n, key in page
+            if key in data  # deleted meanwhile
+        ]
+
+    def calibrators_count(self) -> int:
+        """How many calibrators are stored."""
+        with self._reading():
+            return len(self._rows("calibrator", ["key"]))
+
+    def add_calibrator(
+        self, profile: C, *, activate: bool, cap: int | None = None
+    ) -> None:
+        """Store a fitted calibrator, then (a second write) activate it.
+
+        Counted against ``cap`` under the write lock (within this process).
+        """
+        data = {
+            "method": profile.method,
+            "created_at": profile.created_at,
+            "profile": profile.to_json(),
+        }
         with self._writing():
+            check_calibrator_cap(len(self._rows("calibrator", ["key"])), cap)
             self._put("calibrator", [(profile.id, SEQS.take(1), data)])
             if activate:
                 self._put("meta", [("active_calibrator", 0, {"value": profile.id})])

@@ -100,6 +100,7 @@ class CollectionRegistry(Generic[C]):
         synchronous: str = "FULL",
         max_open: int = 128,
         lexical_builds: int = 1,
+        filter_timeout_ms: int | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.model_name = model_name
@@ -108,6 +109,7 @@ class CollectionRegistry(Generic[C]):
         self._kind: IndexType = index_type
         self._index_args = {"hnsw_m": hnsw_m, "ef_search": ef_search}
         self._synchronous = synchronous
+        self._filter_timeout_ms = filter_timeout_ms
         self._connections = OpenConnections(max_open)
         self._builds = LexicalBuilds(lexical_builds)
         self._load_calibrator = load_calibrator
@@ -128,6 +130,7 @@ class CollectionRegistry(Generic[C]):
             logger.error("cannot create data dir %s: %s", self.data_dir, error)
             return
         self._remove_unfinished()
+        self.snapshots.remove_unfinished()
         for path in sorted(self.data_dir.glob(f"*{_SUFFIX}")):
             name = path.name.removesuffix(_SUFFIX)
             if not _NAME_RE.match(name):
@@ -250,8 +253,8 @@ class CollectionRegistry(Generic[C]):
                 raise NotFoundError("collection", name)
             if broken is not None and broken.path.is_dir():
                 raise ConflictError(
-                    f"{broken.path} is a directory, not a collection file; "
-                    "remove it by hand"
+                    f"{broken.path.name} in the data dir is a directory, not a "
+                    "collection file; remove it by hand"
                 )
             if collection is not None:
                 collection.close()
@@ -282,7 +285,9 @@ class CollectionRegistry(Generic[C]):
                 raise NotFoundError("collection", name)
             path = self._path(name)
             if path.is_dir():
-                raise ConflictError(f"{path} is a directory, not a collection file")
+                raise ConflictError(
+                    f"{path.name} in the data dir is a directory, not a collection file"
+                )
             with self._writing_files():
                 staged, meta = _stage_snapshot(self.data_dir, name, source)
             try:
@@ -386,6 +391,7 @@ class CollectionRegistry(Generic[C]):
             synchronous=self._synchronous,
             connections=self._connections,
             builds=self._builds,
+            filter_timeout_ms=self._filter_timeout_ms,
         )
 
     def _check_free(self, name: str) -> None:
@@ -412,8 +418,9 @@ class CollectionRegistry(Generic[C]):
                 yield
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                logger.error("data dir %s is not writable: %s", self.data_dir, error)
                 raise StorageUnavailableError(
-                    f"data dir {self.data_dir} is not writable: {error.strerror}"
+                    f"the data dir is not writable: {error.strerror}"
                 ) from error
             raise
 

@@ -3,7 +3,8 @@
 A snapshot is a plain SQLite file, ``<id>.sqlite3``, copied with SQLite's online
 backup API (:func:`app.collections.store_files.backup_database`): one committed state of
 the collection, taken while writers go on. It is written under a temporary name,
-fsynced and renamed, so a crash leaves a whole snapshot or none. Ids are made here,
+fsynced and renamed, so a crash leaves a whole snapshot or a partial file that
+start-up removes (:meth:`Snapshots.remove_unfinished`). Ids are made here,
 never taken from a request unchecked (:data:`SNAPSHOT_ID_PATTERN`), so a path built
 from one stays inside the collection's snapshot folder.
 
@@ -13,6 +14,7 @@ same name sees them and can be restored from them.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import sqlite3
@@ -37,6 +39,8 @@ from app.exceptions import NotFoundError
 if TYPE_CHECKING:
     from app.collections.local_collection import Collection
     from app.collections.registry import CollectionRegistry
+
+logger = logging.getLogger(__name__)
 
 SNAPSHOT_ID_PATTERN = r"^[0-9]{8}T[0-9]{9}Z-[0-9a-f]{8}$"
 SNAPSHOTS_DIR = "snapshots"
@@ -79,9 +83,8 @@ class Snapshots:
                 folder / f".{snapshot_id}{_PARTIAL}{secrets.token_hex(4)}{_SUFFIX}"
             )
             with storage_errors():
-                folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-                for stale in folder.glob(f".*{_PARTIAL}*"):  # a crashed backup's
-                    stale.unlink(missing_ok=True)
+                for level in (folder.parent, folder):  # parents=True would be 0755
+                    level.mkdir(mode=DIR_MODE, exist_ok=True)
                 try:
                     backup_database(source, partial)
                     partial.rename(path)
@@ -89,6 +92,16 @@ class Snapshots:
                 finally:
                     partial.unlink(missing_ok=True)
         return _describe(name, path)
+
+    def remove_unfinished(self) -> None:
+        """Remove what backups a crash interrupted left: partial files, journals.
+
+        Called at start-up, before any backup runs; never touches a snapshot.
+        """
+        for partial in self._registry.data_dir.glob(f"{SNAPSHOTS_DIR}/*/.*{_PARTIAL}*"):
+            logger.warning("removing an interrupted snapshot's file %s", partial)
+            with suppress(OSError):
+                partial.unlink()
 
     def list(self, name: str) -> list[Snapshot]:
         """The snapshots of a collection (served or quarantined), oldest first."""

@@ -34,13 +34,14 @@ from app.collections.store_files import (
     ADDED_SCHEMA,
     ADDED_TABLES,
     DEFAULT_STEMMER,
+    QUERY_LOG_FLAG,
     SCHEMA_VERSION,
     Transaction,
     file_uri,
     storage_errors,
     write_meta,
 )
-from app.exceptions import NotFoundError
+from app.exceptions import FilterTimeoutError, NotFoundError
 from app.schemas import filters
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _LEXICAL_BATCH = 5000  # documents indexed per statement when an old file gains FTS
+_PROGRESS_OPS = 1000  # SQLite instructions between two looks at a filter's deadline
 
 Derive = Callable[[list[int], list[int]], None]
 """Applies a document write to derived state, given its removed and new seqs."""
@@ -86,9 +88,11 @@ class CollectionStore:
         synchronous: str = "FULL",
         connections: OpenConnections | None = None,
         builds: LexicalBuilds | None = None,
+        filter_timeout_ms: int | None = None,
     ) -> None:
         self.path = path
         self._synchronous = synchronous
+        self._filter_timeout_ms = filter_timeout_ms
         self._connections = connections
         self._own_builds = builds is None
         self._builds = LexicalBuilds(1) if builds is None else builds
@@ -441,12 +445,40 @@ class CollectionStore:
 
     def filter_seqs(self, where: filters.Node) -> NDArray[np.int64]:
         """Seqs of documents whose metadata matches ``where``."""
-        condition, params = _filter_condition(where)
         with self.connection() as conn:
-            rows = conn.execute(
-                f"SELECT seq FROM documents WHERE {condition}", params
-            ).fetchall()
-        return np.array([r[0] for r in rows], dtype=np.int64)
+            return np.array(self._matching(conn, where), dtype=np.int64)
+
+    def _matching(self, conn: sqlite3.Connection, where: filters.Node) -> list[int]:
+        """Seqs of the documents matching ``where``; a filter's scan has a deadline."""
+        if where == filters.MATCH_ALL:
+            return [r[0] for r in conn.execute("SELECT seq FROM documents")]
+        with self._deadline(conn):
+            condition, params = _exact_condition(conn, where)
+            rows = conn.execute(f"SELECT seq FROM documents WHERE {condition}", params)
+            return [r[0] for r in rows]
+
+    @contextmanager
+    def _deadline(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """The statements run inside, stopped past ``filter_timeout_ms``.
+
+        SQLite calls the progress handler every :data:`_PROGRESS_OPS` virtual
+        machine instructions (a fraction of a millisecond even over wide metadata);
+        once the deadline has passed it answers "stop", the statement fails with
+        SQLITE_INTERRUPT and its transaction, if any, rolls back.
+        """
+        if self._filter_timeout_ms is None:
+            yield
+            return
+        end = time.monotonic() + self._filter_timeout_ms / 1000
+        conn.set_progress_handler(lambda: time.monotonic() > end, _PROGRESS_OPS)
+        try:
+            yield
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode != sqlite3.SQLITE_INTERRUPT:
+                raise
+            raise FilterTimeoutError(self.path.stem, self._filter_timeout_ms) from None
+        finally:
+            conn.set_progress_handler(None, 0)
 
     def page(self, after: int, limit: int) -> list[StoredDocument]:
         """Up to ``limit`` documents with a seq above ``after``, in seq order.
@@ -479,13 +511,17 @@ class CollectionStore:
 
         :data:`~app.schemas.filters.MATCH_ALL` matches every document. Returns the
         deleted seqs (for the index); the lexical index follows by its delete trigger.
+        Only the filter's scan has a deadline, not the deletion (its triggers' work
+        grows with the documents matched, however cheap the filter).
         """
-        condition, params = _filter_condition(where)
         with self._write_documents(derive) as (conn, changes):
-            rows = conn.execute(
-                f"DELETE FROM documents WHERE {condition} RETURNING seq", params
-            ).fetchall()
-            changes.removed.extend(int(r[0]) for r in rows)
+            seqs = self._matching(conn, where)
+            changes.removed.extend(
+                int(seq)
+                for (seq,) in _in_chunks(
+                    conn, "DELETE FROM documents WHERE seq IN", seqs, " RETURNING seq"
+                )
+            )
         return changes.removed
 
     def delete_ids(self, ids: Sequence[str], derive: Derive | None = None) -> list[int]:
@@ -598,11 +634,16 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     the next open.
     """
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    if all(t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)):
+    logged = {r[1] for r in conn.execute("PRAGMA table_info(query_log)")}
+    if "truncated" in logged and all(
+        t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)
+    ):
         return
     with Transaction(conn):
         for statement in ADDED_SCHEMA:
             conn.execute(statement)
+        if "truncated" not in logged:
+            conn.execute(QUERY_LOG_FLAG)
         if lexical.FTS_TABLE not in tables:
             _build_lexical_index(conn)
         write_meta(conn, {"schema_version": SCHEMA_VERSION})
@@ -637,17 +678,43 @@ def _build_lexical_index(conn: sqlite3.Connection) -> None:
 
 
 _NUMBER = "('integer','real')"
+# How json.dumps writes a NUL in a key or string (SQL has no backslash escapes).
+_NUL_ESCAPE = "'\\u0000'"
+_EVALUATE = "normcal_evaluate"
+
+
+def _exact_condition(
+    conn: sqlite3.Connection, where: filters.Node
+) -> tuple[str, list[str | int | float]]:
+    r""":func:`_filter_condition`, exact for metadata that holds a NUL too.
+
+    SQLite's JSON functions end a string at a NUL (``"alice\u0000mallory"`` reads
+    as ``"alice"``). The API refuses NUL in metadata, but a file written before it
+    did, or restored from such a snapshot, may hold one: the few rows whose JSON
+    text has the escape are matched by the evaluator itself, registered on the
+    connection for this statement (the caller holds the store's mutex). Any other
+    row never reaches Python.
+    """
+    condition, params = _filter_condition(where)
+    conn.create_function(
+        _EVALUATE, 1, lambda text: filters.evaluate(where, json.loads(text))
+    )
+    exact = (
+        f"CASE WHEN instr(metadata, {_NUL_ESCAPE}) THEN {_EVALUATE}(metadata)"
+        f" ELSE {condition} END"
+    )
+    return exact, params
 
 
 def _filter_condition(node: filters.Node) -> tuple[str, list[str | int | float]]:
     """A SQL condition on ``documents`` true where metadata matches ``node``.
 
     The meaning is :func:`app.schemas.filters.evaluate`'s. Every key and value is a
-    bound parameter: a key is matched through ``json_each`` rather than a JSON path
-    (a path has no escape for every character a key may hold), and an ``$in`` list
-    is one JSON-array parameter read by ``json_each`` too. ``json_each`` tells the
-    JSON type apart (``true`` is not ``1``, ``"1"`` is not ``1``), which the SQL
-    value alone would not. An empty conjunction is ``1``: true.
+    bound parameter. A key is looked up by a JSON path (:func:`_by_path`) when it
+    can be written in one, else matched through ``json_each`` (:func:`_key_match`).
+    JSON types are told apart by ``json_type`` (``true`` is not ``1``, ``"1"`` is
+    not ``1``), which the SQL value alone would not. An empty conjunction is ``1``:
+    true.
     """
     if isinstance(node, filters.And | filters.Or):
         joined = [_filter_condition(p) for p in node.parts]
@@ -660,11 +727,66 @@ def _filter_condition(node: filters.Node) -> tuple[str, list[str | int | float]]
     if isinstance(node, filters.Not):
         condition, params = _filter_condition(node.part)
         return f"NOT {condition}", params
+    if _addressable(node.key):
+        return _by_path(node)
     match, params = _key_match(node)
     return (
         f"EXISTS (SELECT 1 FROM json_each(documents.metadata) AS m WHERE {match})",
         [node.key, *params],
     )
+
+
+def _addressable(key: str) -> bool:
+    r"""Whether a JSON path finds ``key`` on every SQLite: it is written unescaped.
+
+    SQLite before 3.45 compares a path's label with the key as written in the JSON
+    text, escapes and all; ``json.dumps`` writes a key without ``"``, ``\`` or
+    control characters as it is, and a path quotes it (``$."a.b"``).
+    """
+    return json.dumps(key, ensure_ascii=False)[1:-1] == key
+
+
+def _by_path(
+    node: filters.In | filters.Compare | filters.Exists,
+) -> tuple[str, list[str | int | float]]:
+    """The condition of one key found by its JSON path.
+
+    ``json_type`` and ``json_extract`` of one row share one parse of its metadata
+    (SQLite caches it within a statement), where a ``json_each`` per condition
+    parses it again each time: 20 to 30 times faster for 64 conditions.
+    """
+    path = f'$."{node.key}"'
+    if isinstance(node, filters.Exists):
+        return "json_type(metadata, ?) IS NOT NULL", [path]
+    # Never NULL, so that NOT of a condition on a missing key is true (SQL's NULL
+    # would make it unknown, hence false).
+    kind = "coalesce(json_type(metadata, ?), '')"
+    value = "json_extract(metadata, ?)"
+    if isinstance(node, filters.Compare):
+        kinds = "= 'text'" if isinstance(node.value, str) else f"IN {_NUMBER}"
+        symbol = filters.SYMBOL[node.op]
+        return f"({kind} {kinds} AND {value} {symbol} ?)", [path, path, node.value]
+    parts: list[str] = []
+    params: list[str | int | float] = []
+    strings = [v for v in node.values if isinstance(v, str)]
+    numbers = [v for v in node.values if filters.is_number(v)]
+    for kinds, group in (("= 'text'", strings), (f"IN {_NUMBER}", numbers)):
+        if len(group) == 1:
+            parts.append(f"({kind} {kinds} AND {value} = ?)")
+            params += [path, path, *group]
+        elif group:
+            listed = "IN (SELECT value FROM json_each(?))"
+            parts.append(f"({kind} {kinds} AND {value} {listed})")
+            params += [path, path, json.dumps(group)]
+    constants = sorted(
+        {json.dumps(v) for v in node.values if v is None or v is True or v is False}
+    )
+    if constants:
+        parts.append(f"{kind} IN ({', '.join('?' * len(constants))})")
+        params += [path, *constants]
+    if not parts:
+        return "0", []
+    return "(" + " OR ".join(parts) + ")", params
 
 
 def _key_match(

@@ -114,15 +114,20 @@ class CalibratorSelection(BaseModel):
     )
 
 
-class CalibratorInfo(BaseModel):
-    """A fitted calibrator and its report."""
+class CalibratorSummary(BaseModel):
+    """A calibrator in a listing; its report is ``GET .../calibrators/{id}``."""
 
     id: str
-    collection: str | None
+    collection: str | None = Field(description="null for the shipped default")
     method: str
     created_at: float
     active: bool
     default: bool
+
+
+class CalibratorInfo(CalibratorSummary):
+    """A fitted calibrator and its report."""
+
     reorders_hits: bool
     cv: dict[str, MethodMetrics]
     norm_lift: dict[str, Any]
@@ -141,9 +146,15 @@ class CalibratorInfo(BaseModel):
 
 
 class CalibratorList(ListEnvelope):
-    """Calibrators of a collection."""
+    """One page of a collection's calibrators, oldest first (the default first).
 
-    data: list[CalibratorInfo]
+    Pass ``next_cursor`` back as ``cursor`` for the next page; it is null on the last
+    page. The reports are not listed: ``GET .../calibrators/{id}`` has one, and
+    ``GET .../calibrators/{id}/export`` the whole profile.
+    """
+
+    data: list[CalibratorSummary]
+    next_cursor: str | None = Field(description="cursor of the next page; null: done")
 
 
 class FeedbackRequest(RequestModel):

@@ -69,6 +69,12 @@ def _check_unicode(path: str, text: str) -> None:
             "{path}: not valid Unicode (lone surrogate at position {position})",
             {"path": path or "value", "position": error.start},
         ) from None
+    if "\x00" in text:
+        raise _invalid(
+            path,
+            f"NUL character (U+0000) at position {text.find(chr(0))}: no key or "
+            "string value may hold one (SQLite's JSON functions end a string there)",
+        )
 
 
 def _invalid(path: str, message: str) -> PydanticCustomError:
@@ -78,12 +84,15 @@ def _invalid(path: str, message: str) -> PydanticCustomError:
 
 
 def check_json(value: object) -> object:
-    """Refuse what JSON or SQLite's JSON functions cannot hold exactly, or return ``value``.
+    r"""Refuse what JSON or SQLite's JSON functions cannot hold exactly, or return ``value``.
 
     A lone surrogate cannot be encoded, NaN and ±Infinity (and ``1e400``, which
     parses to infinity) are not JSON and come back as ``null``, and an int outside
-    64 bits overflows SQLite. Runs before type coercion, so ``2**63`` is refused
-    rather than turned into a float.
+    64 bits overflows SQLite. A NUL (U+0000) in a key or a string is refused too:
+    SQLite's JSON functions end the string there, so ``"alice\u0000mallory"``
+    would compare equal to ``"alice"`` in a filter (PostgreSQL's ``jsonb`` refuses
+    it as well); every other control character is kept and compared exactly. Runs
+    before type coercion, so ``2**63`` is refused rather than turned into a float.
     """
     for path, _, node in _walk(value):
         if isinstance(node, str):

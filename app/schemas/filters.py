@@ -93,6 +93,7 @@ class Not:
 
 Node = In | Compare | Exists | And | Or | Not
 MATCH_ALL: Node = And(())
+"""The tree of ``{}``: no condition (a search's "no filter")."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,12 @@ class Bounds:
     max_conditions: int = 64  # key conditions plus logical operators, as written
     max_values: int = 256  # values of one $in / $nin list
     max_chars: int = 4096  # characters of one key or string value
+
+
+NUL_REFUSED = (
+    "holds a NUL character (U+0000), which no key or string value may hold: "
+    "SQLite's JSON functions end a string there"
+)
 
 
 class FilterError(ValueError):
@@ -146,6 +153,12 @@ class _Parser:
             raise FilterBoundError(path, "levels", self.bounds.max_depth, depth)
         if not isinstance(raw, Mapping):
             raise FilterError(path, f"a filter is an object, not {_kind(raw)}")
+        if not raw and depth > 1:
+            raise FilterError(
+                path,
+                "an empty filter matches every document: remove it (to delete "
+                'every document, send "all": true instead of a filter)',
+            )
         parts = [self.entry(str(k), v, f"{path}.{k}", depth) for k, v in raw.items()]
         return parts[0] if len(parts) == 1 else And(tuple(parts))
 
@@ -221,6 +234,8 @@ class _Parser:
     def string(self, text: str, path: str) -> str:
         if len(text) > self.bounds.max_chars:
             raise FilterBoundError(path, "characters", self.bounds.max_chars, len(text))
+        if "\x00" in text:
+            raise FilterError(path, NUL_REFUSED)
         return text
 
 
@@ -269,3 +284,126 @@ def evaluate(node: Node, metadata: Mapping[str, Any]) -> bool:
     if isinstance(node, Or):
         return any(evaluate(p, metadata) for p in node.parts)
     return not evaluate(node.part, metadata)
+
+
+def always(node: Node) -> bool | None:
+    """Whether ``node`` matches every metadata (True), none (False) or it depends (None).
+
+    As far as cheap rules tell. Sound, not complete: True and False are proofs (a
+    delete refuses a filter that is True of everything without ``"all": true``),
+    None only "not recognised". The
+    rules work on the tree with its negations pushed to the conditions (``$not`` of
+    an ``$and`` is an ``$or`` of ``$not``) and nested ``$and``/``$or`` flattened:
+
+    - an empty ``$in`` matches nothing, so an empty ``$nin`` matches everything;
+    - a conjunction is false when one part is and true when every part is (no part:
+      true), a disjunction the other way round;
+    - a conjunction is false when two of its conditions exclude each other: a
+      condition and its negation; ``$in S`` and ``$in T`` of one key with no value
+      in common; ``$in S`` and ``$nin T`` with S within T; ``$in`` or a comparison
+      and ``$exists: false``; a comparison with a string and one with a number;
+      ``$in S`` and a comparison no value of S passes; and a disjunction each
+      option of which excludes another part. A disjunction is true when its
+      negation, a conjunction, is false (``$nin S`` or ``$in T`` with S within T;
+      ``$ne 1`` or ``$ne 2``; ``a`` or ``b`` or not both).
+
+    A comparison is never true of everything (a missing key fails it), and values
+    are equal as :func:`equal` says (``1`` is ``1.0``, ``true`` is not ``1``).
+    """
+    return _truth(node, positive=True)
+
+
+Signed = tuple[Node, bool]  # a condition (or an opposite junction) and whether it holds
+
+
+def _strip(node: Node, positive: bool) -> Signed:
+    while isinstance(node, Not):
+        node, positive = node.part, not positive
+    return node, positive
+
+
+def _truth(node: Node, *, positive: bool) -> bool | None:
+    node, positive = _strip(node, positive)
+    if isinstance(node, And | Or):
+        conjunction = isinstance(node, And) == positive
+        parts = _flat(node, positive, conjunction)
+        decided = [_truth(p, positive=s) for p, s in parts]
+        if any(d is not conjunction and d is not None for d in decided):
+            return not conjunction  # a false part of a conjunction, a true one of a
+        if all(d is conjunction for d in decided):  # disjunction; all the other way
+            return conjunction
+        # A disjunction is true when its negation, a conjunction, is false.
+        exclusive = _excluding(parts if conjunction else [(p, not s) for p, s in parts])
+        return None if not exclusive else not conjunction
+    if isinstance(node, In) and not node.values:
+        return not positive
+    return None
+
+
+def _flat(node: And | Or, positive: bool, conjunction: bool) -> list[Signed]:
+    """The parts of a junction, those that are junctions of the same kind opened."""
+    out: list[Signed] = []
+    for part in node.parts:
+        inner, sign = _strip(part, positive)
+        if (
+            isinstance(inner, And | Or)
+            and (isinstance(inner, And) == sign) == conjunction
+        ):
+            out.extend(_flat(inner, sign, conjunction))
+        else:
+            out.append((inner, sign))
+    return out
+
+
+def _excluding(parts: list[Signed]) -> bool:
+    """Whether the conjunction of ``parts`` cannot hold.
+
+    Two parts clash, or one part is a disjunction each option of which clashes
+    with another part (``a`` and ``b`` and not both: one step of resolution).
+    """
+    if any(_clash(a, b) for i, a in enumerate(parts) for b in parts[i + 1 :]):
+        return True
+    for part in parts:
+        node, sign = part
+        if isinstance(node, And | Or) and isinstance(node, And) != sign:
+            others = [p for p in parts if p is not part]
+            options = _flat(node, sign, conjunction=False)
+            if all(any(_clash(o, other) for other in others) for o in options):
+                return True
+    return False
+
+
+def _clash(a: Signed, b: Signed) -> bool:
+    """Whether ``a`` and ``b`` cannot both hold.
+
+    A part and its negation, or two conditions of one key that exclude each other.
+    """
+    (x, x_holds), (y, y_holds) = a, b
+    if repr(x) == repr(y):  # not ==, for which true is 1: In(a, (true,)) != In(a, (1,))
+        return x_holds != y_holds
+    conditions = In | Compare | Exists
+    if isinstance(x, conditions) and isinstance(y, conditions) and x.key == y.key:
+        return _exclude(a, b)
+    return False
+
+
+def _exclude(a: Signed, b: Signed) -> bool:
+    """Whether conditions ``a`` and ``b`` of one key cannot both hold."""
+    (x, x_holds), (y, y_holds) = sorted((a, b), key=lambda s: not s[1])
+    if not x_holds:  # two negations: both hold of a missing key
+        return False
+    if not y_holds and isinstance(y, Exists):  # x needs the key, which is missing
+        return True
+    if isinstance(x, In) and isinstance(y, In):
+        mine, theirs = _values(x), _values(y)
+        return not mine & theirs if y_holds else mine <= theirs
+    if isinstance(x, Compare) and isinstance(y, Compare) and y_holds:
+        return isinstance(x.value, str) != isinstance(y.value, str)
+    if isinstance(x, In) and isinstance(y, Compare) and y_holds:
+        return not any(evaluate(y, {y.key: v}) for v in x.values)
+    return False
+
+
+def _values(node: In) -> set[tuple[str, Scalar]]:
+    """``node``'s values, equal where :func:`equal` says so (``1`` and ``1.0``)."""
+    return {(_kind(v), v) for v in node.values}

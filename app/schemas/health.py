@@ -40,7 +40,8 @@ class Readiness(BaseModel):
     """Readiness answer: the model is loaded, the data dir is writable."""
 
     status: str = Field(
-        description="ready, degraded (some collections unavailable) or not ready (503)"
+        description="ready, degraded (some collections unavailable, or fit jobs "
+        "cannot be recorded) or not ready (503)"
     )
     model: str
     dim: int

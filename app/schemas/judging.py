@@ -79,6 +79,11 @@ class JudgingNext(BaseModel):
 
     query: str | None
     source: Literal["uploaded", "log", "none"]
+    truncated: bool = Field(
+        False,
+        description="the query log kept only the first limits.max_logged_query_chars "
+        "characters of this query: the search that logged it was longer",
+    )
     confidence: float | None = Field(description="current P(a relevant hit is shown)")
     hits: list[JudgingHit]
     calibrator: CalibratorRef | None

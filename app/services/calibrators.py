@@ -16,14 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from app.collections.base import CollectionBackend
+from app.collections.base import (
+    CalibratorEntry,
+    CollectionBackend,
+    check_calibrator_cap,
+)
 from app.embedding import EmbeddingBatch
 from app.exceptions import ConflictError, InvalidRequestError
 from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
+    CalibratorList,
     CalibratorProfile,
     CalibratorSelection,
+    CalibratorSummary,
     DriftReport,
     FeatureDrift,
     FeedbackDeleted,
@@ -90,6 +96,7 @@ class CalibratorsService(Part):
         k = body.k if body.k is not None else min(DEFAULT_FIT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
         collection = self.registry.get_compatible(name)
+        self._check_room(collection)
         own_vectors.check_kind(
             collection, body.query_vectors is not None, "query_vectors"
         )
@@ -256,7 +263,10 @@ class CalibratorsService(Part):
             self.metrics.observe_fit(seconds, method=profile.method)
         progress("storing")
         await self.pool.run(
-            collection.state.add_calibrator, profile, activate=body.activate
+            collection.state.add_calibrator,
+            profile,
+            activate=body.activate,
+            cap=self.settings.limits.max_calibrators_per_collection,
         )
         return self._info(collection, profile, dropped=dropped)
 
@@ -270,28 +280,52 @@ class CalibratorsService(Part):
         self.registry.get(name)
         return self.fit_jobs.list(name)
 
-    def list_calibrators(self, name: str) -> list[CalibratorInfo]:
-        """Every calibrator of a collection, oldest first.
+    def list_calibrators(
+        self, name: str, limit: int | None, cursor: str | None
+    ) -> CalibratorList:
+        """A page of a collection's calibrators, oldest first, without their reports.
 
-        The shipped default comes first when it was fitted for the collection's model.
-        A stored calibrator that cannot be decoded or described (stored before
-        profiles were checked) is left out and logged, so one bad row cannot break
-        the list; the backends skip rows that do not decode.
+        The shipped default comes first (on the first page) when it was fitted for
+        the collection's model. The stored ones are read without their profiles
+        (:meth:`CollectionState.calibrator_page`), so a page costs the same whatever
+        the profiles weigh, and one stored before profiles were checked is listed
+        (to be deleted) though it cannot serve; ``active`` is the one that serves.
+        The cursor is a stored position (the default's is 0).
         """
+        largest = self.settings.limits.max_page_size
+        size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, largest)
+        limits.check_value("limit", size, largest)
+        after = decode_cursor(cursor) if cursor is not None else None
         collection = self.registry.get(name)
-        default = self._default_for(collection)
-        shipped = [] if default is None else [default]
-        infos = []
-        for profile in [*shipped, *collection.state.calibrators()]:
-            try:
-                infos.append(self._info(collection, profile))
-            except (ValueError, TypeError, KeyError, AttributeError):
-                logger.warning(
-                    "calibrator %s of %s cannot be described; left out of the list",
-                    profile.id,
-                    name,
+        served = self._profile_for(collection)  # a stored one that decodes, or not
+        default = self._default_for(collection) if after is None else None
+        shipped: list[CalibratorEntry] = []
+        if default is not None:  # first, at position 0
+            shipped.append(
+                CalibratorEntry(0, default.id, default.method, default.created_at)
+            )
+        # One more than asked tells whether another page follows.
+        entries = shipped + collection.state.calibrator_page(
+            size + 1 - len(shipped), after or 0
+        )
+        page = entries[:size]
+        return CalibratorList(
+            data=[
+                CalibratorSummary(
+                    id=e.id,
+                    collection=None if e in shipped else name,
+                    method=e.method,
+                    created_at=e.created_at,
+                    active=served is not None and e.id == served.id,
+                    default=e in shipped,
                 )
-        return infos
+                for e in page
+            ],
+            count=len(page),
+            next_cursor=encode_cursor(page[-1].position)
+            if len(entries) > size
+            else None,
+        )
 
     def get_calibrator(self, name: str, calibrator_id: str) -> CalibratorInfo:
         """One calibrator's report."""
@@ -426,6 +460,7 @@ class CalibratorsService(Part):
         and, when the profile recorded one, by the identity of its files.
         """
         collection = self.registry.get_compatible(name)
+        self._check_room(collection)
         model = collection.meta["model"]
         if body.profile.get("model") != model:
             raise InvalidRequestError(
@@ -458,7 +493,10 @@ class CalibratorsService(Part):
                 field="profile.report",
             ) from error
         await self.pool.run(
-            collection.state.add_calibrator, imported, activate=body.activate
+            collection.state.add_calibrator,
+            imported,
+            activate=body.activate,
+            cap=self.settings.limits.max_calibrators_per_collection,
         )
         return info.model_copy(update={"active": body.activate})
 
@@ -519,6 +557,16 @@ class CalibratorsService(Part):
         """Delete stored feedback: all of it, or one query's judgments."""
         collection = self.registry.get(name)
         return FeedbackDeleted(deleted=collection.state.delete_judgments(query))
+
+    def _check_room(self, collection: CollectionBackend[Profile]) -> None:
+        """Refuse (422) a fit or an import at the cap of calibrators, before any work.
+
+        Storing checks again, counting and storing in one step.
+        """
+        check_calibrator_cap(
+            collection.state.calibrators_count(),
+            self.settings.limits.max_calibrators_per_collection,
+        )
 
     def _check_documents_exist(
         self, collection: CollectionBackend[Profile], ids: list[str]

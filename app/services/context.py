@@ -10,17 +10,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from app.collections.base import CollectionBackend, Registry, own_vectors
 from app.collections.snapshots import Snapshots
-from app.concurrency import CpuPool
+from app.concurrency import CpuPool, KeyedGate
 from app.embedding import Embedder
 from app.embedding.batching import EmbedBatcher, lanes_for
 from app.exceptions import StorageLoadingError
 from app.observability import Metrics
 from app.profiles import agnostic_profile
+from app.schemas import filters
 from app.schemas.collections import CalibratorRef, DriftStatus, Guarantee, NextStep
 from app.services.drift import DriftMonitor
 from app.services.jobs import JOBS_FILE, Describe, FitJobs
@@ -59,9 +61,16 @@ class Context:
     drift: DriftMonitor = field(init=False)
     # How a failed fit job is recorded: the HTTP layer's error table renders it.
     job_error: Describe = field(kw_only=True)
+    # Metadata filters' scans of one collection, a few at a time (filter_turn).
+    filter_gate: KeyedGate = field(init=False)
 
     def __post_init__(self) -> None:
         self.snapshots = self.registry.snapshots
+        workers = self.settings.worker_threads
+        self.filter_gate = KeyedGate(
+            self.settings.filter_jobs_per_collection or max(1, workers - 1),
+            self.settings.max_pending_jobs,
+        )
         self.fit_jobs = FitJobs(
             self.settings.data_dir / JOBS_FILE, self.settings.limits, self.job_error
         )
@@ -165,6 +174,20 @@ class Part:
                     await asyncio.sleep(LOAD_POLL_S)
                     if loading.loaded.is_set():
                         break
+
+    def filter_turn(
+        self, name: str, where: filters.Node
+    ) -> AbstractAsyncContextManager[object]:
+        """Wait for collection ``name``'s turn to scan metadata by ``where``.
+
+        Only NORMCAL_FILTER_JOBS_PER_COLLECTION filtered jobs of one collection
+        enter the pool at once (by default one worker fewer than there are), so a
+        flood of costly filters on one collection leaves other collections a
+        worker. No filter: no turn to wait for.
+        """
+        if where == filters.MATCH_ALL:
+            return nullcontext()
+        return self.context.filter_gate.hold(name)
 
     def _profile_for(self, collection: CollectionBackend[Profile]) -> Profile | None:
         if collection.state.profile is not None:

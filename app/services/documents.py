@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from app.collections.base import CollectionBackend, NewDocument, StoredDocument
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
+from app.schemas import filters
 from app.schemas.common import Metadata
 from app.schemas.documents import (
     DocumentIn,
@@ -163,12 +164,19 @@ class DocumentsService(Part):
                 field="filter",
             )
         where = limits.parse_filter("filter", body.filter, self.settings.limits)
+        if body.filter and filters.always(where) is True:
+            raise InvalidRequestError(
+                "the filter matches every document whatever its metadata: to delete "
+                'every document, send "all": true instead',
+                field="filter",
+            )
         collection = self.registry.get(name)
         if body.ids is not None:
             limits.check_count("ids", body.ids, self.settings.limits.max_ids_per_get)
             deleted = await self.pool.run(collection.delete_ids, body.ids)
         else:
-            deleted = await self.pool.run(collection.delete_where, where)
+            async with self.filter_turn(name, where):
+                deleted = await self.pool.run(collection.delete_where, where)
         return DocumentsDeleted(deleted=deleted)
 
     def export_documents(self, name: str) -> AsyncIterator[bytes]:

@@ -16,15 +16,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from app.exceptions import NotFoundError, OverloadedError, StorageUnavailableError
+from app.collections.store_files import storage_errors
+from app.exceptions import (
+    InsufficientStorageError,
+    NotFoundError,
+    OverloadedError,
+    StorageUnavailableError,
+)
 from app.schemas.calibrators import CalibratorInfo
 from app.schemas.jobs import FitJob, FitJobError, FitJobProgress
 from app.settings import Limits
@@ -75,6 +83,7 @@ class FitJobs:
         self._limits = limits
         self._describe = describe
         self._conn: sqlite3.Connection | None = None
+        self._problem: str | None = None  # why the file could not be opened
         self._lock = threading.Lock()  # one connection, read from request threads
         self._tasks: dict[str, asyncio.Task[CalibratorInfo]] = {}
         self._turn: asyncio.Lock | None = None  # made in the loop that runs the jobs
@@ -84,48 +93,93 @@ class FitJobs:
         """Fail what a previous process left unfinished, if it left a job file.
 
         Called at start-up. The file itself is made by the first job, so a service
-        that never fits leaves nothing in the data dir. An unusable file is only
-        logged (readiness reports the data dir) and every later use answers 503.
+        that never fits leaves nothing in the data dir. An unusable file is logged,
+        reported by :meth:`problem` (``/readyz``), and every use answers 503.
         """
-        if not self._path.exists():
-            return
-        try:
-            with self._lock:
+        if self.problem() is not None:
+            logger.warning("fit jobs are unavailable: %s", self._problem)
+
+    def problem(self) -> str | None:
+        """Why fit jobs cannot be recorded (the file is damaged), or None.
+
+        Tries to open an existing file that is not open yet, so a file repaired or
+        removed by the operator is noticed without a restart.
+        """
+        with self._lock:
+            if self._conn is not None or not self._path.exists():
+                return None
+            try:
                 self._db()
-        except StorageUnavailableError as error:
-            logger.warning("fit jobs are unavailable: %s", error)
+            except (StorageUnavailableError, InsufficientStorageError):
+                return self._problem
+            return None
 
     def _db(self) -> sqlite3.Connection:
-        """The connection, opened (with the restart recovery) on first use."""
+        """The connection, opened (checked, with the restart recovery) on first use.
+
+        A full disk is a 507; any other failure a 503 whose detail names no path
+        (the log has the file and SQLite's words).
+        """
         if self._conn is not None:
             return self._conn
+        conn: sqlite3.Connection | None = None
         try:
-            # The local registry makes the data dir; with Milvus storage only this
-            # file lives there (fit jobs are per process).
-            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            conn = sqlite3.connect(self._path, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            with conn:
-                conn.execute(_SCHEMA)
-                failed = conn.execute(
-                    "UPDATE fit_jobs SET status = 'failed', finished_at = ?, error = ?"
-                    " WHERE status IN ('queued', 'running')",
-                    (time.time(), RESTARTED.model_dump_json()),
-                ).rowcount
+            with storage_errors():
+                # The local registry makes the data dir; with Milvus storage only
+                # this file lives there (fit jobs are per process). Made 0600: its
+                # -wal and -shm files get the same mode.
+                self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
+                conn = sqlite3.connect(self._path, check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+                check = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+                if check != "ok":
+                    raise sqlite3.DatabaseError(f"damaged: {check}")
+                with conn:
+                    conn.execute(_SCHEMA)
+                    failed = conn.execute(
+                        "UPDATE fit_jobs SET status = 'failed', finished_at = ?,"
+                        " error = ? WHERE status IN ('queued', 'running')",
+                        (time.time(), RESTARTED.model_dump_json()),
+                    ).rowcount
+        except InsufficientStorageError:
+            if conn is not None:
+                conn.close()
+            raise
         except (sqlite3.Error, OSError) as error:
-            raise StorageUnavailableError(
-                f"the fit job file {self._path} cannot be used: {error}"
-            ) from error
+            if conn is not None:
+                conn.close()
+            # Once, not at every readiness probe that tries it again.
+            log = logger.error if self._problem is None else logger.debug
+            log("the fit job file %s cannot be used: %s", self._path, error)
+            self._problem = (
+                f"the fit job file ({JOBS_FILE} in the data dir) cannot be used: "
+                "see the server log; move it away to start afresh"
+            )
+            raise StorageUnavailableError(self._problem) from error
         if failed:
             logger.warning("%d fit job(s) were interrupted by a restart", failed)
-        self._conn = conn
+        self._conn, self._problem = conn, None
         return conn
 
-    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+    @contextmanager
+    def _file(self) -> Iterator[sqlite3.Connection]:
+        """The open connection under the lock; SQLite's failures as problems."""
         with self._lock:
             conn = self._db()
-            with conn:
-                conn.execute(sql, params)
+            try:
+                with storage_errors():
+                    yield conn
+            except sqlite3.Error as error:
+                logger.error("the fit job file %s failed: %s", self._path, error)
+                raise StorageUnavailableError(
+                    f"the fit job file ({JOBS_FILE} in the data dir) failed: see the "
+                    "server log"
+                ) from error
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+        with self._file() as conn, conn:
+            conn.execute(sql, params)
 
     def get(self, collection: str, job_id: str) -> FitJob:
         """One job of ``collection`` (404 for an unknown id)."""
@@ -144,16 +198,12 @@ class FitJobs:
 
     def _read(self, where: str, params: tuple[Any, ...]) -> Sequence[Any]:
         """Rows of jobs; none before the first job made the file (reads make none)."""
-        with self._lock:
-            if self._conn is None and not self._path.exists():
-                return []
-            return (
-                self._db()
-                .execute(
-                    f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs{where}", params
-                )
-                .fetchall()
-            )
+        if self._conn is None and not self._path.exists():
+            return []
+        with self._file() as conn:
+            return conn.execute(
+                f"SELECT {_COLUMNS}, calibrator, error FROM fit_jobs{where}", params
+            ).fetchall()
 
     # -- running ------------------------------------------------------------------------
     def submit(self, collection: str, work: Work) -> FitJob:

@@ -131,9 +131,11 @@ class JudgingService(Part):
         ]
         chosen = next_query.pick(levels, turn=judged + skipped)
         result = results[chosen]
+        logged = source != "uploaded"
         return JudgingNext(
             query=candidates[chosen],
-            source="uploaded" if source == "uploaded" else "log",
+            source="log" if logged else "uploaded",
+            truncated=logged and collection.state.truncated_in_log(candidates[chosen]),
             confidence=result.confidence,
             hits=[
                 JudgingHit(

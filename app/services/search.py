@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 from app.collections.base import CollectionBackend, Pool
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
+from app.schemas import filters
 from app.schemas.collections import CalibratorRef
 from app.schemas.judging import QueryLogSettings
 from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
@@ -65,6 +66,8 @@ class SearchService(Part):
         )
         limits.check_texts("queries" if request.queries else "query", texts, lim)
         where = limits.parse_filter("filter", request.filter, lim)
+        if filters.always(where) is True:  # no need to look at any metadata
+            where = filters.MATCH_ALL
         collection = self.registry.get_compatible(name)
         own_vectors.check_kind(
             collection, sent is not None, "vectors" if request.vectors else "vector"
@@ -91,22 +94,27 @@ class SearchService(Part):
         ref = self._calibrator_ref(
             name, profile, drift=self.drift.verdict(name, profile), reason=reason
         )
-        with self.batcher.lane(wanted=sent is None) as alone:
-            batched = None if alone else await self._query_batch(collection, request)
-
-            def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
-                # With the batcher idle, the queries' pass runs in this job too: one
-                # hand-off to the pool, not three (each costs a search about half a
-                # millisecond here; docs/performance.md).
-                batch = (
-                    self.embedder.embed(texts, "query") if batched is None else batched
+        async with self.filter_turn(name, where):
+            with self.batcher.lane(wanted=sent is None) as alone:
+                batched = (
+                    None if alone else await self._query_batch(collection, request)
                 )
-                pools = collection.search(
-                    batch.vectors, texts or [""] * len(batch), n, where
-                )
-                return search_results(batch, pools, ref, profile, request, k)
 
-            results, summaries = await self.pool.run(answer)
+                def answer() -> tuple[list[SearchResult], list[NDArray[np.float64]]]:
+                    # With the batcher idle, the queries' pass runs in this job too:
+                    # one hand-off to the pool, not three (each costs a search about
+                    # half a millisecond here; docs/performance.md).
+                    batch = (
+                        self.embedder.embed(texts, "query")
+                        if batched is None
+                        else batched
+                    )
+                    pools = collection.search(
+                        batch.vectors, texts or [""] * len(batch), n, where
+                    )
+                    return search_results(batch, pools, ref, profile, request, k)
+
+                results, summaries = await self.pool.run(answer)
         self.drift.observe(name, profile, summaries)
         await self._log_queries(collection, texts)
         return results
@@ -135,7 +143,12 @@ class SearchService(Part):
         if not current.enabled or not texts:
             return
         try:
-            await self.pool.run(collection.state.log_queries, texts, current.retention)
+            await self.pool.run(
+                collection.state.log_queries,
+                texts,
+                current.retention,
+                self.settings.limits.max_logged_query_chars,
+            )
         except Exception:  # the search was answered; the log is best effort
             logger.warning(
                 "could not log queries of %s", collection.name, exc_info=True

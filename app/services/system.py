@@ -28,10 +28,11 @@ class SystemService(Part):
         """Whether the service can take writes; ``status`` is ``"not ready"`` if not.
 
         Not ready also while the storage loads collections (Milvus after a restart):
-        ready means every collection can answer.
-
-        Only a ``detailed`` answer (for a caller holding the API key, or when there
-        is none) counts and names collections and says which path is unwritable.
+        ready means every collection can answer. ``degraded`` when some collections
+        are quarantined or fit jobs cannot be recorded (a damaged ``_jobs.sqlite3``):
+        the rest is served. Only a ``detailed`` answer (for a caller holding the API
+        key, or when there is none) counts and names collections and says which path
+        is unwritable.
         """
         storage = self.registry.storage_problem()
         broken = self.registry.unavailable()
@@ -49,9 +50,13 @@ class SystemService(Part):
             reasons.append(f"{len(loading)} collection(s) still loading")
         if broken:
             reasons.append(f"{len(broken)} collection(s) unavailable")
-        status = "degraded" if broken else "ready"
+        jobs = self.fit_jobs.problem()
+        if jobs is not None:  # searches and writes are served; fits are not
+            reasons.append(jobs if detailed else "fit jobs unavailable")
+        degraded = "degraded" if broken or jobs else "ready"
+        status = "not ready" if storage or loading else degraded
         answer = Readiness(
-            status="not ready" if storage or loading else status,
+            status=status,
             model=self.embedder.model_name,
             dim=self.embedder.dim,
             reasons=reasons,

@@ -119,7 +119,12 @@ def test_real_calibrators_and_feedback(nc):
     ]
     info = nc.fit_calibrator("cal", judgments, method="platt", k=5, allow_reorder=False)
     assert info.active and info.collection == "cal" and not info.reorders_hits
-    assert info.id in [c.id for c in nc.list_calibrators("cal")]
+    assert info.id in [c.id for c in nc.iter_calibrators("cal")]
+    first = nc.list_calibrators("cal", limit=1)
+    assert first.count == 1 and first.data[0].default and first.next_cursor
+    rest = nc.list_calibrators("cal", cursor=first.next_cursor)
+    assert [c.id for c in rest.data] == [info.id] and rest.next_cursor is None
+    assert rest.data[0].active
     assert nc.get_calibrator("cal", info.id).cv
     assert nc.activate_calibrator("cal", info.id).id == info.id
     assert nc.reliability_png("cal", info.id).startswith(b"\x89PNG")
@@ -142,7 +147,7 @@ def test_real_calibrator_and_feedback_management(nc):
     judgments = [
         {"query": q, "document_id": key, "relevance": 1} for key, q in QUERIES.items()
     ]
-    default = next(c for c in nc.list_calibrators("mgmt") if c.default)
+    default = next(c for c in nc.iter_calibrators("mgmt") if c.default)
     fitted = nc.fit_calibrator("mgmt", judgments, method="platt", k=5)
     with pytest.raises(Conflict):
         nc.delete_calibrator("mgmt", fitted.id)  # the active one
@@ -405,7 +410,8 @@ async def test_async_client_through_asgi(app):
             page = await anc.list_feedback("akb", limit=1)
             assert [j.document_id for j in page.data] == ["paris"]
             assert (await anc.delete_feedback("akb", query="q")).deleted == 1
-            default = (await anc.list_calibrators("akb"))[0]
+            default = (await anc.list_calibrators("akb")).data[0]
+            assert [c.id async for c in anc.iter_calibrators("akb")] == [default.id]
             profile = await anc.export_calibrator("akb", default.id)
             copy = await anc.import_calibrator("akb", profile)
             assert not copy.active and not copy.default

@@ -10,7 +10,9 @@ test shares one collection (each new one waits ~2 s on Milvus's index builds) an
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from hypothesis import strategies as st
 
 from app.collections.base import NewDocument
 from app.collections.store import CollectionStore
+from app.collections.store_files import build_store
+from app.exceptions import FilterTimeoutError
 from app.schemas.filters import (
     MATCH_ALL,
     And,
@@ -30,10 +34,11 @@ from app.schemas.filters import (
     In,
     Not,
     Or,
+    always,
     evaluate,
     parse,
 )
-from tests.collections.conftest import new_docs, unit_vectors
+from tests.collections.conftest import DIM, new_docs, unit_vectors
 
 HAS_MILVUS = all(importlib.util.find_spec(m) for m in ("pymilvus", "milvus_lite"))
 
@@ -143,6 +148,88 @@ def test_every_bound_holds_at_the_limit_and_refuses_one_past(
     assert caught.value.actual == caught.value.limit + 1
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"$or": [{}]},
+        {"$and": [{}]},
+        {"$not": {}},
+        {"$not": {"$not": {}}},
+        {"$or": [{"a": 1}, {}]},
+        {"$and": [{"a": 1}, {"$or": [{"b": 2}, {"$not": {}}]}]},
+    ],
+)
+def test_an_empty_sub_filter_is_refused_at_parse(raw: dict[str, Any]):
+    """``{}`` matches everything: only the whole filter may be empty ("no filter")."""
+    with pytest.raises(FilterError, match="empty filter matches every document"):
+        parse(raw, Bounds())
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        ({"a": "x\x00y"}, "filter.a"),
+        ({"a\x00": 1}, "filter.a\x00"),
+        ({"a": {"$in": ["b", "\x00"]}}, "filter.a.$in[1]"),
+        ({"$or": [{"a": {"$gt": "\x00"}}]}, "filter.$or[0].a.$gt"),
+    ],
+)
+def test_nul_in_a_key_or_value_is_refused_naming_it(raw: dict[str, Any], path: str):
+    with pytest.raises(FilterError, match="NUL") as caught:
+        parse(raw, Bounds())
+    assert caught.value.path == path
+
+
+TAUTOLOGIES = [
+    {"a": {"$nin": []}},
+    {"$not": {"a": {"$in": []}}},
+    {"$or": [{"a": 1}, {"a": {"$ne": 1}}]},
+    {"$or": [{"a": 1.0}, {"a": {"$ne": 1}}]},  # 1 is 1.0
+    {"$or": [{"x": {"$exists": True}}, {"x": {"$exists": False}}]},
+    {"$or": [{"a": {"$ne": 1}}, {"a": {"$ne": 2}}]},
+    {"$or": [{"a": {"$nin": [1]}}, {"a": {"$in": [1, 2]}}]},
+    {"$or": [{"a": {"$nin": [1]}}, {"a": {"$exists": True}}]},
+    {"$or": [{"a": {"$exists": False}}, {"a": {"$exists": True}}]},
+    {"$not": {"$and": [{"a": 1}, {"a": 2}]}},
+    {"$not": {"$and": [{"a": "s"}, {"a": {"$gt": 1}}]}},
+    {"$not": {"$and": [{"a": {"$in": [1, 5, "z"]}}, {"a": {"$gt": 5}}]}},
+    {"$not": {"$and": [{"a": {"$lt": "s"}}, {"a": {"$gt": 1}}]}},
+    {"$not": {"$and": [{"a": {"$gt": 1}}, {"a": {"$exists": False}}]}},
+    {"$or": [{"$and": [{"a": 1}, {"b": 1}]}, {"$not": {"$and": [{"a": 1}, {"b": 1}]}}]},
+    {"$or": [{"$not": {"$and": [{"a": 1}, {"b": 2}]}}, {"a": 1}]},  # De Morgan
+    {"$or": [{"$or": [{"a": 1}, {"c": 3}]}, {"$not": {"a": 1}}]},  # nested, flattened
+    {"$not": {"$not": {"$or": [{"a": 1}, {"a": {"$ne": 1}}]}}},
+    {
+        "$or": [{"a": 1}, {"a": {"$ne": 1}}],
+        "c": {"$nin": []},
+        "$not": {"a": {"$in": []}},
+    },
+]
+NOT_TAUTOLOGIES = [
+    {"a": 1},
+    {"a": {"$exists": True}},
+    {"a": {"$ne": 1}},
+    {"$or": [{"a": {"$gte": 1}}, {"a": {"$lt": 1}}]},  # a missing a fails both
+    {"$or": [{"a": True}, {"a": {"$ne": 1}}]},  # true is not 1
+    {"$or": [{"a": 1}, {"b": {"$ne": 1}}]},
+    {"$or": [{"a": {"$nin": [1, 2]}}, {"a": 1}]},
+    {"$or": [{"a": {"$ne": 1}}, {"a": {"$ne": 1.0}}]},
+    {"$or": [{"a": {"$exists": False}}, {"a": 1}]},
+    {"$not": {"$and": [{"a": 1}, {"b": 2}]}},
+    {"$not": {"$and": [{"a": {"$in": [1, 6]}}, {"a": {"$gt": 5}}]}},
+]
+
+
+@pytest.mark.parametrize("raw", TAUTOLOGIES)
+def test_tautologies_are_recognised(raw: dict[str, Any]):
+    assert always(parse(raw, Bounds())) is True
+
+
+@pytest.mark.parametrize("raw", NOT_TAUTOLOGIES)
+def test_filters_that_can_fail_are_not_taken_for_tautologies(raw: dict[str, Any]):
+    assert always(parse(raw, Bounds())) is not True
+
+
 def test_a_filter_nested_past_the_recursion_limit_is_refused_not_crashed():
     raw: dict[str, Any] = {"a": 1}
     for _ in range(5000):
@@ -178,14 +265,44 @@ def test_the_evaluator_keeps_json_types_apart(raw: dict[str, Any], keys: set[str
 
 
 # Random documents and trees: a few keys, values of every kind that collide across
-# types (1, 1.0, true, "1"), lists and objects, and keys left out.
-KEYS = ["a", "b", "c"]
+# types (1, 1.0, true, "1"), lists and objects, and keys left out. Keys and strings
+# hold control characters (compared exactly), and keys a JSON path cannot name as
+# written ('"', control characters: the store matches them through json_each).
+CONTROL = ["\x01", "a\x1f", "a\tb", "\x7f"]
+KEYS = ["a", "b", "c", "", 'q"k', "k\x01", "a\nb"]
 SCALARS = st.sampled_from(
-    [0, 1, -2, 7, 1.0, 2.5, -0.5, True, False, "", "1", "a", "b", "ab", "é", None]
+    [
+        0,
+        1,
+        -2,
+        7,
+        1.0,
+        2.5,
+        -0.5,
+        True,
+        False,
+        "",
+        "1",
+        "a",
+        "b",
+        "ab",
+        "é",
+        None,
+        *CONTROL,
+    ]
 )
 VALUES = st.one_of(SCALARS, st.sampled_from([[1, "a"], ["b"], {"x": 1}]))
 METADATA = st.dictionaries(st.sampled_from([*KEYS, "d"]), VALUES, max_size=4)
-ORDERED = st.sampled_from([0, 1, -2, 7, 1.0, 2.5, -0.5, "", "1", "a", "b", "ab", "é"])
+ORDERED = st.sampled_from(
+    [0, 1, -2, 7, 1.0, 2.5, -0.5, "", "1", "a", "b", "ab", "é", *CONTROL]
+)
+# The API refuses NUL in metadata and filters; a file written before it did may
+# still hold one, and SQLite's JSON functions end a string there ("a\x00b" reads
+# "a"): the store must match such rows exactly too.
+NUL_VALUES = st.one_of(VALUES, st.sampled_from(["a\x00", "a\x00b", "\x00", "1\x00"]))
+NUL_METADATA = st.dictionaries(
+    st.sampled_from([*KEYS, "d", "a\x00", "a\x00b"]), NUL_VALUES, max_size=4
+)
 
 
 def _condition() -> st.SearchStrategy[dict[str, Any]]:
@@ -216,8 +333,17 @@ FILTERS = st.recursive(
     max_leaves=8,
 )
 DOCUMENTS = st.lists(METADATA, min_size=1, max_size=10)
+NUL_DOCUMENTS = st.lists(NUL_METADATA, min_size=1, max_size=10)
 # Always tried: empty lists, and the values that collide across JSON types.
 EDGE_DOCUMENTS = [{"a": 1}, {"a": 1.0}, {"a": True}, {"a": "1"}, {"a": None}, {}]
+# NUL: a prefix is not the string, in values and in keys.
+NUL_EDGE_DOCUMENTS = [{"a": "a\x00b"}, {"a": "a"}, {"a\x00b": "a"}, {"a": "\x00"}]
+NUL_EDGE_FILTERS = [
+    {"a": "a"},
+    {"a": {"$gt": "a"}},
+    {"a": {"$lte": ""}},
+    {"a": {"$exists": True}},
+]
 EDGE_FILTERS = [
     {"a": {"$in": []}},
     {"a": {"$nin": []}},
@@ -246,8 +372,9 @@ def _documents(metadatas: list[dict[str, Any]]) -> list[NewDocument]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-@given(metadatas=DOCUMENTS, raws=st.lists(FILTERS, min_size=1, max_size=4))
+@given(metadatas=NUL_DOCUMENTS, raws=st.lists(FILTERS, min_size=1, max_size=4))
 @example(metadatas=EDGE_DOCUMENTS, raws=EDGE_FILTERS)
+@example(metadatas=NUL_EDGE_DOCUMENTS, raws=NUL_EDGE_FILTERS)
 def test_sqlite_matches_the_evaluator(
     store: CollectionStore, metadatas: list[dict[str, Any]], raws: list[dict[str, Any]]
 ):
@@ -259,6 +386,20 @@ def test_sqlite_matches_the_evaluator(
         assert found == sorted(_expected(raw, metadatas)), raw
     deleted = store.delete_where(parse(raws[0], LOOSE))
     assert sorted(ids[s] for s in deleted) == sorted(_expected(raws[0], metadatas))
+
+
+@settings(max_examples=400, deadline=None)
+@given(raw=FILTERS, metadatas=st.lists(METADATA, min_size=1, max_size=20))
+@example(raw={"$or": [{"a": 1}, {"a": {"$ne": 1}}]}, metadatas=EDGE_DOCUMENTS)
+@example(raw={"$or": [{"a": True}, {"a": {"$ne": 1}}]}, metadatas=EDGE_DOCUMENTS)
+def test_what_always_proves_the_evaluator_agrees_with(
+    raw: dict[str, Any], metadatas: list[dict[str, Any]]
+):
+    """Soundness: a filter proved true (false) matches every (no) document."""
+    tree = parse(raw, LOOSE)
+    proved = always(tree)
+    if proved is not None:
+        assert all(evaluate(tree, m) is proved for m in [*metadatas, {}]), raw
 
 
 # Hostile strings, as values and as keys, under every operator.
@@ -331,6 +472,7 @@ def milvus_kb(
 )
 @given(metadatas=DOCUMENTS, raws=st.lists(FILTERS, min_size=1, max_size=3))
 @example(metadatas=EDGE_DOCUMENTS, raws=EDGE_FILTERS)
+@example(metadatas=[{"a": "a\x01"}, {"a": "a"}, {"k\x01": "a"}], raws=NUL_EDGE_FILTERS)
 def test_milvus_matches_the_evaluator(
     milvus_kb: Any, metadatas: list[dict[str, Any]], raws: list[dict[str, Any]]
 ):
@@ -346,3 +488,73 @@ def test_milvus_matches_the_evaluator(
     )
     left = set(milvus_kb.get_many([f"d{i}" for i in range(len(metadatas))]))
     assert left.isdisjoint(_expected(raws[0], metadatas))
+
+
+# Wide metadata (1,000 keys, ~16 KB a document) and 63 conditions none of which
+# rules a document out early: seconds of work here, far more than 10 ms anywhere.
+WIDE = {f"key{i:04d}": i for i in range(1000)}
+COSTLY = {"$or": [{f"missing{i}": i} for i in range(62)]}
+
+
+@pytest.fixture(scope="module")
+def wide_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A collection file of 1,000 documents with wide metadata (built once)."""
+    path = tmp_path_factory.mktemp("wide") / "wide.sqlite3"
+    build_store(
+        path,
+        {"name": "wide", "model": "m", "dim": DIM, "created_at": 0.0},
+        synchronous="OFF",
+    )
+    store = CollectionStore(path, synchronous="OFF")
+    ids = [f"d{i}" for i in range(1000)]
+    store.upsert(_documents([WIDE] * len(ids)))
+    store.close()
+    return path
+
+
+def test_a_filter_past_its_deadline_is_stopped_and_deletes_nothing(
+    wide_file: Path, tmp_path: Path
+):
+    copy = tmp_path / "wide.sqlite3"
+    copy.write_bytes(wide_file.read_bytes())
+    store = CollectionStore(copy, synchronous="OFF", filter_timeout_ms=10)
+    try:
+        tree = parse(COSTLY, Bounds())
+        with pytest.raises(FilterTimeoutError) as caught:
+            store.filter_seqs(tree)
+        assert caught.value.retry_after == 1
+        assert "NORMCAL_FILTER_TIMEOUT_MS (10 ms)" in str(caught.value)
+        with pytest.raises(FilterTimeoutError):
+            store.delete_where(parse({"$not": COSTLY}, Bounds()))
+        assert store.count() == 1000  # rolled back
+        store.upsert(_documents([{"small": 1}]))  # the connection serves on
+    finally:
+        store.close()
+    unbounded = CollectionStore(copy, synchronous="OFF")
+    try:
+        assert len(unbounded.filter_seqs(parse({"key0001": 1}, Bounds()))) == 999
+    finally:
+        unbounded.close()
+
+
+def test_the_deadline_bounds_the_filters_scan_not_the_deletion_it_selects(
+    tmp_path: Path,
+):
+    """A cheap filter matching many documents is deleted whatever the deletion
+    costs (the lexical index's triggers grow with the documents matched): here each
+    deleted row costs a millisecond of a trigger, 300 of them 3x the 100 ms deadline."""
+    path = tmp_path / "kb.sqlite3"
+    build_store(path, {"name": "kb", "model": "m", "dim": DIM}, synchronous="OFF")
+    store = CollectionStore(path, synchronous="OFF", filter_timeout_ms=100)
+    try:
+        store.upsert(_documents([{"t": 1}] * 300 + [{"t": 2}]))
+        with store.connection() as conn:
+            conn.create_function("slow", 0, lambda: time.sleep(0.001))
+            conn.execute(
+                "CREATE TEMP TRIGGER slow AFTER DELETE ON documents BEGIN"
+                " SELECT slow(); END"
+            )
+        assert len(store.delete_where(parse({"t": 1}, Bounds()))) == 300
+        assert store.count() == 1
+    finally:
+        store.close()

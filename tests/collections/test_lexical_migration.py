@@ -52,9 +52,11 @@ def _schema_version(path: Path) -> object:
 
 
 def _make_version_2(path: Path) -> None:
-    """What schema version 2 wrote: no FTS table, no triggers, no stemmer key."""
+    """What schema version 2 wrote: no FTS table, no triggers, no stemmer key (and
+    no query log flag, which version 4 added)."""
     conn = sqlite3.connect(path)
     try:
+        conn.execute("ALTER TABLE query_log DROP COLUMN truncated")
         t = lexical.FTS_TABLE
         for trigger in (f"{t}_ai", f"{t}_ad", f"{t}_au"):
             conn.execute(f"DROP TRIGGER {trigger}")
@@ -133,7 +135,7 @@ def test_a_version_2_file_gains_its_lexical_index(
         assert r.status_code == 200 and r.json()["hits"][0]["id"] == "galaxy"
         _fts_integrity(path)
         _replace_and_delete_keep_the_index(c, "old", "galaxy", "bread", path)
-    assert _schema_version(path) == "3"
+    assert _schema_version(path) == "4"
 
     # Built once: the next open finds it and logs no rebuild.
     caplog.clear()
@@ -152,6 +154,7 @@ def test_a_version_2_file_keeps_its_recorded_stemmer(tmp_path, embedder):
         c.put("/v1/collections/plain/documents", json={"documents": docs})
     path = settings.data_dir / "plain.sqlite3"
     conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE query_log DROP COLUMN truncated")  # added in 4
     t = lexical.FTS_TABLE
     for trigger in (f"{t}_ai", f"{t}_ad", f"{t}_au"):
         conn.execute(f"DROP TRIGGER {trigger}")
@@ -187,4 +190,4 @@ def test_the_old_fixture_gains_its_lexical_index(tmp_path, embedder, caplog):
         assert all(h["probability"] is not None for h in r.json()["hits"])
         _fts_integrity(path)
         _replace_and_delete_keep_the_index(c, "kb", "paris", "python", path)
-    assert _schema_version(path) == "3"
+    assert _schema_version(path) == "4"

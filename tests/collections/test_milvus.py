@@ -55,6 +55,7 @@ class Cal:
     id: str
     method: str = "platt"
     data: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "method": self.method, "data": self.data}
@@ -309,7 +310,7 @@ def test_what_milvus_cannot_write_is_left_to_python() -> None:
     """A value with a control character, an empty or too long $in, a too long
     expression: the pre-filter selects everything (inexact), the evaluator decides."""
     everything = MilvusFilter("", exact=False)
-    assert milvus_filter(where({"k": {"$gt": "a\x00b"}})) == everything
+    assert milvus_filter(where({"k": {"$gt": "a\x1fb"}})) == everything
     assert milvus_filter(where({"$or": [{"k\x01": 1}, {"j": 2}]})) == everything
     assert milvus_filter(where({"k": {"$in": [1, 2**64]}})) == everything
     assert milvus_filter(where({"k": {"$lt": float("nan")}})) == everything
@@ -335,7 +336,7 @@ def test_state_is_shared_through_milvus_and_survives_a_reopen(uri: str) -> None:
     kb.state.add_calibrator(Cal("c2"), activate=True)
     assert kb.state.add_judgments([("q1", "a", 1), ("q2", "b", 0)]) == 2
     assert kb.state.add_judgments([("q1", "c", 0)]) == 3
-    kb.state.log_queries(["q3", "q4", "q3"], retention=10)
+    kb.state.log_queries(["q3", "q4", "q3"], retention=10, max_chars=100)
     assert kb.state.add_judging_queries(["u1", "u2", "u1"]) == 2
     assert kb.state.add_judging_queries(["u2"]) == 0
     query = unit_vectors(1, seed=6)
@@ -377,8 +378,8 @@ def test_calibrators_judging_and_log(kb: MilvusCollection[Cal]) -> None:
     kb.state.delete_calibrator("c1")
     with pytest.raises(NotFoundError):
         kb.state.delete_calibrator("c1")
-    kb.state.log_queries(["a", "b", "a"], retention=10)
-    kb.state.log_queries(["c"], retention=10)
+    kb.state.log_queries(["a", "b", "a"], retention=10, max_chars=100)
+    kb.state.log_queries(["c"], retention=10, max_chars=100)
     assert kb.state.judging_candidates(10) == ("log", ["a", "c", "b"], 3)
     assert kb.state.trim_query_log(2) == 2
     assert kb.state.query_log_size() == 2

@@ -133,7 +133,7 @@ def test_state_rows_are_per_tenant(
     a, b = tenants
     a.state.add_calibrator(Cal("c1"), activate=True)
     a.state.add_judgments([("q", "x", 1)])
-    a.state.log_queries(["q"], retention=10)
+    a.state.log_queries(["q"], retention=10, max_chars=100)
     assert b.state.calibrators() == [] and b.state.judgments() == []
     assert b.state.query_log_size() == 0
     b.refresh()

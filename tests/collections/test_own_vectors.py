@@ -254,12 +254,17 @@ def test_a_fit_takes_the_judged_queries_own_vectors(own: TestClient):
         problem = assert_problem(own.post(f"{URL}/calibrators", json=body))
         assert field_of(problem) == field, problem
     assert state(own) == before
+    listed = own.get(f"{URL}/calibrators").json()["data"]
+    serving = [("default-model-agnostic", True, True)]  # (id, default, active)
+    assert [(c["id"], c["default"], c["active"]) for c in listed] == serving
     r = own.post(
         f"{URL}/calibrators",
         json={"judgments": JUDGMENTS[5:], "query_vectors": vectors, "method": "platt"},
     )
     assert r.status_code == 201, r.text
     fitted = r.json()
+    listed = own.get(f"{URL}/calibrators").json()["data"]
+    assert [c["active"] for c in listed] == [False, True]
     assert fitted["active"] and fitted["report"]["n_queries"] == len(QUERIES)
     text = QUERIES["paris"]
     result = own.post(f"{URL}/search", json={"vector": vectors[text], "query": text})

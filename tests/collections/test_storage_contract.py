@@ -44,7 +44,12 @@ BACKENDS = [
     pytest.param("milvus-engine", marks=MILVUS),
 ]
 LIMITS = Limits(
-    max_k=8, max_page_size=4, max_judgments_per_collection=4, max_judging_queue=2
+    max_k=8,
+    max_page_size=4,
+    max_judgments_per_collection=4,
+    max_judging_queue=2,
+    max_calibrators_per_collection=3,
+    max_logged_query_chars=60,
 )
 # Two topics, so a filter keeps a strict, known subset.
 TOPIC = {
@@ -325,6 +330,38 @@ def test_a_calibrator_is_fitted_activated_listed_and_deleted(kb: TestClient):
     assert_problem(kb.delete(f"{URL}/calibrators/{first}"), 404)
     search = kb.post(f"{URL}/search", json={"query": QUERIES["paris"], "k": 2}).json()
     assert search["calibrator"]["id"] == second
+
+
+def test_calibrators_are_listed_a_page_at_a_time_and_capped(kb: TestClient):
+    fitted = fit(kb, activate=False)
+    profile = kb.get(f"{URL}/calibrators/{fitted}/export").json()
+
+    def imported() -> Any:
+        return kb.post(f"{URL}/calibrators/import", json={"profile": profile})
+
+    copies = [imported().json()["id"] for _ in range(2)]  # 3 stored: the bound
+    problem = assert_problem(imported(), 422)
+    assert "calibrators: 4 exceeds the limit of 3" in problem["detail"]
+    listed, cursor = [], None
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = kb.get(f"{URL}/calibrators", params=params).json()
+        listed += page["data"]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert [c["id"] for c in listed[1:]] == [fitted, *copies]  # after the default
+    assert listed[0]["default"] and "report" not in listed[1]
+    assert kb.delete(f"{URL}/calibrators/{copies[0]}").status_code == 204
+    assert imported().status_code == 201  # room again
+
+
+def test_the_query_log_keeps_the_first_characters_and_says_so(kb: TestClient):
+    assert kb.put(f"{URL}/query-log", json={"enabled": True}).status_code == 200
+    long = QUERIES["paris"] + " and more" * 20
+    assert kb.post(f"{URL}/search", json={"query": long}).status_code == 200
+    offered = kb.get(f"{URL}/judging/next", params={"k": 3}).json()
+    assert offered["source"] == "log" and offered["truncated"] is True
+    assert offered["query"] == long[: LIMITS.max_logged_query_chars]
 
 
 # -- errors change nothing --------------------------------------------------------------

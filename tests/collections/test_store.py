@@ -144,6 +144,7 @@ class Cal:
 
     id: str
     method: str = "platt"
+    created_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "method": self.method}

@@ -191,7 +191,9 @@ def test_defect_8_a_bad_stored_active_profile_breaks_nothing_across_restarts(
     tmp_path, base
 ):
     """A profile stored (and activated) before imports were checked: after a restart
-    the list leaves it out, search serves the default, nothing is quarantined."""
+    search serves the default, which the list says is active; the list shows the
+    bad one as a summary (read without decoding it) that can be deleted once another
+    is active; nothing is quarantined."""
     server = ServerProcess(tmp_path / "data").start()
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client:
@@ -218,8 +220,13 @@ def test_defect_8_a_bad_stored_active_profile_breaks_nothing_across_restarts(
     server.start()
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client:
-            # The default serves again, so the list and a search are as before.
-            assert _state(client) == (default_ids, default_ids, top, probability)
+            # The default serves again, so a search is as before.
+            assert _state(client) == (
+                [*default_ids, bad_id],
+                default_ids,
+                top,
+                probability,
+            )
             one = client.get(f"{KB}/calibrators/{bad_id}")
             assert assert_problem(one, 422)["errors"][0]["loc"][-1] == "counts"
             assert client.get(f"{KB}/calibrators/{bad_id}/reliability.png").is_error
@@ -228,6 +235,8 @@ def test_defect_8_a_bad_stored_active_profile_breaks_nothing_across_restarts(
                 f"{KB}/calibrators/import", json={"profile": base, "activate": True}
             )
             assert again.status_code == 201 and again.json()["active"], again.text
+            gone = client.delete(f"{KB}/calibrators/{bad_id}")
+            assert gone.status_code == 204, gone.text
             assert client.get("/readyz").status_code == 200
     finally:
         server.stop()

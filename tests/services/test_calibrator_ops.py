@@ -402,3 +402,83 @@ def test_delete_feedback_of_one_query_then_all(client):
     assert client.get("/v1/collections/kb/feedback").json()["count"] == 0
     # A fit with no feedback left and no judgments has nothing to learn from.
     assert_problem(client.post("/v1/collections/kb/calibrators", json={}))
+
+
+# -- the list and the cap ----------------------------------------------------------
+def _import(client: TestClient, profile: dict, name: str = "kb"):
+    return client.post(
+        f"/v1/collections/{name}/calibrators/import", json={"profile": profile}
+    )
+
+
+def test_calibrators_are_listed_as_summaries_a_page_at_a_time(client):
+    fitted = _fit(client)
+    profile = client.get(f"/v1/collections/kb/calibrators/{fitted}/export").json()
+    imported = [_import(client, profile).json()["id"] for _ in range(3)]
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = "limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = client.get(f"/v1/collections/kb/calibrators?{query}").json()
+        assert page["count"] == len(page["data"]) <= 2
+        seen += page["data"]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3  # the default, a fit and three imports, two a page
+    assert [c["id"] for c in seen[1:]] == [fitted, *imported]
+    assert seen[0]["default"] and seen[0]["collection"] is None
+    assert [c["active"] for c in seen] == [False, True, False, False, False]
+    for summary in seen:  # the reports are GET .../{id}'s
+        assert set(summary) == {
+            "id",
+            "collection",
+            "method",
+            "created_at",
+            "active",
+            "default",
+        }
+    full = client.get(f"/v1/collections/kb/calibrators/{fitted}").json()
+    assert full["created_at"] == seen[1]["created_at"] and "report" in full
+    past = assert_problem(client.get("/v1/collections/kb/calibrators?limit=5"), 422)
+    assert "limit: 5 exceeds the limit of 4" in past["detail"]  # max_page_size
+    assert_problem(client.get("/v1/collections/kb/calibrators?cursor=nope"), 422)
+
+
+@pytest.fixture
+def capped(tmp_path, embedder):
+    limits = Limits(max_page_size=4, max_calibrators_per_collection=2)
+    settings = Settings(data_dir=tmp_path / "data", limits=limits)
+    with TestClient(create_app(settings, embedder=embedder)) as c:
+        _load(c, "kb")
+        yield c
+
+
+def test_calibrators_are_capped_at_the_bound_and_refused_one_past(capped):
+    fitted = _fit(capped)
+    profile = capped.get(f"/v1/collections/kb/calibrators/{fitted}/export").json()
+    assert _import(capped, profile).status_code == 201  # the bound: 2 stored
+    before = _listed(capped)
+    for refused in (
+        _import(capped, profile),
+        capped.post(
+            "/v1/collections/kb/calibrators",
+            json={"judgments": JUDGMENTS, "method": "platt", "k": 5},
+        ),
+        capped.post(
+            "/v1/collections/kb/fit-jobs",
+            json={"judgments": JUDGMENTS, "method": "platt", "k": 5},
+        ),
+    ):
+        problem = assert_problem(refused, 422)
+        assert problem["type"].endswith("/limit-exceeded")
+        assert "calibrators: 3 exceeds the limit of 2" in problem["detail"]
+        assert "max_calibrators_per_collection" in problem["detail"]
+    assert _listed(capped) == before
+    jobs = capped.get("/v1/collections/kb/fit-jobs").json()["data"]
+    assert len(jobs) == 1  # the first fit's: no job was started past the cap
+    others = [i for i, c in before.items() if not c["default"] and not c["active"]]
+    assert (
+        capped.delete(f"/v1/collections/kb/calibrators/{others[0]}").status_code == 204
+    )
+    assert _import(capped, profile).status_code == 201  # room again

@@ -13,7 +13,9 @@ from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
 
-LIMITS = Limits(max_query_log_retention=5, max_judging_queries=3)
+LIMITS = Limits(
+    max_query_log_retention=5, max_judging_queries=3, max_logged_query_chars=60
+)
 
 
 @pytest.fixture
@@ -190,7 +192,46 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
             "SELECT value FROM meta WHERE key = 'schema_version'"
         ).fetchone()
     conn.close()
-    assert version == ("3",)
+    assert version == ("4",)
+
+
+def test_a_collection_file_from_before_the_log_flag_keeps_its_log(settings, embedder):
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        client.post("/v1/collections", json={"name": "old"})
+        on = {"enabled": True, "retention": 5}
+        assert client.put("/v1/collections/old/query-log", json=on).status_code == 200
+        r = client.post("/v1/collections/old/search", json={"query": "kept"})
+        assert r.status_code == 200, r.text
+    path = settings.data_dir / "old.sqlite3"
+    with sqlite3.connect(path) as conn:  # what schema version 3 wrote
+        conn.execute("ALTER TABLE query_log DROP COLUMN truncated")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.close()
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        assert client.get("/v1/collections/old").json()["status"] == "ready"
+        offered = client.get("/v1/collections/old/judging/next").json()
+        assert (offered["query"], offered["truncated"]) == ("kept", False)
+    with sqlite3.connect(path) as conn:
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(query_log)")]
+    conn.close()
+    assert columns[-1] == "truncated"
+
+
+def test_the_log_keeps_a_query_up_to_its_bound_and_flags_one_cut(kb):
+    kb.put("/v1/collections/kb/query-log", json={"enabled": True, "retention": 5})
+    at = (QUERIES["paris"] + " " * 40)[: LIMITS.max_logged_query_chars]
+    past = QUERIES["python"] + "?" * LIMITS.max_logged_query_chars
+    _search(kb, at)
+    _search(kb, past)
+    _search(kb, past[:-1] + "!")  # the same first characters: the same entry
+    assert _log(kb)["entries"] == 2
+    offered = {}
+    for _ in range(2):
+        body = _next(kb)
+        offered[body["query"]] = body["truncated"]
+        r = kb.post("/v1/collections/kb/judging/skip", json={"query": body["query"]})
+        assert r.status_code == 204, r.text
+    assert offered == {at: False, past[: LIMITS.max_logged_query_chars]: True}
 
 
 @pytest.mark.parametrize(

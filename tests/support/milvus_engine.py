@@ -119,17 +119,22 @@ def milvus_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield uri
 
 
-@pytest.fixture
-def engine_uri(milvus_engine: str) -> str:
-    """:func:`milvus_engine`, emptied of every collection earlier tests left."""
+def emptied(uri: str) -> str:
+    """``uri``, its server emptied of every collection earlier tests left."""
     from pymilvus import MilvusClient
 
     from app.collections.milvus_client import GRPC_OPTIONS
 
-    client = MilvusClient(uri=milvus_engine, grpc_options=GRPC_OPTIONS)
+    client = MilvusClient(uri=uri, grpc_options=GRPC_OPTIONS)
     try:
         for name in client.list_collections():
             client.drop_collection(name)
     finally:
         client.close()
-    return milvus_engine
+    return uri
+
+
+@pytest.fixture
+def engine_uri(milvus_engine: str) -> str:
+    """:func:`milvus_engine`, emptied of every collection earlier tests left."""
+    return emptied(milvus_engine)

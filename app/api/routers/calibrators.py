@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from app.api.auth import ADMIN, JUDGE, READ, WRITE
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
-from app.api.routers.params import CollectionName
+from app.api.routers.params import CollectionName, PageCursor, PageLimit
 from app.schemas.calibrators import (
     CalibratorImport,
     CalibratorInfo,
@@ -43,10 +43,15 @@ async def create_calibrator(
 
 
 @router.get("/calibrators", dependencies=[READ])
-def read_calibrators(*, name: CollectionName, service: ServiceDep) -> CalibratorList:
-    """List the collection's calibrators, oldest first."""
-    data = service.calibrators.list_calibrators(name)
-    return CalibratorList(data=data, count=len(data))
+def read_calibrators(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    limit: PageLimit = None,
+    cursor: PageCursor = None,
+) -> CalibratorList:
+    """The collection's calibrators, oldest first, a page at a time (no reports)."""
+    return service.calibrators.list_calibrators(name, limit, cursor)
 
 
 @router.get("/calibrators/{calibrator_id}", dependencies=[READ])
@@ -155,13 +160,8 @@ def read_feedback(
     *,
     name: CollectionName,
     service: ServiceDep,
-    limit: Annotated[
-        int | None,
-        Query(ge=1, description="at most limits.max_page_size; default 100 or that"),
-    ] = None,
-    cursor: Annotated[
-        str | None, Query(description="next_cursor of the previous page")
-    ] = None,
+    limit: PageLimit = None,
+    cursor: PageCursor = None,
 ) -> FeedbackPage:
     """Stored judgments, oldest first, a page at a time."""
     return service.calibrators.list_feedback(name, limit, cursor)

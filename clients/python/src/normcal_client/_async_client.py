@@ -34,7 +34,9 @@ from normcal_client._errors import NormcalError, connection_failed, error_from_r
 from normcal_client._models import (
     CalibrationMethod,
     CalibratorInfo,
+    CalibratorList,
     CalibratorProfile,
+    CalibratorSummary,
     CollectionInfo,
     DocumentOut,
     DocumentPage,
@@ -588,9 +590,30 @@ class AsyncNormcalClient(ClientBase):
         plan = op.wait_fit_job(collection, job_id, timeout, poll_interval)
         return await self._drive(plan)
 
-    async def list_calibrators(self, collection: str) -> list[CalibratorInfo]:
-        """Calibrators fitted for a collection, oldest first."""
-        return (await self._drive(op.one(ep.LIST_CALIBRATORS(name=collection)))).data
+    async def list_calibrators(
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> CalibratorList:
+        """One page of calibrators, oldest first; pass ``next_cursor`` for the next one.
+
+        The shipped default comes first; the reports are not listed
+        (``get_calibrator`` has one).
+        """
+        return await self._drive(op.list_calibrators(collection, limit, cursor))
+
+    async def iter_calibrators(
+        self, collection: str, *, page_size: int | None = None
+    ) -> AsyncIterator[CalibratorSummary]:
+        """Every calibrator of a collection, oldest first, one page a request."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_calibrators(
+                collection, limit=page_size, cursor=cursor
+            )
+            for calibrator in page.data:
+                yield calibrator
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def get_calibrator(
         self, collection: str, calibrator_id: str

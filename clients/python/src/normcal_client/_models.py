@@ -500,8 +500,8 @@ class CalibratorSelection(ResponseModel):
     recalibrated_cv: dict[str, MethodMetrics]
 
 
-class CalibratorInfo(ResponseModel):
-    """A fitted calibrator and its report."""
+class CalibratorSummary(ResponseModel):
+    """A calibrator in a listing; ``get_calibrator`` has its report."""
 
     id: str
     collection: str | None
@@ -509,6 +509,11 @@ class CalibratorInfo(ResponseModel):
     created_at: float
     active: bool
     default: bool
+
+
+class CalibratorInfo(CalibratorSummary):
+    """A fitted calibrator and its report."""
+
     reorders_hits: bool
     cv: dict[str, MethodMetrics]
     norm_lift: dict[str, Any]
@@ -606,10 +611,11 @@ class FitJobList(ResponseModel):
 
 
 class CalibratorList(ResponseModel):
-    """Calibrators of a collection, oldest first."""
+    """A page of calibrators, oldest first; ``next_cursor`` is None on the last page."""
 
-    data: list[CalibratorInfo]
+    data: list[CalibratorSummary]
     count: int
+    next_cursor: str | None
 
 
 class FeedbackResponse(ResponseModel):
@@ -703,6 +709,7 @@ class JudgingNext(ResponseModel):
 
     query: str | None
     source: Literal["uploaded", "log", "none"]
+    truncated: bool = False  # the query log kept only the query's first characters
     confidence: float | None
     hits: list[JudgingHit]
     calibrator: CalibratorRef | None

@@ -29,6 +29,7 @@ from normcal_client._models import (
     CalibrationMethod,
     CalibratorImport,
     CalibratorInfo,
+    CalibratorList,
     CalibratorProfile,
     CollectionCreate,
     CollectionInfo,
@@ -349,6 +350,14 @@ def import_calibrator(
     )
     body = CalibratorImport(profile=data, **_given(activate=activate))
     return one(ep.IMPORT_CALIBRATOR(body, name=collection))
+
+
+def list_calibrators(
+    collection: str, limit: int | None, cursor: str | None
+) -> Plan[CalibratorList]:
+    """One page of a collection's calibrators after ``cursor`` (no reports)."""
+    call = ep.LIST_CALIBRATORS(name=collection)
+    return one(_with_query(call, limit=limit, cursor=cursor))
 
 
 def list_feedback(

@@ -30,7 +30,9 @@ from normcal_client._errors import NormcalError, connection_failed, error_from_r
 from normcal_client._models import (
     CalibrationMethod,
     CalibratorInfo,
+    CalibratorList,
     CalibratorProfile,
+    CalibratorSummary,
     CollectionInfo,
     DocumentOut,
     DocumentPage,
@@ -576,9 +578,27 @@ class NormcalClient(ClientBase):
         plan = op.wait_fit_job(collection, job_id, timeout, poll_interval)
         return self._drive(plan)
 
-    def list_calibrators(self, collection: str) -> list[CalibratorInfo]:
-        """Calibrators fitted for a collection, oldest first."""
-        return (self._drive(op.one(ep.LIST_CALIBRATORS(name=collection)))).data
+    def list_calibrators(
+        self, collection: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> CalibratorList:
+        """One page of calibrators, oldest first; pass ``next_cursor`` for the next one.
+
+        The shipped default comes first; the reports are not listed
+        (``get_calibrator`` has one).
+        """
+        return self._drive(op.list_calibrators(collection, limit, cursor))
+
+    def iter_calibrators(
+        self, collection: str, *, page_size: int | None = None
+    ) -> Iterator[CalibratorSummary]:
+        """Every calibrator of a collection, oldest first, one page a request."""
+        cursor: str | None = None
+        while True:
+            page = self.list_calibrators(collection, limit=page_size, cursor=cursor)
+            yield from page.data
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def get_calibrator(self, collection: str, calibrator_id: str) -> CalibratorInfo:
         """One calibrator with its cross-validation metrics and norm lift."""
