@@ -21,6 +21,13 @@ EXTRAS ?=
 # .venv. `make test` builds it; tests/support/milvus_engine.py finds it here.
 ENGINE_VENV ?= .venv-milvus-engine
 
+# pytest-xdist worker processes for `make test` and `make test-fast`: `auto` is one per
+# core; TEST_WORKERS=0 runs the suite in this process. Each test file runs whole on one
+# worker (--dist loadfile), so a module's fixtures (a served process, a fitted
+# calibrator) are set up once (docs/development.md: Tests in parallel).
+TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 .PHONY: install install-dev lock run test test-fast lint fmt bench clean
 
 # The pins every install uses (refresh: `make lock`).
@@ -75,13 +82,13 @@ run: install
 # pyproject.toml ([tool.coverage.report] fail_under). The Milvus tests run on Milvus
 # Lite 3.x (.venv) and on the real engine ($(ENGINE_VENV)).
 test: install-dev $(ENGINE_VENV)/.installed
-	HF_HUB_OFFLINE=1 NORMCAL_TEST_MILVUS_ENGINE=$(ENGINE_VENV) $(BIN)/python -m pytest --cov --cov-report=term --durations=15
+	HF_HUB_OFFLINE=1 NORMCAL_TEST_MILVUS_ENGINE=$(ENGINE_VENV) $(BIN)/python -m pytest $(XDIST) --cov --cov-report=term --durations=15
 
 # The edit-test loop (~2 min): everything but the tests marked slow (subprocesses,
 # durability, concurrency, real-data runs, the fresh-venv install, Milvus beyond a
 # smoke set); every module still runs.
 test-fast: install-dev
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,13 +44,39 @@ def clean_environ() -> Iterator[None]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that gets the real model ``model``; a server test loads it
-    too, in its subprocess, and is slow."""
+    too, in its subprocess, and is slow. Every test gets its own node id."""
+    _name_node_ids_after_their_items(items)
     for item in items:
         server = item.get_closest_marker("server") is not None
         if server or _uses_real_model(item):
             item.add_marker(pytest.mark.model)
         if server:
             item.add_marker(pytest.mark.slow)
+
+
+def _name_node_ids_after_their_items(items: list[pytest.Item]) -> None:
+    """Give each item the node id its name says, and fail on a duplicate.
+
+    pytest 9 builds a test's id from its function's name and its ``parametrize``
+    ids; schemathesis names each API operation's test ``test[GET /path]`` outside
+    both, so its 45 tests shared one id, and pytest-xdist's per-file scheduling
+    (``--dist loadfile``, ``make test``) keeps one test per id: it ran one of them.
+    """
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.nodeid.endswith(item.name):
+            continue
+        suffix = item.name.removeprefix(item.originalname)
+        if suffix.startswith("[") and suffix.endswith("]"):
+            assert item.parent is not None
+            # pytest's own construction (Function.__init__), with the name's params.
+            item._id = item.parent.id.child(item.originalname).with_params(suffix[1:-1])
+    twice = sorted(
+        i for i, n in Counter(item.nodeid for item in items).items() if n > 1
+    )
+    if twice:
+        raise pytest.UsageError(
+            f"tests share a node id (pytest-xdist would run one of each): {twice[:5]}"
+        )
 
 
 def _uses_real_model(item: pytest.Item) -> bool:

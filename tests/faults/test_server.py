@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -88,6 +89,8 @@ PARTIAL_HEAD = (
 )
 WAIT = 120.0  # generous bound on any single wait for the server to act
 SERVER_NOFILE = 256  # the slow-client server's open-file limit (soft = hard)
+FLOOD_SPARE = 32  # descriptors the flood test leaves the server above what it holds
+FLOOD = FLOOD_SPARE + 64  # the flood's connections, all queued at once
 
 
 @pytest.fixture(scope="module")
@@ -181,10 +184,32 @@ def test_idle_connection_flood_past_the_fd_limit_neither_wedges_nor_floods_the_l
     slow_client_server,
 ):
     """1,100 idle connections under a 1,024 fd limit made /healthz time out and
-    wrote 61 MB of 'socket.accept() out of system resource' in 15 s."""
+    wrote 61 MB of 'socket.accept() out of system resource' in 15 s.
+
+    That the flood runs the server out of descriptors is set here, not left to the
+    host (how many connections it holds at once depends on how fast it accepts
+    them, each closed 1 s later, and on how many the kernel queues for it): the
+    server is stopped while :data:`FLOOD` connections queue in its listen backlog,
+    its soft limit is lowered to what it holds plus :data:`FLOOD_SPARE`, and then it
+    is continued, so it finds far more connections waiting than it has descriptors
+    for. ``FLOOD`` stays below 128, the smallest default ``net.core.somaxconn``, so
+    the kernel completes every connection while the server is stopped.
+    """
     server, log_path = slow_client_server
-    socks = [connect(server) for _ in range(SERVER_NOFILE + 200)]
-    assert all(closed_by_server(sock) for sock in socks)
+    assert server.proc is not None
+    pid = server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        socks = [connect(server) for _ in range(FLOOD)]
+        held = len(os.listdir(f"/proc/{pid}/fd"))
+        limit = (held + FLOOD_SPARE, SERVER_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limit)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    try:
+        assert all(closed_by_server(sock) for sock in socks)
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (SERVER_NOFILE, SERVER_NOFILE))
     assert httpx.get(f"{server.url}/healthz", timeout=WAIT).status_code == 200
     log = log_path.read_bytes()
     assert b"out of system resource" in log, "the flood did exhaust descriptors"
