@@ -18,7 +18,14 @@ It prints each phase's search p50/p99 and the ingest's docs/s, and the ratios
 against the idle searches and the lone ingest of the same round, with the issue's
 targets (p99 during the ingest ≤ 4x idle, p50 ≤ 1.5x idle, ingest docs/s with
 searches ≥ 0.85x alone). Figures are medians over rounds; load averages before and
-after. Run it from the repository root::
+after.
+
+Searches cost CPU the ingest then cannot have: the idle phase measures the CPU time
+of one search (the server's and this process's), and the report says what share of
+the machine's cores the searches made during the ingest took, so the ingest could
+keep at most the rest. A server that makes searches wait (queued behind documents)
+serves fewer of them, at the same pace, and so leaves the ingest more. Run it from
+the repository root::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/ingest_search.py [--rounds 2]
 """
@@ -125,21 +132,42 @@ def cli_ingest(url: str, collection: str, docs: int) -> float:
     return float(found.group(1))
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid`` (every thread) plus this process's so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    server = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    own = os.times()
+    return server + own.user + own.system
+
+
 @dataclass
 class Round:
     idle: list[float]
     during: list[float]
     alone_docs_per_s: float
     with_docs_per_s: float
+    cpu_per_search: float  # seconds, idle
+    ingest_seconds: float
+
+    @property
+    def search_share(self) -> float:
+        """The share of the cores the searches beside the ingest took."""
+        busy = len(self.during) * self.cpu_per_search
+        return busy / (self.ingest_seconds * (os.cpu_count() or 1))
 
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def one_round(r: int, url: str, searcher: Searcher, args: argparse.Namespace) -> Round:
+def one_round(
+    r: int, url: str, pid: int, searcher: Searcher, args: argparse.Namespace
+) -> Round:
+    cpu = cpu_seconds(pid)
     searcher.run(args.searches)
     idle = searcher.take()
+    cpu_per_search = (cpu_seconds(pid) - cpu) / len(idle)
     seconds = cli_ingest(url, f"alone-{r}", args.docs)
     alone = args.docs / seconds
     searcher.start()
@@ -147,12 +175,13 @@ def one_round(r: int, url: str, searcher: Searcher, args: argparse.Namespace) ->
     ended = time.perf_counter()
     searcher.stop()
     during = searcher.take(since=ended - seconds)
-    result = Round(idle, during, alone, args.docs / seconds)
+    result = Round(idle, during, alone, args.docs / seconds, cpu_per_search, seconds)
     print(
         f"round {r + 1}: idle p50 {pct(idle, 50):.1f} p99 {pct(idle, 99):.1f} ms "
-        f"({len(idle)}); during the ingest p50 {pct(during, 50):.1f} "
-        f"p99 {pct(during, 99):.1f} ms ({len(during)}); ingest alone "
-        f"{alone:.1f} docs/s, with searches {result.with_docs_per_s:.1f} docs/s",
+        f"({len(idle)}, {cpu_per_search * 1000:.1f} ms CPU each); during the ingest "
+        f"p50 {pct(during, 50):.1f} p99 {pct(during, 99):.1f} ms ({len(during)}, "
+        f"{result.search_share:.0%} of the cores); ingest alone {alone:.1f} docs/s, "
+        f"with searches {result.with_docs_per_s:.1f} docs/s",
         flush=True,
     )
     return result
@@ -206,6 +235,11 @@ def report(rounds: list[Round], args: argparse.Namespace, load: str) -> str:
         f"| {verdict('p99')} |",
         f"| ingest docs/s with searches / alone | {ratios['docs_per_s']:.2f} "
         f"| ≥ 0.85 | {verdict('docs_per_s')} |",
+        "",
+        f"CPU per search (server and client, idle): "
+        f"{med([r.cpu_per_search for r in rounds]) * 1000:.1f} ms; the searches "
+        f"during the ingest took {med([r.search_share for r in rounds]):.0%} of the "
+        f"{os.cpu_count()} cores.",
     ]
     return "\n".join(lines)
 
@@ -245,6 +279,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="normcal-ingest-search-") as tmp:
         server = ServerProcess(Path(tmp) / "data", env=mode_env(args.mode))
         server.start(timeout=600)
+        assert server.proc is not None
         try:
             with httpx.Client(base_url=server.url, timeout=600) as client:
                 client.post("/v1/collections", json={"name": SERVED}).raise_for_status()
@@ -257,7 +292,8 @@ def main() -> int:
             searcher.run(50)  # warm-up
             searcher.take()
             rounds = [
-                one_round(r, server.url, searcher, args) for r in range(args.rounds)
+                one_round(r, server.url, server.proc.pid, searcher, args)
+                for r in range(args.rounds)
             ]
         finally:
             server.stop()

@@ -328,9 +328,9 @@ async def test_disabled_embeds_each_request_alone(model, pool):
 
 class HeldEmbedder:
     """Texts are numbers (a text's norm is its number) with as many tokens as
-    characters. Each call waits until the test releases it by its index in
-    ``calls``, or until ``release_all`` (which lets later calls through too);
-    ``"bad"`` in a call fails it."""
+    characters. Each call waits on its own event until the test releases it by its
+    index in ``calls``, or until ``release_all`` (which lets later calls through
+    too); ``"bad"`` in a call fails it."""
 
     model_name = "tests/held"
     model_id = "sha256:held"
@@ -340,22 +340,20 @@ class HeldEmbedder:
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], InputType]] = []
         self.releases: list[threading.Event] = []
-        self.free = threading.Event()
+        self.free = False
         self._lock = threading.Lock()
 
     def token_counts(self, texts: list[str]) -> np.ndarray:
         return np.array([len(t) for t in texts], dtype=np.int64)
 
     def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        release = threading.Event()
         with self._lock:
-            release = threading.Event()
+            if self.free:
+                release.set()
             self.calls.append((list(texts), input_type))
             self.releases.append(release)
-        for _ in range(int(DEADLINE_S / 0.005)):
-            if release.wait(0.005) or self.free.is_set():
-                break
-        else:
-            raise AssertionError("the test never released the call")
+        assert release.wait(DEADLINE_S), "the test never released the call"
         if "bad" in texts:
             raise ValueError("cannot embed 'bad'")
         n = len(texts)
@@ -371,7 +369,10 @@ class HeldEmbedder:
             self.releases[i].set()
 
     def release_all(self) -> None:
-        self.free.set()
+        with self._lock:
+            self.free = True
+            for release in self.releases:
+                release.set()
 
     def kinds(self) -> list[InputType]:
         return [kind for _, kind in self.calls]
