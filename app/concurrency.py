@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +23,30 @@ from app.exceptions import OverloadedError
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+def lower_priority(steps: int) -> bool:
+    """Lower the calling thread's CPU priority by ``steps`` nice steps, for good.
+
+    On Linux the nice value belongs to each thread (``setpriority(2)`` on its thread
+    id), so one pool's threads can give way to the rest of the process: where they
+    compete for a core, a thread at nice 10 gets about a tenth of what one at 0
+    gets. Threads it starts inherit it. Taking it back needs a privilege, so only a
+    thread that does nothing but background work calls this. Elsewhere, or if the
+    system refuses, nothing changes; returns whether it did.
+    """
+    if sys.platform != "linux" or steps <= 0:
+        return False
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + steps))
+    except OSError as error:
+        logger.warning("could not lower a background thread's priority: %s", error)
+        return False
+    return True
 
 
 class RWLock:
@@ -74,6 +101,8 @@ class CpuPool:
         Jobs (running or queued) beyond which :meth:`run` raises ``OverloadedError``.
     initializer : callable, optional
         Run once in each thread as it starts (per-thread library settings).
+    name : str
+        Prefix of its threads' names.
     """
 
     def __init__(
@@ -81,9 +110,10 @@ class CpuPool:
         workers: int,
         max_pending: int,
         initializer: Callable[[], object] | None = None,
+        name: str = "normcal-cpu",
     ) -> None:
         self._executor = ThreadPoolExecutor(
-            workers, thread_name_prefix="normcal-cpu", initializer=initializer
+            workers, thread_name_prefix=name, initializer=initializer
         )
         self._max_pending = max_pending
         self._pending = 0

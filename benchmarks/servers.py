@@ -6,12 +6,19 @@ A mode is parts joined by ``/``, each optional, in any order: the backend (``tor
 ``benchmarks/load.py``, batching across requests (``off``, or a window in ms). Unnamed
 parts keep the server's defaults. ``torch/fp32/t0/0`` is the default of the release
 before issue 24.
+
+``noamx`` caps oneDNN's instruction set at ``avx512_core_bf16``
+(``ONEDNN_MAX_CPU_ISA``): on a CPU with AMX, the bf16 layers then run the kernels a
+CPU with ``avx512_bf16`` but no AMX runs (an AMD EPYC of the Zen 4 generation), to
+show their behaviour here. It is not that CPU: its speed, caches and MKL's fp32
+paths differ.
 """
 
 from __future__ import annotations
 
 BACKENDS = ("torch", "onnx")
 PRECISIONS = ("fp32", "mixed", "bf16", "auto")
+NO_AMX = "AVX512_CORE_BF16"  # oneDNN's ISA cap of the noamx part
 
 
 def mode_env(mode: str, onnx_path: object = None) -> dict[str, str]:
@@ -24,6 +31,8 @@ def mode_env(mode: str, onnx_path: object = None) -> dict[str, str]:
             env["NORMCAL_EMBED_PRECISION"] = part
         elif part.startswith("t") and part[1:].isdigit():
             env["NORMCAL_EMBED_THREADS"] = part[1:]
+        elif part == "noamx":
+            env["ONEDNN_MAX_CPU_ISA"] = NO_AMX
         elif part == "off":
             env["NORMCAL_EMBED_BATCHING"] = "false"
         elif part.replace(".", "", 1).isdigit():

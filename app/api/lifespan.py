@@ -14,7 +14,7 @@ from app.api.errors import job_error
 from app.collections.backends import open_registry
 from app.collections.base import Registry
 from app.collections.index import limit_threads
-from app.concurrency import CpuPool
+from app.concurrency import CpuPool, lower_priority
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
 from app.exceptions import StorageUnavailableError
 from app.observability import Metrics
@@ -24,6 +24,17 @@ from app.settings import Settings
 from calibration.profile import Profile
 
 logger = logging.getLogger(__name__)
+
+# Nice steps of the bulk pool's threads (bulk embeddings: upserts, fit jobs' queries)
+# below the rest of the process: a search's thread then takes the core a document
+# pass was using (app.embedding.batching, docs/performance.md).
+BULK_NICE = 10
+
+
+def bulk_thread(threads: int) -> None:
+    """Set up one bulk pool thread: its FAISS threads, and its lower priority."""
+    limit_threads(threads)
+    lower_priority(BULK_NICE)
 
 
 class State(TypedDict):
@@ -101,6 +112,14 @@ def make_lifespan(
             settings.max_pending_jobs,
             initializer=partial(limit_threads, settings.embed_threads),
         )
+        # The batcher bounds the bulk work it accepts by max_pending_jobs; each
+        # request has at most one job here besides the lanes' micro-batches.
+        bulk_pool = CpuPool(
+            settings.worker_threads,
+            settings.max_pending_jobs + settings.worker_threads,
+            initializer=partial(bulk_thread, settings.embed_threads),
+            name="normcal-cpu-bulk",
+        )
         default = load_default_profile(model.model_name, model.model_id)
         no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
         if isinstance(default, str):
@@ -127,6 +146,7 @@ def make_lifespan(
             model,
             registry,
             pool,
+            bulk_pool=bulk_pool,
             default_profile=None if isinstance(default, str) else default.profile,
             no_default_reason=no_default,
             default_note=None
@@ -147,6 +167,7 @@ def make_lifespan(
             if metrics is not None:
                 metrics.watch(None)
                 metrics.watch_drift(None)
+            bulk_pool.shutdown()
             pool.shutdown()
             registry.close()
             logger.info("normcal stopped")

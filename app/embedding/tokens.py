@@ -67,10 +67,17 @@ def pooled_in_passes(
 
 
 def padded(
-    encodings: list[Encoding], pad_id: int, pad_type_id: int = 0
+    encodings: list[Encoding],
+    pad_id: int,
+    pad_type_id: int = 0,
+    width: int | None = None,
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-    """Token ids, attention mask and token type ids of one pass, padded to its longest."""
-    width = max(len(e.ids) for e in encodings)
+    """Token ids, attention mask and token type ids of one pass.
+
+    Padded to ``width`` tokens, by default its longest text's.
+    """
+    longest = max(len(e.ids) for e in encodings)
+    width = longest if width is None else max(width, longest)
     shape = (len(encodings), width)
     ids = np.full(shape, pad_id, dtype=np.int64)
     types = np.full(shape, pad_type_id, dtype=np.int64)

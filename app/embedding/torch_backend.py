@@ -51,6 +51,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The graph's passes are padded to a width that is a multiple of this many tokens
+# (never past the model's limit), and every such width is run once at start-up. A
+# new matrix shape makes oneDNN build and JIT-compile kernels for the bf16 layers
+# and GELU (about 2 ms for a one-query pass here, more on a CPU without AMX), so a
+# query of a length not seen yet paid that on top of its pass: the cold search tail
+# (docs/performance.md). Rounding leaves 32 widths up to 256 tokens instead of 256,
+# few enough to build them all before the first request.
+WIDTH_STEP = 8
+
 
 class SentenceTransformerEmbedder:
     """A sentence-transformers model with its ``Normalize`` module removed.
@@ -191,13 +200,39 @@ class SentenceTransformerEmbedder:
                 "texts run the eager model: the traced graph failed its %s", check
             )
             return f"texts run the eager model (the traced graph failed: {failure})"
-        return f"texts run a traced {chosen} graph, {check}"
+        warmed = self._warm_widths(torch)
+        return f"texts run a traced {chosen} graph, {check}; {warmed}"
+
+    def _width(self, longest: int) -> int:
+        """The width a pass whose longest text has ``longest`` tokens runs at."""
+        rounded = -(-longest // WIDTH_STEP) * WIDTH_STEP
+        return min(rounded, max(longest, self.max_seq_length))
+
+    def _warm_widths(self, torch: Any) -> str:
+        """Run the graph once at every width a one-text pass can have.
+
+        oneDNN keeps the kernels it built per shape in its primitive cache (1,024
+        by default, ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), so a lone query never
+        builds one. Returns what was done, for the reason.
+        """
+        started = time.perf_counter()
+        widths = sorted({self._width(n) for n in range(1, self.max_seq_length + 1)})
+        with torch.inference_mode():
+            for width in widths:
+                ids = torch.full((1, width), self._pad_id, dtype=torch.long)
+                self._graph(ids, torch.ones_like(ids), torch.zeros_like(ids))
+        took = time.perf_counter() - started
+        return f"{len(widths)} pass widths warmed ({took:.2f} s)"
 
     def _graph_forward(self, encodings: list[Encoding]) -> NDArray[np.float64]:
-        """Pad one pass, run the traced graph, pool (in numpy, as the onnx backend)."""
+        """Pad one pass, run the traced graph, pool (in numpy, as the onnx backend).
+
+        The pass is padded to its :meth:`_width` (masked, so no text changes).
+        """
         import torch
 
-        ids, mask, types = padded(encodings, self._pad_id)
+        width = self._width(max(len(e.ids) for e in encodings))
+        ids, mask, types = padded(encodings, self._pad_id, width=width)
         with torch.inference_mode():
             tokens = self._graph(
                 torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types)

@@ -214,7 +214,8 @@ class CalibratorsService(Part):
         progress("embedding queries")
         queries = sorted(qrels)
         if batch is None:
-            batch = await self.batcher.embed(queries, "query")
+            # A fit job's queries are bulk work: searches go first.
+            batch = await self.batcher.embed(queries, "query", priority="bulk")
         progress("retrieving")
         pools = await self.pool.run(collection.search, batch.vectors, queries, k)
         progress("fitting")

@@ -45,6 +45,8 @@ class Context:
     embedder: Embedder
     registry: Registry[Profile]
     pool: CpuPool
+    # Where bulk embeddings run (``EmbedBatcher``'s ``bulk_pool``); ``pool`` if None.
+    bulk_pool: CpuPool | None = None
     default_profile: Profile | None = None
     # Why no shipped profile serves this model (``app.profiles.load_default_profile``).
     no_default_reason: str = NO_DEFAULT_REASON
@@ -85,6 +87,8 @@ class Context:
             max_queued=self.settings.max_pending_jobs,
             lanes=lanes_for(self.settings.embed_threads, self.settings.worker_threads),
             enabled=self.settings.embed_batching,
+            max_tokens=self.settings.embed_max_batch_tokens,
+            bulk_pool=self.bulk_pool,
         )
 
 

@@ -71,7 +71,8 @@ class DocumentsService(Part):
             own_vectors.check_kind(collection, doc.vector is not None, field)
         texts = [d.text for d in documents]
         if not own_vectors.is_own(collection):
-            return await self.batcher.embed(texts, "document")
+            # Bulk: a search never waits behind an upsert's passes.
+            return await self.batcher.embed(texts, "document", priority="bulk")
         counts = await self.pool.run(own_vectors.token_counts, self.embedder, texts)
         return own_vectors.vector_batch(
             fields,

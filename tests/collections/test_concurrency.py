@@ -70,6 +70,9 @@ class ThreadRecordingEmbedder:
             with self._lock:
                 self.finished += 1
 
+    def token_counts(self, texts):
+        return self.inner.token_counts(texts)
+
 
 @pytest.mark.slow
 @pytest.mark.anyio

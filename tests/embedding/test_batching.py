@@ -323,6 +323,205 @@ async def test_disabled_embeds_each_request_alone(model, pool):
     assert sorted(texts for texts, _ in model.calls) == [["0"], ["1"], ["2"], ["3"]]
 
 
+# -- bulk requests: micro-batches that give way to interactive ones -------------------
+
+
+class HeldEmbedder:
+    """Texts are numbers (a text's norm is its number) with as many tokens as
+    characters. Each call waits on its own event until the test releases it by its
+    index in ``calls``, or until ``release_all`` (which lets later calls through
+    too); ``"bad"`` in a call fails it."""
+
+    model_name = "tests/held"
+    model_id = "sha256:held"
+    dim = 2
+    max_seq_length = 64
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], InputType]] = []
+        self.releases: list[threading.Event] = []
+        self.free = False
+        self._lock = threading.Lock()
+
+    def token_counts(self, texts: list[str]) -> np.ndarray:
+        return np.array([len(t) for t in texts], dtype=np.int64)
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        release = threading.Event()
+        with self._lock:
+            if self.free:
+                release.set()
+            self.calls.append((list(texts), input_type))
+            self.releases.append(release)
+        assert release.wait(DEADLINE_S), "the test never released the call"
+        if "bad" in texts:
+            raise ValueError("cannot embed 'bad'")
+        n = len(texts)
+        return EmbeddingBatch(
+            vectors=np.tile(np.float32([1.0, 0.0]), (n, 1)),
+            norms=np.array([float(t) for t in texts]),
+            n_tokens=self.token_counts(texts),
+            truncated=np.zeros(n, dtype=bool),
+        )
+
+    def release(self, *indices: int) -> None:
+        for i in indices:
+            self.releases[i].set()
+
+    def release_all(self) -> None:
+        with self._lock:
+            self.free = True
+            for release in self.releases:
+                release.set()
+
+    def kinds(self) -> list[InputType]:
+        return [kind for _, kind in self.calls]
+
+
+@pytest.fixture
+def held() -> Iterator[HeldEmbedder]:
+    fake = HeldEmbedder()
+    yield fake
+    fake.release_all()  # never leave a pool thread waiting
+
+
+@pytest.fixture
+async def bulk_pool() -> AsyncIterator[CpuPool]:
+    """The bulk side's own threads, as the service has them."""
+    cpu = CpuPool(2, 64)
+    yield cpu
+    cpu.shutdown()
+
+
+DOCS = [str(i) for i in range(10, 22)]  # twelve texts of two tokens
+
+
+@pytest.mark.anyio
+async def test_a_query_is_answered_before_a_bulk_requests_remaining_micro_batches(
+    held, pool, bulk_pool
+):
+    # One lane, micro-batches of 4 tokens: the twelve documents go two by two.
+    batcher = EmbedBatcher(
+        held, pool, max_texts=32, max_tokens=4, lanes=1, bulk_pool=bulk_pool
+    )
+    docs = asyncio.create_task(batcher.embed(DOCS, "document", priority="bulk"))
+    await until(lambda: len(held.calls) == 1)  # the first micro-batch, held
+    query = asyncio.create_task(batcher.embed(["7"], "query"))
+    await until(lambda: len(held.calls) == 2)
+    assert held.calls[1] == (["7"], "query")  # started beside it, not after it
+    held.release(1)
+    assert norms(await query) == [7.0]
+    assert not docs.done() and batcher.bulk_pending == 5
+    held.release_all()
+    assert norms(await docs) == [float(t) for t in DOCS]
+    assert held.kinds() == ["document", "query"] + ["document"] * 5
+    assert all(len(texts) == 2 for texts, kind in held.calls if kind == "document")
+
+
+@pytest.mark.anyio
+async def test_bulk_lanes_make_room_for_interactive_passes_and_take_it_back(
+    held, pool, bulk_pool
+):
+    batcher = EmbedBatcher(
+        held, pool, max_texts=32, max_tokens=4, lanes=2, bulk_pool=bulk_pool
+    )
+    docs = asyncio.create_task(batcher.embed(DOCS, "document", priority="bulk"))
+    await until(lambda: len(held.calls) == 2)  # both lanes on documents
+    query = asyncio.create_task(batcher.embed(["7"], "query"))
+    await until(lambda: len(held.calls) == 3)
+    # A document micro-batch ends while the query's pass runs: its lane stops
+    # there, so the next micro-batch does not start beside the query's pass.
+    held.release(0)
+    await until(lambda: len(batcher._bulk_drainers) == 1)
+    assert held.kinds() == ["document", "document", "query"]
+    held.release(2)
+    assert norms(await query) == [7.0]
+    # The query is answered: the second bulk lane runs again.
+    await until(lambda: len(held.calls) == 4)
+    assert held.kinds()[3] == "document"
+    held.release_all()
+    assert norms(await docs) == [float(t) for t in DOCS]
+
+
+@pytest.mark.anyio
+async def test_one_bulk_lane_runs_while_interactive_work_holds_every_lane(
+    held, pool, bulk_pool
+):
+    batcher = EmbedBatcher(
+        held, pool, max_texts=32, max_tokens=4, lanes=1, bulk_pool=bulk_pool
+    )
+    with batcher.lane() as alone:  # a search holds the only interactive lane
+        assert alone
+        docs = asyncio.create_task(batcher.embed(DOCS[:4], "document", "bulk"))
+        await until(lambda: len(held.calls) == 1)
+        held.release_all()
+        assert norms(await docs) == [float(t) for t in DOCS[:4]]
+
+
+@pytest.mark.anyio
+async def test_micro_batches_follow_the_token_budget_longest_first(
+    held, pool, bulk_pool
+):
+    held.release_all()
+    batcher = EmbedBatcher(held, pool, max_texts=2, max_tokens=6, bulk_pool=bulk_pool)
+    texts = ["1", "4444", "22", "333", "55555", "6"]
+    batch = await batcher.embed(texts, "document", priority="bulk")
+    assert norms(batch) == [float(t) for t in texts]  # back in the request's order
+    assert batch.n_tokens.tolist() == [1, 4, 2, 3, 5, 1]
+    # Rows x the longest text within 6 tokens, or one text alone; at most 2 rows.
+    assert [texts for texts, _ in held.calls] == [
+        ["55555"],
+        ["4444"],
+        ["333", "22"],
+        ["1", "6"],
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_failing_bulk_request_fails_alone_and_a_cancelled_one_stops(
+    held, pool, bulk_pool
+):
+    batcher = EmbedBatcher(
+        held, pool, max_texts=32, max_tokens=6, lanes=1, bulk_pool=bulk_pool
+    )
+    # Micro-batches of 6 tokens: the bad request's texts share one.
+    bad = asyncio.create_task(batcher.embed(["10", "bad"], "document", "bulk"))
+    await until(lambda: len(held.calls) == 1)
+    dropped = asyncio.create_task(batcher.embed(DOCS, "document", "bulk"))
+    good = asyncio.create_task(batcher.embed(["12", "13"], "document", "bulk"))
+    await until(lambda: batcher.bulk_pending == 5)
+    dropped.cancel()
+    await until(lambda: batcher.bulk_pending == 1)
+    held.release_all()
+    with pytest.raises(ValueError, match="cannot embed"):
+        await bad
+    assert norms(await good) == [12.0, 13.0]
+    assert [texts for texts, _ in held.calls] == [["bad", "10"], ["12", "13"]]
+    assert dropped.cancelled()
+
+
+@pytest.mark.anyio
+async def test_a_bulk_request_counts_once_in_the_bound(held, pool, bulk_pool):
+    batcher = EmbedBatcher(
+        held,
+        pool,
+        max_texts=32,
+        max_tokens=4,
+        lanes=1,
+        max_queued=2,
+        bulk_pool=bulk_pool,
+    )
+    first = asyncio.create_task(batcher.embed(DOCS, "document", "bulk"))
+    await until(lambda: len(held.calls) == 1)  # six micro-batches, one request
+    second = asyncio.create_task(batcher.embed(["7"], "query"))
+    await until(lambda: len(held.calls) == 2)
+    with pytest.raises(OverloadedError):
+        await batcher.embed(["8"], "document", "bulk")
+    held.release_all()
+    assert norms(await second) == [7.0]
+    assert norms(await first) == [float(t) for t in DOCS]
+
+
 # -- through the HTTP app, with the real model ------------------------------------------
 
 
@@ -345,6 +544,9 @@ class GatedRealEmbedder:
             self.entered.set()
             assert self.gate.wait(DEADLINE_S), "the test never opened the gate"
         return self.inner.embed(texts, input_type)
+
+    def token_counts(self, texts: list[str]):
+        return self.inner.token_counts(texts)
 
 
 WORDS = (
@@ -410,3 +612,77 @@ def _wait_for(condition: Callable[[], bool]) -> None:
             return
         done.wait(0.005)
     raise AssertionError("condition never held")
+
+
+class HeldDocumentsEmbedder:
+    """The real model, recording every pass (input type and token counts); while
+    ``hold`` is set, document passes wait for ``gate``."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.model_name, self.model_id = inner.model_name, inner.model_id
+        self.dim, self.max_seq_length = inner.dim, inner.max_seq_length
+        self.hold = threading.Event()
+        self.gate = threading.Event()
+        self.passes: list[tuple[InputType, list[int]]] = []
+
+    def token_counts(self, texts: list[str]):
+        return self.inner.token_counts(texts)
+
+    def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
+        self.passes.append((input_type, self.inner.token_counts(texts).tolist()))
+        if input_type == "document" and self.hold.is_set():
+            assert self.gate.wait(DEADLINE_S), "the test never opened the gate"
+        return self.inner.embed(texts, input_type)
+
+
+def test_a_search_during_an_upsert_is_answered_before_its_remaining_passes(
+    real_embedder, tmp_path
+):
+    from fastapi.testclient import TestClient
+
+    from app.api.app import create_app
+    from app.settings import Settings
+
+    model = HeldDocumentsEmbedder(real_embedder)
+    settings = Settings(data_dir=tmp_path / "data")
+    app = create_app(settings, embedder=model)
+    # 24 texts of 100 words or more: a few to a pass of 512 padded tokens.
+    docs = [
+        {"id": f"d{i}", "text": " ".join(WORDS[(i + j) % 10] for j in range(100 + i))}
+        for i in range(24)
+    ]
+    with TestClient(app) as client:
+        assert client.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        first = {"documents": [{"id": "seed", "text": QUERIES[0]}]}
+        assert client.put("/v1/collections/kb/documents", json=first).status_code == 200
+        alone = model.inner.embed([d["text"] for d in docs], "document")
+        model.passes.clear()
+        model.hold.set()
+        with ThreadPoolExecutor(1) as thread:
+            upsert = thread.submit(
+                client.put, "/v1/collections/kb/documents", json={"documents": docs}
+            )
+            # Its first passes, one per bulk lane, held.
+            lanes = client.app_state["service"].context.batcher.lanes
+            _wait_for(lambda: len(model.passes) == lanes)
+            r = client.post("/v1/collections/kb/search", json={"query": QUERIES[1]})
+            assert r.status_code == 200, r.text
+            assert not upsert.done()
+            kinds = [kind for kind, _ in model.passes]
+            assert kinds == ["document"] * lanes + ["query"]
+            model.gate.set()
+            assert upsert.result(DEADLINE_S).status_code == 200
+        kinds = [kind for kind, _ in model.passes]
+        assert set(kinds[lanes + 1 :]) == {"document"}
+        # Each of the upsert's passes is one micro-batch within the token budget.
+        budget = settings.embed_max_batch_tokens
+        document_passes = [n for kind, n in model.passes if kind == "document"]
+        assert len(document_passes) >= 6
+        assert all(len(n) * max(n) <= budget for n in document_passes)
+        assert sum(len(n) for n in document_passes) == len(docs)
+        # The stored documents are what embedding them in one call gives.
+        stored = client.post(
+            "/v1/collections/kb/documents/get", json={"ids": [d["id"] for d in docs]}
+        ).json()["data"]
+        assert np.allclose([d["norm"] for d in stored], alone.norms, rtol=1e-5)

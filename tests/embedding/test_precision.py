@@ -397,3 +397,67 @@ def test_a_pipeline_other_than_transformer_pooling_runs_queries_eager(monkeypatc
     assert "texts run the eager model (its pipeline is not" in (
         model.precision_choice.reason
     )
+
+
+def test_graph_passes_run_at_widths_in_steps_of_eight_up_to_the_limit(auto):
+    from app.embedding.torch_backend import WIDTH_STEP
+
+    if auto._graph is None:
+        pytest.skip("no graph on this machine")
+    limit = auto.max_seq_length
+    widths = {auto._width(n) for n in range(1, limit + 1)}
+    assert all(w % WIDTH_STEP == 0 or w == limit for w in widths)
+    assert max(widths) == limit and len(widths) == -(-limit // WIDTH_STEP)
+    assert [auto._width(n) for n in (1, 8, 9, 16, 17)] == [8, 8, 16, 16, 24]
+    assert f"{len(widths)} pass widths warmed" in auto.precision_choice.reason
+
+
+# A child process: the model as the service loads it, then a query of every token
+# count up to the limit, each seen for the first time. oneDNN logs each kernel it
+# builds ("create:cache_miss") on stdout; C's buffer is flushed at the marker so the
+# start-up's lines come before it.
+_COLD_QUERIES = """
+import ctypes, sys
+from app.embedding import SentenceTransformerEmbedder
+from app.settings import default_model_path
+
+model = SentenceTransformerEmbedder(
+    default_model_path(), model_name="m", precision="auto", threads=1
+)
+libc = ctypes.CDLL(None)
+libc.fflush(None)
+print("GRAPH" if model._graph is not None else "EAGER", flush=True)
+words = "calibration of retrieval scores for rag pipelines".split()
+for n in range(model.max_seq_length + 8):
+    model.embed([" ".join(words[i % 7] for i in range(n))], "query")
+libc.fflush(None)
+print("DONE", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_after_start_up_a_query_of_any_length_builds_no_kernel(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "ONEDNN_VERBOSE": "all", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _COLD_QUERIES],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=600,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    marker = next(i for i, line in enumerate(lines) if line in ("GRAPH", "EAGER"))
+    if lines[marker] == "EAGER":
+        pytest.skip("no graph on this machine")
+    built_at_start = [line for line in lines[:marker] if "create:cache_miss" in line]
+    built_later = [line for line in lines[marker:] if "create:cache_miss" in line]
+    assert lines[-1] == "DONE"
+    assert built_at_start  # oneDNN logs here: the check below could fail
+    assert built_later == []
