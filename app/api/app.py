@@ -36,6 +36,7 @@ from app.api.routers import (
     snapshots,
     ui,
 )
+from app.api.strict import refuse_unknown_query
 from app.embedding import Embedder
 from app.observability import AccessLogMiddleware, Metrics, RouteTemplates
 from app.settings import Settings
@@ -63,6 +64,8 @@ def create_app(
         generate_unique_id_function=_operation_id,
         docs_url=None,  # served by routers.docs from local assets, not a CDN
         redoc_url=None,
+        # Every route: a query parameter it does not declare is a 422 naming it.
+        dependencies=[Depends(refuse_unknown_query)],
     )
     install_error_handlers(app)
     # Added innermost first. Outermost: request id, the security headers (on every

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from normcal_client import NormcalClient, NormcalError
     from pydantic import ValidationError
 
+    from app.cli.inputs import ColumnKind
     from app.embedding import Embedder, EmbeddingBatch, InputType
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -265,8 +266,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from app.cli.inputs import InputError, read_documents
 
     empty: list[str] = []
+    kinds: list[ColumnKind] = []
     try:
-        docs = read_documents(args.source, args.limit, skipped=empty)
+        docs = read_documents(
+            args.source,
+            args.limit,
+            skipped=empty,
+            text_columns=args.text_column,
+            kinds=kinds,
+        )
     except (InputError, OSError) as error:
         raise _input_error(error) from None
     with _api(args.url, timeout=600) as client:
@@ -289,7 +297,24 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             f"skipped {_count(len(empty), 'corpus.jsonl row')} with an empty title "
             f"and text (nothing to embed): {_first_ids(empty)}"
         )
+    if kinds:
+        print(_kinds_line(kinds))
     return 0
+
+
+def _kinds_line(kinds: list[ColumnKind]) -> str:
+    """How the CSV's metadata columns were stored, and what kept a column text."""
+    parts = []
+    for kind in kinds:
+        if kind.held_by is not None:
+            line, cell = kind.held_by
+            why = f"text: line {line} has {cell!r}, not a number; the others are"
+            parts.append(f"{kind.column} ({why})")
+        elif kind.forced:
+            parts.append(f"{kind.column} (text: --text-column)")
+        else:
+            parts.append(f"{kind.column} ({kind.kind})")
+    return "metadata columns: " + ", ".join(parts)
 
 
 DECISIVE_OUTCOMES = ("baseline served", "switched", "none at its floor", "applied")
@@ -677,7 +702,8 @@ def add_ingest(sub: Subcommands) -> None:
         type=Path,
         help="a BEIR folder (corpus.jsonl), a JSONL file with one "
         '{"id", "text", "metadata"} object a line, or a CSV file with id and text '
-        "columns (other columns become string metadata)",
+        "columns (other columns become metadata: a column whose every cell is a "
+        "number becomes numbers, true/false booleans, any other text)",
     )
     ingest.add_argument("--collection", required=True, help="created if missing")
     _add_url(ingest)
@@ -695,6 +721,15 @@ def add_ingest(sub: Subcommands) -> None:
         action="store_true",
         help="do not resend documents whose id is already stored "
         "(resume an interrupted ingest)",
+    )
+    ingest.add_argument(
+        "--text-column",
+        action="extend",
+        type=lambda value: [c for c in value.split(",") if c],
+        default=[],
+        metavar="COLUMN[,COLUMN]",
+        help="CSV: keep these metadata columns text even when every cell is a "
+        "number or true/false (ids, codes); repeatable",
     )
     ingest.set_defaults(func=cmd_ingest)
 

@@ -434,10 +434,14 @@ class CollectionStore:
             ).fetchone()
         return int(row[0])
 
-    def count(self) -> int:
-        """Number of documents."""
+    def count(self, where: filters.Node = filters.MATCH_ALL) -> int:
+        """Number of documents (whose metadata matches ``where``)."""
+        condition, params = _filter_condition(where)
         with self.connection() as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+            row = conn.execute(
+                f"SELECT COUNT(*) FROM documents WHERE {condition}", params
+            ).fetchone()
+        return int(row[0])
 
     def filter_seqs(self, where: filters.Node) -> NDArray[np.int64]:
         """Seqs of documents whose metadata matches ``where``."""
@@ -448,16 +452,22 @@ class CollectionStore:
             ).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64)
 
-    def page(self, after: int, limit: int) -> list[StoredDocument]:
-        """Up to ``limit`` documents with a seq above ``after``, in seq order.
+    def page(
+        self, after: int, limit: int, where: filters.Node = filters.MATCH_ALL
+    ) -> list[StoredDocument]:
+        """Up to ``limit`` documents (matching ``where``) with a seq above ``after``.
 
-        Keyset paging on the never-reused ``seq``: a page is one indexed range read,
-        whatever the depth, and writes between pages shift nothing already passed.
+        In seq order. Keyset paging on the never-reused ``seq``: a page is one
+        indexed range read, whatever the depth, and writes between pages shift
+        nothing already passed. With a filter, the range is read until ``limit``
+        documents match (or it ends).
         """
+        condition, params = _filter_condition(where)
         with self.connection() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after, limit),
+                f"SELECT {_COLUMNS} FROM documents WHERE seq > ? AND {condition}"
+                " ORDER BY seq LIMIT ?",
+                (after, *params, limit),
             ).fetchall()
         return [_to_document(row) for row in rows]
 
