@@ -15,6 +15,7 @@ from app.collections.backends import open_registry
 from app.collections.index import limit_threads
 from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
+from app.embedding.known import contradiction
 from app.observability import Metrics
 from app.profiles import load_default_profile
 from app.services import NO_DEFAULT_REASON, Context, Service
@@ -22,6 +23,10 @@ from app.settings import Settings
 from calibration.profile import Profile
 
 logger = logging.getLogger(__name__)
+
+
+class ModelNameError(ValueError):
+    """``NORMCAL_MODEL_NAME`` names a known model the files are not (one line)."""
 
 
 class State(TypedDict):
@@ -72,6 +77,11 @@ def make_lifespan(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[State]:
         model = embedder if embedder is not None else load_embedder(settings)
+        lie = contradiction(
+            model.model_name, model.model_id, model.dim, settings.model_path
+        )
+        if lie is not None:  # `normcal serve` says it in one line before loading
+            raise ModelNameError(lie)
         registry = open_registry(
             settings,
             model_name=model.model_name,

@@ -104,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
     settings = _settings(**overrides)
+    _check_model(settings)
     configure_logging(settings.log_level, settings.log_format)
     try:
         app = create_app(settings)
@@ -123,6 +124,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
         except CannotListenError as error:
             raise CliError(EXIT_CANNOT_LISTEN, str(error)) from None
+
+
+def _check_model(settings: Any) -> None:
+    """Stop in one line when the model files are missing or not the model named.
+
+    A missing ``NORMCAL_MODEL_PATH`` (or one without model files) is an input error;
+    a ``NORMCAL_MODEL_NAME`` the files contradict (:mod:`app.embedding.known`) an
+    invalid setting. Checked before anything loads: the files' configs and identity.
+    """
+    from app.embedding.identity import model_identity
+    from app.embedding.known import contradiction, files_dimension
+
+    path = Path(settings.model_path)
+    where = f"NORMCAL_MODEL_PATH {settings.model_path}"
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise CliError(
+            EXIT_INPUT,
+            f"{where}: {what}; it must be a local sentence-transformers model "
+            "folder (unset, it is the bundled all-MiniLM-L6-v2)",
+        )
+    try:
+        model_id = model_identity(path)
+    except (OSError, ValueError):
+        raise CliError(
+            EXIT_INPUT,
+            f"{where}: no model files in this folder (config.json, modules.json, "
+            "weights); it must be a local sentence-transformers model folder",
+        ) from None
+    lie = contradiction(
+        settings.model_name, model_id, files_dimension(path), settings.model_path
+    )
+    if lie is not None:
+        raise CliError(EXIT_USAGE, f"invalid settings: {lie}")
 
 
 @contextmanager
@@ -493,6 +528,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except InputError as error:
         raise _input_error(error) from None
     settings = _settings()
+    _check_model(settings)
 
     from app.api.lifespan import load_embedder
     from app.cli.evaluation import method_table, run_eval
@@ -543,6 +579,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     from app.embedding.onnx_export import export_onnx
 
     settings = _settings()
+    _check_model(settings)
     try:
         out = export_onnx(settings.model_path, args.out)
     except MissingDependencyError as error:
