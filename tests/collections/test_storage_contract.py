@@ -482,6 +482,16 @@ def test_snapshots_are_local_only(kb: TestClient, storage: str):
     assert body["type"].endswith("backend-unsupported") and "milvus" in body["detail"]
     assert_problem(kb.get(f"{URL}/snapshots"), 422)
     assert_problem(kb.post("/v1/collections/nope/snapshots"), 404)
+    # Neither a restore into a new collection nor an upload: refused before a byte
+    # of the file is read, and nothing is made.
+    before = everything(kb)
+    snapshot = f"{URL}/snapshots/20250101T000000000Z-0123abcd/restore"
+    body = assert_problem(kb.post(snapshot, json={"into": "copy"}), 422)
+    assert body["type"].endswith("backend-unsupported")
+    for name in ("kb", "moved"):
+        upload = kb.post(f"/v1/collections/{name}/snapshots/upload", content=b"x")
+        assert assert_problem(upload, 422)["type"].endswith("backend-unsupported")
+    assert everything(kb) == before
 
 
 def test_a_healthy_backend_is_ready(client: TestClient):
