@@ -155,3 +155,20 @@ async def test_async_retriever_with_its_own_client(kb):
     )
     docs = await retriever.ainvoke(QUERIES["photosynthesis"])
     assert [d.id for d in docs] == ["photosynthesis"]
+
+
+def test_documents_come_in_the_order_of_the_probability_they_carry(kb):
+    """Dense hits come by cosine from the service; LangChain gets them by P."""
+    retriever = NormcalRetriever(collection="kb", base_url=kb.url, k=5)
+    store = NormcalVectorStore("kb", base_url=kb.url)
+    with NormcalClient(kb.url) as nc:
+        for query in QUERIES.values():
+            served = nc.search("kb", query, k=5)
+            docs = retriever.invoke(query)
+            probabilities = [d.metadata["probability"] for d in docs]
+            assert probabilities == sorted(probabilities, reverse=True)
+            assert {d.id for d in docs} == {h.id for h in served.hits}
+            pairs = store.similarity_search_with_relevance_scores(query, k=5)
+            assert [p for _, p in pairs] == sorted(probabilities, reverse=True)
+            cosines = [s for _, s in store.similarity_search_with_score(query, k=5)]
+            assert cosines == sorted(cosines, reverse=True)

@@ -44,7 +44,8 @@ class NormcalError(Exception):
         retry_after: float | None = None,
         response: httpx.Response | None = None,
     ) -> None:
-        message = f"{problem.status} {problem.title}: {problem.detail}"
+        status = f"{problem.status} " if problem.status else ""  # 0: no answer
+        message = f"{status}{problem.title}: {problem.detail}"
         if problem.instance:
             message += f" [{problem.instance}]"
         super().__init__(message)
@@ -123,9 +124,14 @@ def invalid_argument(errors: list[dict[str, Any]]) -> InvalidArgument:
     return InvalidArgument(problem)
 
 
-def refused(field: str, rule: str) -> InvalidArgument:
-    """The client's refusal of one argument ``field`` for breaking ``rule``."""
-    return invalid_argument([{"loc": [field], "msg": rule, "type": "value_error"}])
+Loc = str | tuple[str | int, ...]
+"""Where an argument is: its name, or the path to it (``("documents", 3)``)."""
+
+
+def refused(field: Loc, rule: str) -> InvalidArgument:
+    """The client's refusal of the argument at ``field`` for breaking ``rule``."""
+    loc = list(field) if isinstance(field, tuple) else [field]
+    return invalid_argument([{"loc": loc, "msg": rule, "type": "value_error"}])
 
 
 def validation_refused(error: ValidationError) -> InvalidArgument:

@@ -25,6 +25,7 @@ from normcal_client._errors import (
     Conflict,
     ConnectionFailed,
     InvalidArgument,
+    Loc,
     ServerError,
     ServiceUnavailable,
     documents_not_found,
@@ -273,7 +274,7 @@ def update_documents(
         raise refused("updates", "a mapping of document id to its new metadata")
     body = DocumentsUpdateRequest(
         updates=[
-            DocumentUpdate(id=doc_id, metadata=_dict(meta, f"updates.{doc_id}"))
+            DocumentUpdate(id=doc_id, metadata=_dict(meta, ("updates", doc_id)))
             for doc_id, meta in updates.items()
         ],
         mode=mode,
@@ -354,7 +355,7 @@ def search(
         vector=_vector(vector, "vector"),
         vectors=None
         if vectors is None
-        else [_vector(v, f"vectors.{i}") for i, v in enumerate(vectors)],
+        else [_vector(v, ("vectors", i)) for i, v in enumerate(vectors)],
     )
     if isinstance(queries, str) or vector is not None:
         body = SearchRequest(
@@ -390,7 +391,7 @@ def fit_request(
         query_vectors=None
         if query_vectors is None
         else {
-            q: _vector(v, f"query_vectors.{q}")
+            q: _vector(v, ("query_vectors", q))
             for q, v in _dict(query_vectors, "query_vectors").items()
         },
         method=method,
@@ -494,7 +495,7 @@ def _unique(ids: Iterable[str]) -> list[str]:
 
 def _judgments(items: Iterable[JudgmentLike]) -> list[Judgment]:
     return [
-        _model(Judgment, item, f"judgments.{i}")
+        _model(Judgment, item, ("judgments", i))
         for i, item in enumerate(_listed(items, "judgments"))
     ]
 
@@ -502,7 +503,7 @@ def _judgments(items: Iterable[JudgmentLike]) -> list[Judgment]:
 M = TypeVar("M", bound=BaseModel)
 
 
-def _model(cls: type[M], value: M | Mapping[str, Any], field: str) -> M:
+def _model(cls: type[M], value: M | Mapping[str, Any], field: Loc) -> M:
     """``value`` as a ``cls`` (a mapping of its fields); refusals name ``field``."""
     if isinstance(value, cls):
         return value
@@ -513,7 +514,7 @@ def _model(cls: type[M], value: M | Mapping[str, Any], field: str) -> M:
     try:
         return cls(**{str(k): v for k, v in value.items()})
     except InvalidArgument as error:
-        raise error.at(*field.split(".")) from None
+        raise error.at(*(field if isinstance(field, tuple) else (field,))) from None
 
 
 def _document(value: DocumentLike, n: int) -> DocumentIn:
@@ -522,27 +523,27 @@ def _document(value: DocumentLike, n: int) -> DocumentIn:
         value = {
             **value,
             **(
-                {"vector": _vector(value["vector"], f"documents.{n}.vector")}
+                {"vector": _vector(value["vector"], ("documents", n, "vector"))}
                 if value.get("vector") is not None
                 else {}
             ),
             **(
-                {"metadata": _dict(value["metadata"], f"documents.{n}.metadata")}
+                {"metadata": _dict(value["metadata"], ("documents", n, "metadata"))}
                 if value.get("metadata") is not None
                 else {}
             ),
         }
-    return _model(DocumentIn, value, f"documents.{n}")
+    return _model(DocumentIn, value, ("documents", n))
 
 
-def _listed(values: Iterable[Any], field: str) -> list[Any]:
+def _listed(values: Iterable[Any], field: Loc) -> list[Any]:
     """``values`` as a list; one string (or a mapping) is refused, naming ``field``."""
     if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
         raise refused(field, "a list (or other iterable) of items, not one value")
     return list(values)
 
 
-def _vector(values: Sequence[float] | None, field: str) -> list[float] | None:
+def _vector(values: Sequence[float] | None, field: Loc) -> list[float] | None:
     """A vector (a list, tuple or array of numbers) as a list of floats."""
     if values is None:
         return None
@@ -552,7 +553,7 @@ def _vector(values: Sequence[float] | None, field: str) -> list[float] | None:
         raise refused(field, "a list of numbers") from None
 
 
-def _dict(value: Mapping[str, Any], field: str) -> dict[str, Any]:
+def _dict(value: Mapping[str, Any], field: Loc) -> dict[str, Any]:
     """A JSON object's mapping as a dict; anything else is refused, naming ``field``."""
     if not isinstance(value, Mapping):
         raise refused(field, "a JSON object (a mapping)")
