@@ -101,7 +101,8 @@ class Limits(BaseSettings):
         # expression tree past its depth limit (1000) at about 990 keys.
         le=512,
         description="conditions of a metadata filter (search, POST .../documents/"
-        "delete): each key's equality or operator, and each $and, $or, $not",
+        "query, /count, /delete): each key's equality or operator, and each $and, "
+        "$or, $not",
     )
     max_filter_depth: int = Field(
         8,

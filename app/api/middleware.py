@@ -138,20 +138,20 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cap = next(
+        streamed = next(
             (
-                limit
-                for method, path, limit in self.streamed
+                cap
+                for method, path, cap in self.streamed
                 if scope["method"] == method and path.fullmatch(scope["path"])
             ),
             None,
         )
+        limit = self.max_bytes if streamed is None else streamed
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit():
-            if int(declared) > (self.max_bytes if cap is None else cap):
-                await self._refuse(scope, receive, send, cap or self.max_bytes)
-                return
-        if cap is not None:
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, limit)
+            return
+        if streamed is not None:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []

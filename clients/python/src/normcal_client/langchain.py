@@ -277,15 +277,22 @@ class NormcalVectorStore(Connection, VectorStore):
     def similarity_search(
         self, query: str, k: int = 4, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents most similar to ``query``."""
-        return [doc for doc, _ in self.similarity_search_with_score(query, k, **kwargs)]
+        """The ``k`` documents most similar to ``query``, in the mode's own order."""
+        with self._sync() as client:
+            result = client.search(
+                self.collection, query, **_search(k, self.mode, kwargs)
+            )
+        return [doc for doc, _ in _pairs(result)]
 
     async def asimilarity_search(
         self, query: str, k: int = 4, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents most similar to ``query``."""
-        pairs = await self.asimilarity_search_with_score(query, k, **kwargs)
-        return [doc for doc, _ in pairs]
+        """The ``k`` documents most similar to ``query``, in the mode's own order."""
+        async with self._async() as client:
+            result = await client.search(
+                self.collection, query, **_search(k, self.mode, kwargs)
+            )
+        return [doc for doc, _ in _pairs(result)]
 
     def similarity_search_with_score(
         self, query: str, k: int = 4, **kwargs: Any
@@ -295,7 +302,7 @@ class NormcalVectorStore(Connection, VectorStore):
             result = client.search(
                 self.collection, query, **_search(k, self.mode, kwargs)
             )
-        return [(doc, hit.score) for doc, hit in _pairs(result)]
+        return _with_cosines(result)
 
     async def asimilarity_search_with_score(
         self, query: str, k: int = 4, **kwargs: Any
@@ -305,7 +312,7 @@ class NormcalVectorStore(Connection, VectorStore):
             result = await client.search(
                 self.collection, query, **_search(k, self.mode, kwargs)
             )
-        return [(doc, hit.score) for doc, hit in _pairs(result)]
+        return _with_cosines(result)
 
     def similarity_search_by_vector(
         self, embedding: list[float], k: int = 4, **kwargs: Any
@@ -475,13 +482,19 @@ def _relevance(k: int, mode: SearchMode, kwargs: dict[str, Any]) -> dict[str, An
 def _pairs(
     result: SearchResult, hits: Sequence[SearchHit] | None = None
 ) -> list[tuple[Document, Any]]:
-    """Documents and their hits: by cosine (the score ``similarity_search*`` report)."""
+    """Documents and their hits, in the order of ``hits`` (the service's by default)."""
     if hits is None:
-        hits = best_first(result.hits, lambda hit: hit.score)
+        hits = result.hits
     return [
         (Document(id=hit.id, page_content=hit.text or "", metadata=hit.metadata), hit)
         for hit in hits
     ]
+
+
+def _with_cosines(result: SearchResult) -> list[tuple[Document, float]]:
+    """Documents and their cosines, the most similar first (whatever the mode)."""
+    by_cosine = best_first(result.hits, lambda hit: hit.score)
+    return [(doc, hit.score) for doc, hit in _pairs(result, by_cosine)]
 
 
 def _with_probabilities(result: SearchResult) -> list[tuple[Document, float]]:
