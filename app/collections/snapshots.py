@@ -146,17 +146,20 @@ class Snapshots:
         """
         label = "the uploaded file"
         with self._exclusive(name):
-            quarantined = {u.name for u in self._registry.unavailable()}
-            if replace and (name in self._registry.names() or name in quarantined):
+            if replace and self.exists(name):
                 return self._registry.restore(name, file, label=label, rename=True)
             return self._registry.install(name, file, label=label)
 
     def _folder(self, name: str) -> Path:
         return self._registry.data_dir / SNAPSHOTS_DIR / name
 
-    def _check_exists(self, name: str) -> None:
+    def exists(self, name: str) -> bool:
+        """Whether collection ``name`` is served or quarantined."""
         quarantined = {u.name for u in self._registry.unavailable()}
-        if name not in self._registry.names() and name not in quarantined:
+        return name in self._registry.names() or name in quarantined
+
+    def _check_exists(self, name: str) -> None:
+        if not self.exists(name):
             raise NotFoundError("collection", name)
 
     @contextmanager

@@ -154,10 +154,7 @@ class CollectionsService(Part):
         every check of a restore, and nothing changes unless it passes them all.
         """
         snapshots = self._snapshots_here()
-        taken = name in self.registry.names() or any(
-            u.name == name for u in self.registry.unavailable()
-        )
-        if taken and not replace:
+        if snapshots.exists(name) and not replace:
             raise ConflictError(
                 f"collection {name!r} already exists: upload under another name, or "
                 "add ?replace=true to replace it by the file (as a restore would)"
