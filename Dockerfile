@@ -9,8 +9,10 @@
 #     Build: `docker build --target runtime-onnx -t normcal:onnx .`
 #   (sizes: `podman image ls`, docs/deployment.md). The default stays torch until the onnx
 #   backend is the service's default.
-# Run:   `docker run -p 8000:8000 -v normcal-data:/data normcal`
-#        (read-only root: add `--read-only --tmpfs /tmp`; torch and matplotlib need /tmp)
+# Run (docs/deployment.md: published on loopback only, with a key; torch and matplotlib
+# need the writable /tmp of a read-only root):
+#   docker run -d --name normcal -p 127.0.0.1:8000:8000 -v normcal-data:/data \
+#       --read-only --tmpfs /tmp -e NORMCAL_API_KEY=change-me normcal
 # Configuration is only through NORMCAL_* environment variables (docker/normcal.env.example).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

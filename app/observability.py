@@ -8,6 +8,7 @@ by raw path, so hostile or numerous URLs cannot explode label cardinality.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -473,3 +474,22 @@ def configure_logging(level: str = "INFO", log_format: LogFormat = "auto") -> No
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # Libraries' warnings.warn(...) and transformers' own handler ("[transformers]
+    # `loss_type=None` ...") are log records in this format too, never bare lines.
+    logging.captureWarnings(True)
+    _adopt_transformers_logging()
+
+
+def _adopt_transformers_logging() -> None:
+    """Transformers logs through a stderr handler of its own: route it to the root's.
+
+    Its library logger is configured once, on first use, with that handler and no
+    propagation; configuring it now (transformers' API) and then taking the handler
+    away leaves its records to ours. Absent in the torch-free image: nothing to do.
+    """
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_default_handler()
+    transformers_logging.enable_propagation()

@@ -72,6 +72,12 @@ class Limits(BaseSettings):
         20_000, ge=1, description="stored feedback judgments per collection"
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="request body")
+    max_snapshot_bytes: int = Field(
+        2 * 1024**3,
+        ge=1024,
+        description="an uploaded snapshot file (POST .../snapshots/upload), "
+        "received on disk rather than in memory",
+    )
     max_query_log_retention: int = Field(
         100_000, ge=1, description="largest retention of a collection's query log"
     )
@@ -106,7 +112,8 @@ class Limits(BaseSettings):
         # expression tree past its depth limit (1000) at about 990 keys.
         le=512,
         description="conditions of a metadata filter (search, POST .../documents/"
-        "delete): each key's equality or operator, and each $and, $or, $not",
+        "query, /count, /delete): each key's equality or operator, and each $and, "
+        "$or, $not",
     )
     max_filter_depth: int = Field(
         8,

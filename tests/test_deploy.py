@@ -185,6 +185,15 @@ def test_compose_normcal_service(compose):
     env = svc["environment"]
     assert re.fullmatch(r"\$\{NORMCAL_API_KEY:\?.+\}", env["NORMCAL_API_KEY"])
     assert env["NORMCAL_DATA_DIR"] == "/data" and env["NORMCAL_HOST"] == "0.0.0.0"
+    # Every setting of .env reaches the container; `environment` (which wins over
+    # env_file) holds only what the container fixes, so it overrides no choice.
+    assert svc["env_file"] == ".env"
+    assert set(env) == {
+        "NORMCAL_API_KEY",
+        "NORMCAL_DATA_DIR",
+        "NORMCAL_HOST",
+        "NORMCAL_PORT",
+    }
     volume, _, target = svc["volumes"][0].partition(":")
     assert target == env["NORMCAL_DATA_DIR"] and volume in compose["volumes"]
     health = svc["healthcheck"]
@@ -221,6 +230,36 @@ def test_compose_example_client_service(compose):
         v.split(":")[1] for v in svc.get("volumes", [])
     }
     assert set(json.loads(instr("VOLUME")[0])) <= mounted
+
+
+def test_the_env_file_holding_the_key_is_ignored_by_git(tmp_path):
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "-q", ".env"], cwd=REPO, check=False
+    )
+    assert ignored.returncode == 0, ".env (the API key) must be in .gitignore"
+    # ... and out of the image's build context
+    assert (REPO / ".dockerignore").read_text().startswith(
+        "# Only the runtime locks"
+    ) and "\n**\n" in (REPO / ".dockerignore").read_text()
+
+
+def _run_lines(text: str) -> list[str]:
+    """The ``docker run`` commands of a text: continuations joined, comment marks gone."""
+    lines = [re.sub(r"^#\s?", "", line).strip() for line in text.splitlines()]
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    return [line for line in joined.splitlines() if line.startswith("docker run -d")]
+
+
+def test_the_dockerfile_header_runs_the_image_as_the_deployment_page_does():
+    """Published on loopback only, with a key, read-only: the same command."""
+    header = DOCKERFILE.read_text().split("\nARG ", 1)[0]
+    documented = (REPO / "docs" / "deployment.md").read_text()
+    assert _run_lines(header) == _run_lines(documented)
+    (command,) = _run_lines(header)
+    assert "-p 127.0.0.1:8000:8000" in command and "NORMCAL_API_KEY=" in command
+    assert "-p 8000:8000" not in header
 
 
 # ------------------------------------------------------------------ the entrypoint
@@ -346,3 +385,97 @@ def test_example_rag_script_runs_against_a_real_server(tmp_path, embedder):
             timeout=120,
         )
         assert proc.returncode == 1 and "401" in proc.stderr
+
+
+# ------------------------------------------------------------------ compose's .env
+
+
+def _dotenv(text: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of an env file, as compose reads them (comments skipped)."""
+    found = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            found[key.strip()] = value.strip().strip("'\"")
+    return found
+
+
+def _interpolate(value: str, variables: dict[str, str]) -> str:
+    """compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}``."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        given = variables.get(name, "")
+        if op == ":?" and not given:
+            raise AssertionError(f"compose refuses to start: {arg}")
+        return given or (arg if op == ":-" else "")
+
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
+
+
+def compose_environment(service: dict, dotenv: dict[str, str]) -> dict[str, str]:
+    """The environment compose gives a service: its env_file, then ``environment``
+    (interpolated from .env), which wins."""
+    env = dict(dotenv) if service.get("env_file") == ".env" else {}
+    for key, value in service.get("environment", {}).items():
+        env[key] = _interpolate(str(value), dotenv)
+    return env
+
+
+@pytest.mark.server
+def test_every_setting_of_the_env_file_reaches_the_normcal_container(tmp_path, compose):
+    """The issue's case: NORMCAL_PUBLIC_METRICS=true in .env never reached it."""
+    dotenv_text = ENV_EXAMPLE.read_text().replace(
+        "NORMCAL_API_KEY=\n", "NORMCAL_API_KEY=compose-k3y\n"
+    )
+    dotenv_text = dotenv_text.replace(
+        "NORMCAL_PUBLIC_METRICS=false", "NORMCAL_PUBLIC_METRICS=true"
+    )
+    dotenv_text += "NORMCAL_MAX_K=7\nNORMCAL_LOG_LEVEL=INFO\nNORMCAL_PORT=9999\n"
+    dotenv = _dotenv(dotenv_text)
+    with pytest.raises(AssertionError, match="compose refuses to start"):
+        compose_environment(compose["services"]["normcal"], {})  # no key, no start
+    container = compose_environment(compose["services"]["normcal"], dotenv)
+    # every NORMCAL_* of .env, as written, but what compose.yaml fixes for the container
+    fixed = set(compose["services"]["normcal"]["environment"])
+    for key, value in dotenv.items():
+        if key.startswith("NORMCAL_") and key not in fixed:
+            assert container[key] == value, key
+    assert container["NORMCAL_PORT"] == "8000"  # what the healthcheck probes
+
+    # Run the image's entrypoint with that environment (host paths, a free port).
+    env = host_env(tmp_path, 0)
+    env.update({k: v for k, v in container.items() if k.startswith("NORMCAL_")})
+    env.update(
+        NORMCAL_DATA_DIR=str(tmp_path / "data"),
+        NORMCAL_HOST="127.0.0.1",
+        NORMCAL_PORT="0",
+    )
+    port_file = tmp_path / "port"
+    with (tmp_path / "stderr").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(ENTRYPOINT), "--port-file", str(port_file)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        url = f"http://127.0.0.1:{wait_for_port_file(port_file, proc, 120)}"
+        wait_ready(proc, url)
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"NORMCAL_PUBLIC_METRICS=true" in environ
+        assert httpx.get(f"{url}/metrics").status_code == 200  # public, from .env
+        key = {"Authorization": "Bearer compose-k3y"}
+        assert httpx.get(f"{url}/v1/collections").status_code == 401
+        assert httpx.post(
+            f"{url}/v1/collections", json={"name": "kb"}, headers=key
+        ).is_success
+        too_many = httpx.post(
+            f"{url}/v1/collections/kb/search", json={"query": "q", "k": 8}, headers=key
+        )
+        assert too_many.status_code == 422
+        assert "exceeds the limit of 7" in too_many.json()["detail"]  # NORMCAL_MAX_K
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0

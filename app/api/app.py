@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 from starlette.middleware.cors import CORSMiddleware
@@ -36,9 +38,13 @@ from app.api.routers import (
     snapshots,
     ui,
 )
+from app.api.strict import refuse_unknown_query
 from app.embedding import Embedder
 from app.observability import AccessLogMiddleware, Metrics, RouteTemplates
 from app.settings import Settings
+
+# The one route whose body is streamed to disk, with a cap of its own.
+SNAPSHOT_UPLOAD = re.compile(r"/v1/collections/[^/]+/snapshots/upload")
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -63,6 +69,8 @@ def create_app(
         generate_unique_id_function=_operation_id,
         docs_url=None,  # served by routers.docs from local assets, not a CDN
         redoc_url=None,
+        # Every route: a query parameter it does not declare is a 422 naming it.
+        dependencies=[Depends(refuse_unknown_query)],
     )
     install_error_handlers(app)
     # Added innermost first. Outermost: request id, the security headers (on every
@@ -70,7 +78,11 @@ def create_app(
     # they see every answer, 401/413 included), then CORS (a preflight carries no
     # key, and a 401 needs the headers for the page to read it), then auth, then
     # the body cap.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.limits.max_body_bytes,
+        streamed=(("POST", SNAPSHOT_UPLOAD, settings.limits.max_snapshot_bytes),),
+    )
     app.add_middleware(
         ApiKeyMiddleware,
         keyring=keyring,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import exceptions as exc
+from app.api.strict import hint
 from app.schemas.jobs import FitJobError
 from calibration import exceptions as cal
 
@@ -266,6 +267,13 @@ def _jsonable_errors(raw: list[Any]) -> list[dict[str, Any]]:
 async def _validation_handler(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
     errors = _jsonable_errors(list(error.errors()))
+    hinted = []  # another store's name for a field: say which one to use
+    for item in errors:
+        if item["type"] == "extra_forbidden" and (said := hint(request, item["loc"])):
+            item["msg"] = f"unknown field; {said}"
+            hinted.append(item)
+    # Hints first: the `page_content` sent explains the missing `text`.
+    errors = hinted + [e for e in errors if e not in hinted]
     if any(e["type"] == "json_invalid" for e in errors):
         return problem_response(
             request,

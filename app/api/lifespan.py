@@ -16,6 +16,7 @@ from app.collections.base import Registry
 from app.collections.index import limit_threads
 from app.concurrency import CpuPool, lower_priority
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
+from app.embedding.known import contradiction
 from app.exceptions import StorageUnavailableError
 from app.observability import Metrics
 from app.profiles import load_default_profile
@@ -35,6 +36,10 @@ def bulk_thread(threads: int) -> None:
     """Set up one bulk pool thread: its FAISS threads, and its lower priority."""
     limit_threads(threads)
     lower_priority(BULK_NICE)
+
+
+class ModelNameError(ValueError):
+    """``NORMCAL_MODEL_NAME`` names a known model the files are not (one line)."""
 
 
 class State(TypedDict):
@@ -100,6 +105,11 @@ def make_lifespan(
         # busy, a bad setting) stays one line.
         logger.info("api keys: %s", app.state.keyring.summary())
         model = embedder if embedder is not None else load_embedder(settings)
+        lie = contradiction(
+            model.model_name, model.model_id, model.dim, settings.model_path
+        )
+        if lie is not None:  # `normcal serve` says it in one line before loading
+            raise ModelNameError(lie)
         registry = open_registry(
             settings,
             model_name=model.model_name,

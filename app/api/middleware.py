@@ -116,22 +116,44 @@ class BodyLimitMiddleware:
     otherwise the body is read and counted chunk by chunk (chunked transfer has no
     length), refused as soon as the count passes the cap, and replayed to the app.
     The app would buffer the whole body anyway to parse JSON, so this costs nothing.
+
+    ``streamed``: ``(method, path pattern, cap)`` of routes that stream a large body
+    to disk themselves (a snapshot upload): a declared length over their own cap is
+    refused here, and their body passes through unbuffered (the route counts it).
     """
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        streamed: tuple[tuple[str, re.Pattern[str], int], ...] = (),
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.streamed = streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        streamed = next(
+            (
+                cap
+                for method, path, cap in self.streamed
+                if scope["method"] == method and path.fullmatch(scope["path"])
+            ),
+            None,
+        )
+        limit = self.max_bytes if streamed is None else streamed
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit():
-            if int(declared) > self.max_bytes:
-                await self._refuse(scope, receive, send)
-                return
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, limit)
+            return
+        if streamed is not None:
+            await self.app(scope, receive, send)
+            return
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -142,7 +164,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send)
+                await self._refuse(scope, receive, send, self.max_bytes)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -150,9 +172,11 @@ class BodyLimitMiddleware:
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([body], receive), send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, limit: int
+    ) -> None:
         error = PayloadTooLargeError(
-            f"the request body exceeds the limit of {self.max_bytes} bytes"
+            f"the request body exceeds the limit of {limit} bytes"
         )
         response = await render_problem(Request(scope), error)
         response.headers["Connection"] = "close"

@@ -281,8 +281,15 @@ def serve(
     logger.info("normcal listening on http://%s:%d", host, bound)
     if port_file is not None:
         write_port_file(port_file, bound)
+    # uvicorn shuts down gracefully on SIGINT or SIGTERM, then raises the signal
+    # again with the handler it found. SIGINT's raises KeyboardInterrupt; this one
+    # keeps SIGTERM from ending the process by it: a stop that was asked for is a
+    # clean exit (0), not "killed by SIGTERM" (143, `make: *** Error 143`).
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0 if server.started else 3

@@ -2,26 +2,32 @@
 
 Documents come from a BEIR folder (``corpus.jsonl``), a plain JSONL file (one
 ``{"id", "text", "metadata"}`` object a line, the shape the service stores), or a
-CSV file (``id`` and ``text`` columns; every other non-empty cell is a string
-metadata field). The whole file is read and checked first, so a bad line 17 fails
-the command before a single document is written. Every problem is an
-:class:`InputError` naming the file (and line): the CLI prints it as one line.
+CSV file (``id`` and ``text`` columns; every other non-empty cell is a metadata
+field, typed column by column: :func:`column_kinds`). The whole file is read and
+checked first, so a bad line 17 fails the command before a single document is
+written. Every problem is an :class:`InputError` naming the file (and line): the
+CLI prints it as one line.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+import math
+import re
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 # app.cli.beir is imported where it is used: it pulls in the calibration package
 # (scikit-learn, scipy), seconds that a mistyped path should not wait for.
 
 __all__ = [
+    "ColumnKind",
     "InputError",
     "check_beir_split",
+    "column_kinds",
     "default_split",
     "read_documents",
     "read_judged",
@@ -35,14 +41,23 @@ class InputError(Exception):
 
 
 def read_documents(
-    path: Path, limit: int | None = None, skipped: list[str] | None = None
+    path: Path,
+    limit: int | None = None,
+    skipped: list[str] | None = None,
+    *,
+    text_columns: Collection[str] = (),
+    kinds: list[ColumnKind] | None = None,
 ) -> list[dict[str, Any]]:
     """The documents in ``path`` (see the module docstring), at most ``limit``.
 
     A BEIR corpus row with an empty title and text is left out (there is nothing
     to embed), its id appended to ``skipped`` when given; in a JSONL or CSV file
-    an empty text is an :class:`InputError`.
+    an empty text is an :class:`InputError`. A CSV file's metadata columns are
+    typed over the whole file (:func:`column_kinds`; ``text_columns`` stay text),
+    and their kinds appended to ``kinds`` when given.
     """
+    if text_columns and (path.is_dir() or path.suffix.lower() != ".csv"):
+        raise InputError(f"{path}: --text-column applies to a .csv file only")
     if path.is_dir():
         from app.cli.beir import read_corpus
 
@@ -61,7 +76,7 @@ def read_documents(
     if suffix in {".jsonl", ".ndjson"}:
         rows: Iterable[tuple[int, dict[str, Any]]] = _jsonl_rows(path)
     elif suffix == ".csv":
-        rows = _csv_rows(path)
+        rows = _csv_rows(path, text_columns, kinds)
     else:
         raise InputError(f"{path}: unknown format; expected {FORMATS}")
     docs: list[dict[str, Any]] = []
@@ -91,28 +106,135 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield line, row
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    # utf-8-sig: a spreadsheet's export starts with a byte-order mark.
-    with path.open(encoding="utf-8-sig", newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns = reader.fieldnames or []
-        if not {"id", "text"} <= set(columns):
-            raise InputError(
-                f"{path}: the header must name an 'id' and a 'text' column "
-                f"(got {', '.join(columns) or 'no header'})"
-            )
-        for row in reader:
-            if None in row:  # more cells than the header has columns
-                raise InputError(f"{path}:{reader.line_num}: more cells than columns")
-            metadata = {
-                key: value
-                for key, value in row.items()
-                if key not in {"id", "text"} and value
-            }
-            yield (
-                reader.line_num,
-                {"id": row["id"], "text": row["text"], "metadata": metadata},
-            )
+def _csv_rows(
+    path: Path, text_columns: Collection[str], kinds: list[ColumnKind] | None
+) -> list[tuple[int, dict[str, Any]]]:
+    """Every row of a CSV file, its metadata typed by :func:`column_kinds`."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as fh:
+            # utf-8-sig: a spreadsheet's export starts with a byte-order mark.
+            reader = csv.DictReader(fh)
+            columns = list(reader.fieldnames or [])
+            if not {"id", "text"} <= set(columns):
+                raise InputError(
+                    f"{path}: the header must name an 'id' and a 'text' column "
+                    f"(got {', '.join(columns) or 'no header'})"
+                )
+            rows = []
+            for row in reader:
+                if None in row:  # more cells than the header has columns
+                    raise InputError(
+                        f"{path}:{reader.line_num}: more cells than columns"
+                    )
+                rows.append((reader.line_num, row))
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 text ({error.reason})") from None
+    except csv.Error as error:
+        raise InputError(f"{path}: not CSV ({error})") from None
+    fields = [c for c in columns if c not in {"id", "text"}]
+    unknown = [c for c in text_columns if c not in fields]
+    if unknown:
+        raise InputError(
+            f"{path}: --text-column {unknown[0]!r} is not a metadata column "
+            f"(the metadata columns are: {', '.join(fields) or 'none'})"
+        )
+    found = column_kinds(fields, rows, text_columns)
+    if kinds is not None:
+        kinds.extend(found)
+    typed = {kind.column: kind for kind in found}
+    return [
+        (
+            line,
+            {
+                "id": row["id"],
+                "text": row["text"],
+                "metadata": {
+                    key: typed[key].value(cell)
+                    for key, cell in row.items()
+                    if key in typed and cell
+                },
+            },
+        )
+        for line, row in rows
+    ]
+
+
+# An integer as JSON writes it: no sign but a minus, no leading zero (``007``, a
+# zip code like ``02134``, stays text), no ``-0``.
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+_INT64 = (-(2**63), 2**63 - 1)  # what the service stores exactly (app.schemas.common)
+_BOOLEANS = {"true": True, "false": False}
+
+
+def cell_number(cell: str) -> int | float | None:
+    """The JSON number a CSV cell writes exactly, or None (the cell stays text).
+
+    An integer in the signed 64-bit range, or a decimal whose shortest form is
+    the cell itself (``2.5``, not ``2.50``, ``1e3`` or ``.5``), so the stored
+    number prints as the cell did: nothing is lost or re-spelt. ``NaN`` and
+    ``Infinity`` are not JSON numbers.
+    """
+    if _INTEGER.fullmatch(cell):
+        value = int(cell)
+        return value if cell != "-0" and _INT64[0] <= value <= _INT64[1] else None
+    try:
+        number = float(cell)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and repr(number) == cell else None
+
+
+@dataclass(frozen=True)
+class ColumnKind:
+    """How a CSV metadata column is stored, and what kept a numeric one text."""
+
+    column: str
+    kind: Literal["number", "boolean", "text"]
+    held_by: tuple[int, str] | None = None  # (line, cell) of a column kept text
+    forced: bool = False  # named by --text-column
+
+    def value(self, cell: str) -> Any:
+        """The JSON value a (non-empty) cell of this column is stored as."""
+        if self.kind == "number":
+            return cell_number(cell)
+        if self.kind == "boolean":
+            return _BOOLEANS[cell.lower()]
+        return cell
+
+
+def column_kinds(
+    columns: list[str],
+    rows: list[tuple[int, dict[str, str]]],
+    text_columns: Collection[str] = (),
+) -> list[ColumnKind]:
+    """The kind of each metadata column, decided over all its non-empty cells.
+
+    ``number`` when every one is a JSON number (:func:`cell_number`), ``boolean``
+    when every one is ``true`` or ``false`` (any case: spreadsheets write
+    ``TRUE``), else ``text``: a column is one kind, so a single ``n/a`` or
+    ``02134`` keeps the whole column text (``held_by`` names the first such cell
+    of a column whose other cells are numbers) and a filter sees one type in it.
+    An empty cell is no metadata key. ``text_columns`` are text whatever they hold.
+    """
+    out = []
+    for column in columns:
+        cells = [(line, row[column]) for line, row in rows if row[column]]
+        if column in text_columns:
+            out.append(ColumnKind(column, "text", forced=True))
+        elif cells and all(c.lower() in _BOOLEANS for _, c in cells):
+            out.append(ColumnKind(column, "boolean"))
+        else:
+            numbers = [cell_number(c) is not None for _, c in cells]
+            if cells and all(numbers):
+                out.append(ColumnKind(column, "number"))
+            else:
+                held = None
+                if any(numbers):
+                    held = next(
+                        lc for lc, ok in zip(cells, numbers, strict=True) if not ok
+                    )
+                out.append(ColumnKind(column, "text", held_by=held))
+    return out
 
 
 def _document(path: Path, line: int, row: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from normcal_client import NormcalClient, NormcalError
     from pydantic import ValidationError
 
+    from app.cli.inputs import ColumnKind
     from app.embedding import Embedder, EmbeddingBatch, InputType
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -103,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
     settings = _settings(**overrides)
+    _check_model(settings)
     configure_logging(settings.log_level, settings.log_format)
     try:
         app = create_app(settings)
@@ -122,6 +124,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
         except CannotListenError as error:
             raise CliError(EXIT_CANNOT_LISTEN, str(error)) from None
+
+
+def _check_model(settings: Any) -> None:
+    """Stop in one line when the model files are missing or not the model named.
+
+    A missing ``NORMCAL_MODEL_PATH`` (or one without model files) is an input error;
+    a ``NORMCAL_MODEL_NAME`` the files contradict (:mod:`app.embedding.known`) an
+    invalid setting. Checked before anything loads: the files' configs and identity.
+    """
+    from app.embedding.identity import model_identity
+    from app.embedding.known import contradiction, files_dimension
+
+    path = Path(settings.model_path)
+    where = f"NORMCAL_MODEL_PATH {settings.model_path}"
+    if not path.is_dir():
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise CliError(
+            EXIT_INPUT,
+            f"{where}: {what}; it must be a local sentence-transformers model "
+            "folder (unset, it is the bundled all-MiniLM-L6-v2)",
+        )
+    try:
+        model_id = model_identity(path)
+    except (OSError, ValueError):
+        raise CliError(
+            EXIT_INPUT,
+            f"{where}: no model files in this folder (config.json, modules.json, "
+            "weights); it must be a local sentence-transformers model folder",
+        ) from None
+    lie = contradiction(
+        settings.model_name, model_id, files_dimension(path), settings.model_path
+    )
+    if lie is not None:
+        raise CliError(EXIT_USAGE, f"invalid settings: {lie}")
 
 
 @contextmanager
@@ -265,8 +301,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from app.cli.inputs import InputError, read_documents
 
     empty: list[str] = []
+    kinds: list[ColumnKind] = []
     try:
-        docs = read_documents(args.source, args.limit, skipped=empty)
+        docs = read_documents(
+            args.source,
+            args.limit,
+            skipped=empty,
+            text_columns=args.text_column,
+            kinds=kinds,
+        )
     except (InputError, OSError) as error:
         raise _input_error(error) from None
     with _api(args.url, timeout=600) as client:
@@ -289,7 +332,24 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             f"skipped {_count(len(empty), 'corpus.jsonl row')} with an empty title "
             f"and text (nothing to embed): {_first_ids(empty)}"
         )
+    if kinds:
+        print(_kinds_line(kinds))
     return 0
+
+
+def _kinds_line(kinds: list[ColumnKind]) -> str:
+    """How the CSV's metadata columns were stored, and what kept a column text."""
+    parts = []
+    for kind in kinds:
+        if kind.held_by is not None:
+            line, cell = kind.held_by
+            why = f"text: line {line} has {cell!r}, not a number; the others are"
+            parts.append(f"{kind.column} ({why})")
+        elif kind.forced:
+            parts.append(f"{kind.column} (text: --text-column)")
+        else:
+            parts.append(f"{kind.column} ({kind.kind})")
+    return "metadata columns: " + ", ".join(parts)
 
 
 DECISIVE_OUTCOMES = ("baseline served", "switched", "none at its floor", "applied")
@@ -468,6 +528,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except InputError as error:
         raise _input_error(error) from None
     settings = _settings()
+    _check_model(settings)
 
     from app.api.lifespan import load_embedder
     from app.cli.evaluation import method_table, run_eval
@@ -518,6 +579,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     from app.embedding.onnx_export import export_onnx
 
     settings = _settings()
+    _check_model(settings)
     try:
         out = export_onnx(settings.model_path, args.out)
     except MissingDependencyError as error:
@@ -677,7 +739,8 @@ def add_ingest(sub: Subcommands) -> None:
         type=Path,
         help="a BEIR folder (corpus.jsonl), a JSONL file with one "
         '{"id", "text", "metadata"} object a line, or a CSV file with id and text '
-        "columns (other columns become string metadata)",
+        "columns (other columns become metadata: a column whose every cell is a "
+        "number becomes numbers, true/false booleans, any other text)",
     )
     ingest.add_argument("--collection", required=True, help="created if missing")
     _add_url(ingest)
@@ -695,6 +758,15 @@ def add_ingest(sub: Subcommands) -> None:
         action="store_true",
         help="do not resend documents whose id is already stored "
         "(resume an interrupted ingest)",
+    )
+    ingest.add_argument(
+        "--text-column",
+        action="extend",
+        type=lambda value: [c for c in value.split(",") if c],
+        default=[],
+        metavar="COLUMN[,COLUMN]",
+        help="CSV: keep these metadata columns text even when every cell is a "
+        "number or true/false (ids, codes); repeatable",
     )
     ingest.set_defaults(func=cmd_ingest)
 

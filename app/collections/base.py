@@ -365,8 +365,14 @@ class CollectionBackend(Protocol[C]):
         """Read one document (``NotFoundError`` if absent)."""
         ...
 
-    def page(self, after: int, limit: int) -> list[StoredDocument]:
-        """Up to ``limit`` documents with a seq above ``after``, in seq order."""
+    def page(
+        self, after: int, limit: int, where: filters.Node = filters.MATCH_ALL
+    ) -> list[StoredDocument]:
+        """Up to ``limit`` documents matching ``where`` past seq ``after``, in seq order."""
+        ...
+
+    def count(self, where: filters.Node) -> int:
+        """How many documents match ``where``."""
         ...
 
     def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:

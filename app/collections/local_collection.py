@@ -163,10 +163,17 @@ class Collection(Generic[C]):
             raise NotFoundError("document", doc_id)
         return doc
 
-    def page(self, after: int, limit: int) -> list[StoredDocument]:
-        """Up to ``limit`` documents with a seq above ``after``, in seq order."""
+    def page(
+        self, after: int, limit: int, where: filters.Node = filters.MATCH_ALL
+    ) -> list[StoredDocument]:
+        """Up to ``limit`` documents matching ``where`` past seq ``after``, in seq order."""
         with self._reading() as store:
-            return store.page(after, limit)
+            return store.page(after, limit, where)
+
+    def count(self, where: filters.Node) -> int:
+        """How many documents match ``where``."""
+        with self._reading() as store:
+            return store.count(where)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, StoredDocument]:
         """The stored documents among ``ids``, by id."""

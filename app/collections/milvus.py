@@ -60,6 +60,7 @@ from app.collections.milvus_client import (
     Guarded,
     chunks,
     milvus_filter,
+    query_all,
     refused,
     string_literal,
 )
@@ -106,6 +107,7 @@ _INT64_END = 2**63 - 1  # past every seq
 _PAGE_ROUNDS = 32  # narrowing rounds of one page before falling back to a full scan
 _DF_TTL = 60.0  # seconds a cached document frequency may miss other replicas' writes
 _NORM_SAMPLE = 5000
+_MATCH_WINDOW = 1000  # candidate seqs a filtered page checks at a time, at least
 _BM25_FEATURE = (
     "BM25 full-text search (a BM25 function and sparse vectors, Milvus 2.5+)"
 )
@@ -581,15 +583,23 @@ class MilvusCollection(Generic[C]):
             self._client.upsert(self._docs, new)
         return [_document(row) for row in new]
 
-    def page(self, after: int, limit: int) -> list[StoredDocument]:
-        """Up to ``limit`` documents with a seq above ``after``, in seq order.
+    def page(
+        self, after: int, limit: int, where: filters.Node = filters.MATCH_ALL
+    ) -> list[StoredDocument]:
+        """Up to ``limit`` documents matching ``where`` past seq ``after``, in seq order.
 
         Milvus queries have no ORDER BY (Milvus Lite ignores ``order_by_fields``), so
         the page is found by a narrowing keyset window (:meth:`_page_seqs`): a few
-        capped queries of the ``seq`` field, then one read of the page's rows.
+        capped queries of the ``seq`` field, then one read of the page's rows. A
+        filter Milvus applies exactly narrows those queries; any other is applied
+        by :meth:`_matching_seqs`.
         """
+        pre = milvus_filter(where)
         with self._reading():
-            seqs = self._page_seqs(int(after), limit)
+            if pre.exact:
+                seqs = self._page_seqs(int(after), limit, pre.expr)
+            else:
+                seqs = self._matching_seqs(int(after), limit, where, pre.expr)
             if not seqs:
                 return []
             rows = self._client.query(
@@ -597,7 +607,45 @@ class MilvusCollection(Generic[C]):
             )
         return sorted((_document(r) for r in rows), key=lambda d: d.seq)
 
-    def _page_seqs(self, after: int, limit: int) -> list[int]:
+    def _matching_seqs(
+        self, after: int, limit: int, where: filters.Node, expr: str
+    ) -> list[int]:
+        """The ``limit`` smallest seqs above ``after`` of documents ``where`` matches.
+
+        ``expr`` selects a superset: its seqs are read a window at a time (at least
+        :data:`_MATCH_WINDOW`), each window's metadata checked by
+        :func:`~app.schemas.filters.evaluate`, until ``limit`` match or none is left.
+        """
+        found: list[int] = []
+        window = max(limit, _MATCH_WINDOW)
+        while len(found) < limit:
+            seqs = self._page_seqs(after, window, expr)
+            if not seqs:
+                break
+            rows = self._client.query(
+                self._docs, filter=f"seq in {seqs}", output_fields=["seq", "metadata"]
+            )
+            found += sorted(
+                int(r["seq"]) for r in rows if filters.evaluate(where, r["metadata"])
+            )
+            if len(seqs) < window:
+                break
+            after = seqs[-1]
+        return found[:limit]
+
+    def count(self, where: filters.Node) -> int:
+        """How many documents match ``where``: one count if Milvus applies it exactly.
+
+        Otherwise the superset Milvus selects is read (seq and metadata) and checked.
+        """
+        pre = milvus_filter(where)
+        with self._reading():
+            if pre.exact:
+                return self._count(pre.expr)
+            rows = query_all(self._client, self._docs, pre.expr, ["seq", "metadata"])
+        return sum(1 for r in rows if filters.evaluate(where, r["metadata"]))
+
+    def _page_seqs(self, after: int, limit: int, where: str = "") -> list[int]:
         """The ``limit`` smallest seqs above ``after``, reading a bounded window.
 
         A query capped at :data:`_QUERY_WINDOW` rows returns *some* seqs of its range;
@@ -606,9 +654,11 @@ class MilvusCollection(Generic[C]):
         ``(after, bound]`` and is read again: each round either completes or narrows
         (Milvus returns rows roughly in insertion order, so one narrowing usually
         suffices). Past :data:`_PAGE_ROUNDS` rounds, every seq above ``after`` is
-        scanned (the old, always-correct way).
+        scanned (the old, always-correct way). ``where``: an expression every seq
+        returned must also satisfy.
         """
-        expr = f"seq > {after}"
+        narrowed = f" and ({where})" if where else ""
+        expr = f"seq > {after}{narrowed}"
         for _ in range(_PAGE_ROUNDS):
             rows = self._client.query(
                 self._docs, filter=expr, output_fields=["seq"], limit=_QUERY_WINDOW
@@ -617,7 +667,7 @@ class MilvusCollection(Generic[C]):
             if len(seqs) < _QUERY_WINDOW:
                 return seqs[:limit]
             bound = seqs[min(limit, len(seqs)) - 1]
-            narrower = f"seq > {after} and seq <= {bound}"
+            narrower = f"seq > {after} and seq <= {bound}{narrowed}"
             if narrower == expr:  # a full window that cannot narrow: scan
                 break
             expr = narrower

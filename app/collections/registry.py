@@ -44,11 +44,13 @@ from app.collections.postings import LexicalBuilds
 from app.collections.snapshots import Snapshots
 from app.collections.store import CollectionStore
 from app.collections.store_files import (
+    Transaction,
     UnusableStoreError,
     backup_database,
     build_store,
     fsync_dir,
     storage_errors,
+    write_meta,
 )
 from app.exceptions import (
     ConflictError,
@@ -269,7 +271,9 @@ class CollectionRegistry(Generic[C]):
         self.get(name)
         return self._path(name)
 
-    def restore(self, name: str, source: Path) -> Collection[C]:
+    def restore(
+        self, name: str, source: Path, *, label: str = "", rename: bool = False
+    ) -> Collection[C]:
         """Replace a collection (served or quarantined) by the snapshot file ``source``.
 
         The snapshot is never trusted: it is copied under a temporary name and that
@@ -278,6 +282,8 @@ class CollectionRegistry(Generic[C]):
         nothing. Only then is the live collection closed (its write lock: in-flight
         work finishes, later calls on it get 404) and the copy renamed over its file;
         the copy's FTS5 lexical index and the freshly built FAISS index serve it.
+        ``label`` names ``source`` in a refusal (its file name by default); a
+        snapshot of another collection is refused unless ``rename`` (an upload).
         """
         with self._lock:
             old = self._collections.get(name)
@@ -289,7 +295,9 @@ class CollectionRegistry(Generic[C]):
                     f"{path.name} in the data dir is a directory, not a collection file"
                 )
             with self._writing_files():
-                staged, meta = _stage_snapshot(self.data_dir, name, source)
+                staged, meta = _stage_snapshot(
+                    self.data_dir, name, source, label=label, rename=rename
+                )
             try:
                 trial = self._trial_open(name, staged, meta)
                 if old is not None:
@@ -310,6 +318,46 @@ class CollectionRegistry(Generic[C]):
             self._collections[name] = collection
             logger.info("restored collection %s from %s", name, source)
             return collection
+
+    def install(self, name: str, source: Path, *, label: str = "") -> Collection[C]:
+        """Create collection ``name`` from the snapshot file ``source``; 409 if taken.
+
+        The checks of :meth:`restore` (the copy is opened as a start-up load would,
+        every calibrator decoded, the model compared) run on a copy before anything
+        is touched; the copy then records ``name`` (a snapshot of another
+        collection, or of another server's) and is renamed into place. ``label``
+        names ``source`` in a refusal (an upload has no file name of its own).
+        """
+        self.check_name(name)
+        with self._lock:
+            self._check_free(name)
+            with self._writing_files():
+                staged, meta = _stage_snapshot(
+                    self.data_dir, name, source, rename=True, label=label
+                )
+            try:
+                trial = self._trial_open(name, staged, meta)
+                with self._writing_files():
+                    _replace_file(staged, self._path(name), self.data_dir)
+            finally:
+                _remove_files(staged)
+            collection = Collection(
+                name,
+                self._new_store(self._path(name)),
+                trial.index,
+                self._load_calibrator,
+            )
+            self._collections[name] = collection
+            logger.info("created collection %s from a snapshot", name)
+            return collection
+
+    def incoming(self, name: str) -> Path:
+        """A new temporary file name for an upload of ``name``'s snapshot.
+
+        Never a collection's name; one a crash leaves behind is removed at start-up.
+        """
+        self.check_name(name)
+        return _building_path(self.data_dir, name)
 
     def _trial_open(
         self, name: str, staged: Path, meta: dict[str, Any]
@@ -492,13 +540,22 @@ def restore_offline(data_dir: Path, name: str, source: Path) -> None:
 
 
 def _stage_snapshot(
-    data_dir: Path, name: str, source: Path
+    data_dir: Path,
+    name: str,
+    source: Path,
+    *,
+    rename: bool = False,
+    label: str = "",
 ) -> tuple[Path, dict[str, Any]]:
     """A checked copy of snapshot ``source`` and its meta, named for removal at start-up.
 
     The copy is what gets checked (``check_file``) and installed, so a source that
-    changes after the check cannot slip through.
+    changes after the check cannot slip through. A snapshot of another collection
+    is refused, or with ``rename`` (a new collection made from it) its copy records
+    ``name`` instead: once checked, so only normcal's own schema is written to.
+    ``label`` names ``source`` in a refusal (its file name by default).
     """
+    label = label or source.name
     staged = _building_path(data_dir, name)
     try:
         try:
@@ -509,16 +566,21 @@ def _stage_snapshot(
                 raise
             raise UnusableStoreError(f"cannot be read: {error}") from error
         meta = check_file(staged)
-        if meta["name"] != name:
+        if meta["name"] != name and rename:
+            conn = sqlite3.connect(staged)
+            try:
+                with Transaction(conn):
+                    write_meta(conn, {"name": name})
+            finally:
+                conn.close()
+            meta = {**meta, "name": name}
+        elif meta["name"] != name:
             raise InvalidRequestError(
-                f"{source.name} is a snapshot of collection {meta['name']!r}, "
-                f"not {name!r}"
+                f"{label} is a snapshot of collection {meta['name']!r}, not {name!r}"
             )
     except UnusableStoreError as error:
         _remove_files(staged)
-        raise _refused(
-            f"{source.name} is not a usable snapshot", error
-        ) from error.__cause__
+        raise _refused(f"{label} is not a usable snapshot", error) from error.__cause__
     except BaseException:
         _remove_files(staged)
         raise

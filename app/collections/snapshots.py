@@ -139,12 +139,40 @@ class Snapshots:
         with self._exclusive(name):
             return self._registry.restore(name, self.path(name, snapshot_id))
 
+    def restore_into(self, name: str, snapshot_id: str, into: str) -> Collection[Any]:
+        """A new collection ``into`` made from one of ``name``'s snapshots (409 if taken).
+
+        ``name`` keeps serving, untouched.
+        """
+        with self._exclusive(name):
+            return self._registry.install(into, self.path(name, snapshot_id))
+
+    def incoming(self, name: str) -> Path:
+        """Where an upload of a snapshot for ``name`` is received (a temporary file)."""
+        return self._registry.incoming(name)
+
+    def install(self, name: str, file: Path, *, replace: bool) -> Collection[Any]:
+        """Collection ``name`` made from a received snapshot ``file``, of any name.
+
+        A new collection; with ``replace``, one that exists (or is quarantined) is
+        replaced by it as a restore would.
+        """
+        label = "the uploaded file"
+        with self._exclusive(name):
+            if replace and self.exists(name):
+                return self._registry.restore(name, file, label=label, rename=True)
+            return self._registry.install(name, file, label=label)
+
     def _folder(self, name: str) -> Path:
         return self._registry.data_dir / SNAPSHOTS_DIR / name
 
-    def _check_exists(self, name: str) -> None:
+    def exists(self, name: str) -> bool:
+        """Whether collection ``name`` is served or quarantined."""
         quarantined = {u.name for u in self._registry.unavailable()}
-        if name not in self._registry.names() and name not in quarantined:
+        return name in self._registry.names() or name in quarantined
+
+    def _check_exists(self, name: str) -> None:
+        if not self.exists(name):
             raise NotFoundError("collection", name)
 
     @contextmanager

@@ -438,10 +438,13 @@ class CollectionStore:
             ).fetchone()
         return int(row[0])
 
-    def count(self) -> int:
-        """Number of documents."""
-        with self.connection() as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+    def count(self, where: filters.Node = filters.MATCH_ALL) -> int:
+        """Number of documents (whose metadata matches ``where``)."""
+        with self.connection() as conn, self._scan(conn, where) as (condition, params):
+            row = conn.execute(
+                f"SELECT COUNT(*) FROM documents WHERE {condition}", params
+            ).fetchone()
+        return int(row[0])
 
     def filter_seqs(self, where: filters.Node) -> NDArray[np.int64]:
         """Seqs of documents whose metadata matches ``where``."""
@@ -450,12 +453,24 @@ class CollectionStore:
 
     def _matching(self, conn: sqlite3.Connection, where: filters.Node) -> list[int]:
         """Seqs of the documents matching ``where``; a filter's scan has a deadline."""
-        if where == filters.MATCH_ALL:
-            return [r[0] for r in conn.execute("SELECT seq FROM documents")]
-        with self._deadline(conn):
-            condition, params = _exact_condition(conn, where)
+        with self._scan(conn, where) as (condition, params):
             rows = conn.execute(f"SELECT seq FROM documents WHERE {condition}", params)
             return [r[0] for r in rows]
+
+    @contextmanager
+    def _scan(
+        self, conn: sqlite3.Connection, where: filters.Node
+    ) -> Iterator[tuple[str, list[str | int | float]]]:
+        """The exact condition of ``where``, its statements under the deadline.
+
+        Match-all is ``1``, with no deadline: reading every row is not a filter's
+        scan.
+        """
+        if where == filters.MATCH_ALL:
+            yield "1", []
+            return
+        with self._deadline(conn):
+            yield _exact_condition(conn, where)
 
     @contextmanager
     def _deadline(self, conn: sqlite3.Connection) -> Iterator[None]:
@@ -480,16 +495,21 @@ class CollectionStore:
         finally:
             conn.set_progress_handler(None, 0)
 
-    def page(self, after: int, limit: int) -> list[StoredDocument]:
-        """Up to ``limit`` documents with a seq above ``after``, in seq order.
+    def page(
+        self, after: int, limit: int, where: filters.Node = filters.MATCH_ALL
+    ) -> list[StoredDocument]:
+        """Up to ``limit`` documents (matching ``where``) with a seq above ``after``.
 
-        Keyset paging on the never-reused ``seq``: a page is one indexed range read,
-        whatever the depth, and writes between pages shift nothing already passed.
+        In seq order. Keyset paging on the never-reused ``seq``: a page is one
+        indexed range read, whatever the depth, and writes between pages shift
+        nothing already passed. With a filter, the range is read until ``limit``
+        documents match (or it ends).
         """
-        with self.connection() as conn:
+        with self.connection() as conn, self._scan(conn, where) as (condition, params):
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM documents WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after, limit),
+                f"SELECT {_COLUMNS} FROM documents WHERE seq > ? AND {condition}"
+                " ORDER BY seq LIMIT ?",
+                (after, *params, limit),
             ).fetchall()
         return [_to_document(row) for row in rows]
 

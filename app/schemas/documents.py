@@ -75,6 +75,36 @@ class DocumentPage(ListEnvelope):
     next_cursor: str | None = Field(description="cursor of the next page; null: done")
 
 
+class DocumentsQueryRequest(RequestModel):
+    """A page of the documents whose metadata matches ``filter``, in write order.
+
+    Pass ``next_cursor`` back as ``cursor``, with the same filter, for the next page.
+    """
+
+    filter: Filter = Field(
+        default_factory=dict,
+        description=f"{FILTER_DESCRIPTION}; {{}} or absent: every document",
+    )
+    limit: int | None = Field(
+        None, ge=1, description="page size: default 100, at most limits.max_page_size"
+    )
+    cursor: str | None = Field(
+        None, description="next_cursor of the previous page (send the same filter)"
+    )
+
+
+class DocumentsCountRequest(RequestModel):
+    """How many documents match ``filter`` (``{}`` or absent: every document)."""
+
+    filter: Filter = Field(default_factory=dict, description=FILTER_DESCRIPTION)
+
+
+class DocumentsCount(BaseModel):
+    """How many documents matched."""
+
+    count: int
+
+
 class DocumentsGetRequest(RequestModel):
     """Several documents by id (at most ``limits.max_ids_per_get``)."""
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Annotated
 
-from app.schemas.common import ListEnvelope
+from pydantic import BaseModel, Field, StringConstraints
+
+from app.schemas.common import COLLECTION_NAME_PATTERN, ListEnvelope, RequestModel
 
 
 class SnapshotInfo(BaseModel):
@@ -23,3 +25,16 @@ class SnapshotList(ListEnvelope):
     """The snapshots of a collection, oldest first."""
 
     data: list[SnapshotInfo]
+
+
+class RestoreRequest(RequestModel):
+    """``POST .../snapshots/{id}/restore``: in place, or ``into`` a new collection."""
+
+    into: Annotated[str, StringConstraints(pattern=COLLECTION_NAME_PATTERN)] | None = (
+        Field(
+            None,
+            description="a new collection to create from the snapshot (409 if the "
+            "name is taken); the snapshot's own collection keeps serving. Absent "
+            "(or the collection's own name): replace the collection in place",
+        )
+    )

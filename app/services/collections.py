@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from app.collections.base import CLIENT_EMBEDDING, CollectionBackend, own_vectors
 from app.collections.snapshots import Snapshot, Snapshots
-from app.collections.store_files import DEFAULT_STEMMER
+from app.collections.store_files import DEFAULT_STEMMER, storage_errors
 from app.exceptions import (
     BackendUnsupportedError,
+    ConflictError,
     NotFoundError,
+    PayloadTooLargeError,
     StorageLoadingError,
 )
 from app.schemas.collections import CollectionInfo, OwnEmbedding
@@ -128,9 +134,47 @@ class CollectionsService(Part):
         """Delete one snapshot."""
         self._snapshots(name).delete(name, snapshot_id)
 
-    def restore_snapshot(self, name: str, snapshot_id: str) -> CollectionInfo:
-        """Replace a collection (served or quarantined) by one of its snapshots."""
-        restored = self._snapshots(name).restore(name, snapshot_id)
+    def restore_snapshot(
+        self, name: str, snapshot_id: str, into: str | None = None
+    ) -> CollectionInfo:
+        """Replace a collection (served or quarantined) by one of its snapshots.
+
+        With ``into``, make a new collection of that name from it instead.
+        """
+        snapshots = self._snapshots(name)
+        if into is None or into == name:
+            restored = snapshots.restore(name, snapshot_id)
+        else:
+            restored = snapshots.restore_into(name, snapshot_id, into)
+        self.drift.forget(restored.name)
+        return self._describe(restored)
+
+    async def upload_snapshot(
+        self, name: str, chunks: AsyncIterator[bytes], *, replace: bool
+    ) -> CollectionInfo:
+        """Collection ``name`` from a snapshot file sent as the request body.
+
+        Refused before a byte is read when snapshots are not served here or ``name``
+        is taken (and not ``replace``). The body goes to a temporary file in the data
+        dir, at most ``limits.max_snapshot_bytes`` (413 past it); the file then gets
+        every check of a restore, and nothing changes unless it passes them all.
+        """
+        snapshots = self._snapshots_here()
+        if snapshots.exists(name) and not replace:
+            raise ConflictError(
+                f"collection {name!r} already exists: upload under another name, or "
+                "add ?replace=true to replace it by the file (as a restore would)"
+            )
+        file = snapshots.incoming(name)
+        limit = self.settings.limits.max_snapshot_bytes
+        try:
+            with storage_errors():
+                await _receive(chunks, file, limit)
+            restored = await self.pool.run(
+                snapshots.install, name, file, replace=replace
+            )
+        finally:
+            file.unlink(missing_ok=True)
         self.drift.forget(name)
         return self._describe(restored)
 
@@ -138,12 +182,32 @@ class CollectionsService(Part):
         """The snapshots; off the local backend, a 404 for an unknown collection, else 422."""
         if self.snapshots is None:
             self.registry.get(name)
+        return self._snapshots_here()
+
+    def _snapshots_here(self) -> Snapshots:
+        """The snapshots of this backend (422 on one that has none)."""
+        if self.snapshots is None:
             raise BackendUnsupportedError(
                 self.registry.backend,
                 "has no snapshots: back its data up with the engine's own tools "
                 "(for Milvus: milvus-backup)",
             )
         return self.snapshots
+
+
+async def _receive(chunks: AsyncIterator[bytes], file: Path, limit: int) -> None:
+    """Write ``chunks`` to the new ``file``, at most ``limit`` bytes (413 past it)."""
+    size = 0
+    with file.open("xb") as out:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(
+                    f"the snapshot file exceeds the limit of {limit} bytes "
+                    "(limits.max_snapshot_bytes)"
+                )
+            await anyio.to_thread.run_sync(out.write, chunk)
+        await anyio.to_thread.run_sync(os.fsync, out.fileno())
 
 
 def _snapshot_info(snapshot: Snapshot) -> SnapshotInfo:

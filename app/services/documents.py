@@ -9,7 +9,7 @@ from app.collections.base import CollectionBackend, NewDocument, StoredDocument
 from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
 from app.schemas import filters
-from app.schemas.common import Metadata
+from app.schemas.common import Filter, Metadata
 from app.schemas.documents import (
     DocumentIn,
     DocumentOut,
@@ -130,19 +130,34 @@ class DocumentsService(Part):
         self, name: str, limit: int | None, cursor: str | None
     ) -> DocumentPage:
         """A page of documents in write order (see ``DocumentPage``)."""
+        size, after = self._paging(limit, cursor)
+        # One more than asked tells whether another page follows.
+        return _page(self.registry.get(name).page(after, size + 1), size)
+
+    async def query_documents(
+        self, name: str, raw: Filter, limit: int | None, cursor: str | None
+    ) -> DocumentPage:
+        """A page of the documents matching a metadata filter, in write order."""
+        where = limits.parse_filter("filter", raw, self.settings.limits)
+        size, after = self._paging(limit, cursor)
+        collection = self.registry.get(name)
+        async with self.filter_turn(name, where):
+            found = await self.pool.run(collection.page, after, size + 1, where)
+        return _page(found, size)
+
+    async def count_documents(self, name: str, raw: Filter) -> int:
+        """How many documents match a metadata filter (``{}``: all of them)."""
+        where = limits.parse_filter("filter", raw, self.settings.limits)
+        collection = self.registry.get(name)
+        async with self.filter_turn(name, where):
+            return await self.pool.run(collection.count, where)
+
+    def _paging(self, limit: int | None, cursor: str | None) -> tuple[int, int]:
+        """The page size (checked against ``max_page_size``) and the seq to start after."""
         lim = self.settings.limits
         size = limit if limit is not None else min(DEFAULT_PAGE_SIZE, lim.max_page_size)
         limits.check_value("limit", size, lim.max_page_size)
-        after = decode_cursor(cursor) if cursor is not None else 0
-        # One more than asked tells whether another page follows.
-        docs = self.registry.get(name).page(after, size + 1)
-        more = len(docs) > size
-        docs = docs[:size]
-        return DocumentPage(
-            data=[_document_out(d) for d in docs],
-            count=len(docs),
-            next_cursor=encode_cursor(docs[-1].seq) if more else None,
-        )
+        return size, decode_cursor(cursor) if cursor is not None else 0
 
     def get_documents(self, name: str, ids: list[str]) -> DocumentsFound:
         """The documents among ``ids`` in request order (once each), and the missing."""
@@ -218,6 +233,16 @@ def _check_unique(ids: list[str], field: str) -> None:
         raise InvalidRequestError(
             f"document id {dup!r} appears more than once in the batch", field=field
         )
+
+
+def _page(docs: list[StoredDocument], size: int) -> DocumentPage:
+    """The page of the first ``size`` of ``docs``; one more means another page follows."""
+    shown = docs[:size]
+    return DocumentPage(
+        data=[_document_out(d) for d in shown],
+        count=len(shown),
+        next_cursor=encode_cursor(shown[-1].seq) if len(docs) > size else None,
+    )
 
 
 def _document_out(doc: StoredDocument) -> DocumentOut:

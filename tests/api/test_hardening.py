@@ -42,6 +42,7 @@ LIMITS = Limits(
     max_filter_depth=2,
     max_filter_values=2,
     max_filter_value_chars=8,
+    max_page_size=3,
 )
 
 
@@ -125,8 +126,8 @@ def _search(k=1, chars=5, queries=None):
 
 
 def _shaped(where: dict[str, object], path: str = "search", queries: int = 0):
-    if path == "delete":
-        return "/v1/collections/kb/documents/delete", {"filter": where}
+    if path in ("delete", "query", "count"):
+        return f"/v1/collections/kb/documents/{path}", {"filter": where}
     return _search(queries=queries)[0], _search(queries=queries)[1] | {"filter": where}
 
 
@@ -170,6 +171,20 @@ LIMIT_CASES = {
         _shaped({"a": {"$gte": "x" * 9}}),
     ),
     "characters of a filter key": (_shaped({"k" * 8: 1}), _shaped({"k" * 9: 1})),
+    "filter keys of a documents query": (_filtered(3, "query"), _filtered(4, "query")),
+    "filter keys of a documents count": (_filtered(3, "count"), _filtered(4, "count")),
+    "filter depth of a documents query": (
+        _shaped({"$not": {"a": 1}}, "query"),
+        _shaped({"$not": {"$not": {"a": 1}}}, "query"),
+    ),
+    "values of a documents count filter's $in": (
+        _shaped({"a": {"$in": [1, 2]}}, "count"),
+        _shaped({"a": {"$in": [1, 2, 3]}}, "count"),
+    ),
+    "page size of a documents query": (
+        ("/v1/collections/kb/documents/query", {"limit": 3}),
+        ("/v1/collections/kb/documents/query", {"limit": 4}),
+    ),
 }
 
 

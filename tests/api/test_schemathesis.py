@@ -43,6 +43,12 @@ LIMITS = Limits(
 )
 
 
+@schemathesis.serializer("application/vnd.sqlite3")
+def _snapshot_file(ctx: schemathesis.SerializationContext, value: object) -> bytes:
+    """A snapshot upload's body: whatever bytes were generated (never a usable file)."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 # Built at import: schemathesis needs the schema to generate the test cases.
 # Only a path: the lifespan creates it, so collecting the tests leaves nothing behind.
 _DATA_DIR = Path(tempfile.gettempdir()) / f"normcal-fuzz-{uuid.uuid4().hex}"

@@ -319,9 +319,106 @@ def test_ingest_jsonl_and_csv_with_metadata(tmp_path, embedder, capsys):
         assert httpx.get(f"{docs}/j1").json()["metadata"] == {"lang": "en", "n": 2}
         assert httpx.get(f"{docs}/7").json()["text"] == "Glaciers move slowly."
         c1 = httpx.get(f"{docs}/c1").json()
-        assert c1["metadata"] == {"source": "wiki", "year": "2020"}
+        assert c1["metadata"] == {"source": "wiki", "year": 2020}
         assert c1["text"] == "Bread rises with yeast, slowly."
-        assert httpx.get(f"{docs}/c2").json()["metadata"] == {"year": "2021"}
+        assert httpx.get(f"{docs}/c2").json()["metadata"] == {"year": 2021}
+
+
+def test_csv_metadata_is_typed_by_column_and_filters_find_it(
+    tmp_path, embedder, capsys
+):
+    """Numbers and booleans become JSON numbers and booleans, a column as a whole;
+    ids, zip codes, NaN and integers past 64 bits stay text, as --text-column keeps."""
+    table = tmp_path / "papers.csv"
+    rows = [
+        ["id", "text", "year", "score", "open", "zip", "code", "big", "ref", "note"],
+        [
+            "1",
+            "Aspirin and the heart.",
+            "2001",
+            "0.5",
+            "TRUE",
+            "02134",
+            "7",
+            "1",
+            "a1",
+            "NaN",
+        ],
+        [
+            "2",
+            "Statins and cholesterol.",
+            "1998",
+            "2.25",
+            "false",
+            "10001",
+            "8",
+            "",
+            "",
+            "x",
+        ],
+        [
+            "3",
+            "Paris is in France.",
+            "2010",
+            "-3",
+            "True",
+            "94110",
+            "9",
+            "9" * 20,
+            "a3",
+            "1e3",
+        ],
+    ]
+    with table.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows(rows)
+    settings = Settings(data_dir=tmp_path / "data")
+    url = "/v1/collections/papers"
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        args = ["ingest", str(table), "--collection", "papers", "--url", server.url]
+        assert main([*args, "--text-column", "code"]) == 0
+        out = capsys.readouterr().out
+        assert "metadata columns: year (number), score (number), open (boolean)" in out
+        assert "zip (text: line 2 has '02134', not a number; the others are)" in out
+        assert "code (text: --text-column)" in out
+        assert "big (text: line 4 has '99999999999999999999'" in out
+        metadata = httpx.get(f"{server.url}{url}/documents/1").json()["metadata"]
+        assert metadata == {
+            "year": 2001,
+            "score": 0.5,
+            "open": True,
+            "zip": "02134",
+            "code": "7",
+            "big": "1",
+            "ref": "a1",
+            "note": "NaN",
+        }
+        assert (
+            "big" not in httpx.get(f"{server.url}{url}/documents/2").json()["metadata"]
+        )
+
+        def count(where: dict[str, object]) -> int:
+            r = httpx.post(f"{server.url}{url}/documents/count", json={"filter": where})
+            assert r.status_code == 200, r.text
+            return int(r.json()["count"])
+
+        assert count({"year": {"$gte": 2000}}) == 2  # the issue's filter
+        assert count({"open": True}) == 2
+        assert count({"score": {"$lt": 0}}) == 1
+        assert count({"zip": "02134"}) == 1
+        assert count({"code": "7"}) == 1
+
+        # --text-column only for CSV, and only for a column the file has.
+        for bad, says in (
+            (["--text-column", "zipp"], "'zipp' is not a metadata column"),
+            (["--text-column", "id"], "'id' is not a metadata column"),
+        ):
+            assert main([*args, *bad]) == EXIT_INPUT
+            assert says in _one_line_error(capsys.readouterr().err)
+        jsonl = tmp_path / "docs.jsonl"
+        jsonl.write_text('{"id": "j", "text": "t"}\n')
+        argv = ["ingest", str(jsonl), "--collection", "papers", "--url", server.url]
+        assert main([*argv, "--text-column", "year"]) == EXIT_INPUT
+        assert "applies to a .csv file only" in capsys.readouterr().err
 
 
 def test_skip_existing_resumes_without_resending(tmp_path, embedder, beir_dir, capsys):

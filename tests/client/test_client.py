@@ -11,6 +11,7 @@ from normcal_client import (
     NO_RETRY,
     AsyncNormcalClient,
     Conflict,
+    InvalidArgument,
     InvalidRequest,
     NormcalClient,
     NotFound,
@@ -102,6 +103,21 @@ def test_real_validation_errors_are_typed(nc):
         nc.create_collection("no spaces allowed")
     with pytest.raises(TypeError):
         nc.embed("one string")  # type: ignore[arg-type]
+
+
+def test_real_refusals_before_sending_are_typed_and_change_nothing(nc):
+    """What the server refuses, the client refuses first: a NormcalError naming it."""
+    nc.create_collection("strict", exist_ok=True)
+    nc.upsert_documents("strict", DOCS[:2])
+    with pytest.raises(InvalidArgument) as caught:
+        nc.search("strict", "q", k="2")  # type: ignore[arg-type]
+    assert caught.value.errors[0]["loc"] == ["k"] and caught.value.status == 0
+    with pytest.raises(InvalidRequest):  # the same family as the server's 422
+        nc.upsert_documents("strict", [{"id": "x", "text": "t"}, {"id": "y"}])
+    assert nc.count_documents("strict") == 2  # the batch was not sent
+    # the server agrees: the same value sent raw is its 422
+    raw = nc.http.post("/v1/collections/strict/search", json={"query": "q", "k": "2"})
+    assert raw.status_code == 422 and raw.json()["errors"][0]["loc"] == ["body", "k"]
 
 
 def test_real_calibrators_and_feedback(nc):

@@ -119,8 +119,9 @@ def test_retriever_and_vector_store_take_a_search_mode(kb):
         ["photosynthesis", "paris"],
     )
     assert lexical.invoke(query) == documents_from_result(expected)
+    # the retriever's documents come by the probability they carry
     assert [d.id for d in dense.invoke(query, mode="lexical")] == [
-        h.id for h in expected.hits
+        d.id for d in documents_from_result(expected)
     ]
     hybrid = lexical.invoke(query, mode="hybrid", candidates=5)
     assert {"paris", "photosynthesis"} <= {d.id for d in hybrid}
@@ -155,3 +156,20 @@ async def test_async_retriever_with_its_own_client(kb):
     )
     docs = await retriever.ainvoke(QUERIES["photosynthesis"])
     assert [d.id for d in docs] == ["photosynthesis"]
+
+
+def test_documents_come_in_the_order_of_the_probability_they_carry(kb):
+    """Dense hits come by cosine from the service; LangChain gets them by P."""
+    retriever = NormcalRetriever(collection="kb", base_url=kb.url, k=5)
+    store = NormcalVectorStore("kb", base_url=kb.url)
+    with NormcalClient(kb.url) as nc:
+        for query in QUERIES.values():
+            served = nc.search("kb", query, k=5)
+            docs = retriever.invoke(query)
+            probabilities = [d.metadata["probability"] for d in docs]
+            assert probabilities == sorted(probabilities, reverse=True)
+            assert {d.id for d in docs} == {h.id for h in served.hits}
+            pairs = store.similarity_search_with_relevance_scores(query, k=5)
+            assert [p for _, p in pairs] == sorted(probabilities, reverse=True)
+            cosines = [s for _, s in store.similarity_search_with_score(query, k=5)]
+            assert cosines == sorted(cosines, reverse=True)

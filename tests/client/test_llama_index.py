@@ -314,3 +314,14 @@ def test_a_store_of_own_vectors_sends_node_and_query_embeddings(live):
         hits = index.as_retriever(similarity_top_k=4).retrieve(QUERIES["aspirin"])
         assert {h.node.node_id for h in hits} == set(axes)
         nc.delete_collection("own-li")
+
+
+def test_nodes_come_in_the_order_of_the_probability_they_carry(kb):
+    """Dense hits come by cosine from the service; LlamaIndex gets them by P."""
+    retriever = NormcalRetriever("kb", base_url=kb.url, similarity_top_k=5)
+    store = NormcalVectorStore("kb", base_url=kb.url)
+    for query in QUERIES.values():
+        scores = [n.score for n in retriever.retrieve(query)]
+        assert scores == sorted(scores, reverse=True) and len(scores) == 5
+        found = store.query(VectorStoreQuery(query_str=query, similarity_top_k=5))
+        assert found.similarities == sorted(found.similarities, reverse=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from normcal_client import InvalidRequest, NormcalClient, NotFound
+from normcal_client import Conflict, InvalidRequest, NormcalClient, NotFound
 
 from app.api.app import create_app
 from app.cli.main import EXIT_INPUT, EXIT_USAGE, main
@@ -20,8 +20,9 @@ from app.collections.checks import check_file
 from app.collections.ownership import LOCK_FILE
 from app.collections.store import CollectionStore
 from app.services.jobs import JOBS_FILE
-from app.settings import Settings
+from app.settings import Limits, Settings
 from tests.conftest import alter_sqlite, assert_problem
+from tests.support.fakes import HashEmbedder
 from tests.support.live import ThreadServer
 
 pytestmark = pytest.mark.fake_embedder
@@ -318,3 +319,170 @@ def test_a_restore_that_cannot_replace_the_file_keeps_serving_the_old_data(
     kb.put(
         "/v1/collections/kb/documents", json={"documents": CORPUS[:1]}
     ).raise_for_status()
+
+
+# ------------------------------------------------------------ snapshots travel
+
+
+def _listing(c: TestClient, name: str) -> list[tuple[str, str]]:
+    page = c.get(f"/v1/collections/{name}/documents", params={"limit": 100}).json()
+    return [(d["id"], d["text"]) for d in page["data"]]
+
+
+def test_restore_into_a_new_collection_leaves_the_source_serving(kb):
+    snap = kb.post(SNAPS).json()
+    at_snapshot = _listing(kb, "kb")
+    kb.put("/v1/collections/kb/documents", json={"documents": LATER}).raise_for_status()
+    later = _state(kb), _listing(kb, "kb")
+
+    r = kb.post(f"{SNAPS}/{snap['id']}/restore", json={"into": "kb-copy"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["name"], r.json()["documents"]) == ("kb-copy", len(CORPUS))
+    assert _listing(kb, "kb-copy") == at_snapshot
+    assert (_state(kb), _listing(kb, "kb")) == later  # the source is untouched
+    hits = kb.post("/v1/collections/kb-copy/search", json={"query": QUERIES[0]})
+    assert hits.json()["hits"][0]["id"] in {"d0", "d1"}
+
+    before = [c["name"] for c in kb.get("/v1/collections").json()["data"]]
+    for into, status in [("kb-copy", 409), ("KB-COPY", 409), ("../x", 422), ("", 422)]:
+        assert_problem(
+            kb.post(f"{SNAPS}/{snap['id']}/restore", json={"into": into}), status
+        )
+    assert_problem(kb.post(f"{SNAPS}/{snap['id']}/restore", json={"name": "x"}))
+    assert [c["name"] for c in kb.get("/v1/collections").json()["data"]] == before
+    # a restore without a body, or `into` its own name, is the restore in place
+    r = kb.post(f"{SNAPS}/{snap['id']}/restore", json={"into": "kb"})
+    assert r.status_code == 200 and _listing(kb, "kb") == at_snapshot
+
+
+def _upload(c, name: str, data: bytes, **params: str):
+    return c.post(
+        f"/v1/collections/{name}/snapshots/upload",
+        content=data,
+        params=params,
+        headers={"content-type": "application/vnd.sqlite3"},
+    )
+
+
+def test_a_collection_moves_to_another_server_by_uploading_its_snapshot(
+    tmp_path, embedder
+):
+    """Over real HTTP, with the client: download from one server, upload to another."""
+    with (
+        ThreadServer(_app(tmp_path / "a", embedder)) as one,
+        ThreadServer(_app(tmp_path / "b", embedder)) as other,
+        NormcalClient(one.url) as a,
+        NormcalClient(other.url) as b,
+    ):
+        a.create_collection("kb")
+        a.upsert_documents("kb", CORPUS)
+        before = _answers(a)
+        data = a.download_snapshot("kb", a.create_snapshot("kb").id)
+        file = tmp_path / "kb.sqlite3"
+        file.write_bytes(data)
+
+        moved = b.upload_snapshot("kb", file)  # a path, or the bytes
+        assert (moved.name, moved.documents) == ("kb", len(CORPUS))
+        assert _answers(b) == before
+        copy = b.upload_snapshot("kb-2", data)  # under another name
+        assert copy.name == "kb-2" and copy.documents == len(CORPUS)
+        with pytest.raises(Conflict, match=r"\?replace=true"):
+            b.upload_snapshot("kb", data)
+        a.upsert_documents("kb", LATER)
+        newer = a.download_snapshot("kb", a.create_snapshot("kb").id)
+        replaced = b.upload_snapshot("kb-2", newer, replace=True)
+        assert replaced.documents == len({d["id"] for d in CORPUS + LATER})
+        assert b.get_collection("kb").documents == len(CORPUS)
+    with ThreadServer(_app(tmp_path / "b", embedder)) as restarted:
+        with NormcalClient(restarted.url) as b:  # a restart serves what was uploaded
+            assert _answers(b) == before
+            assert sorted(c.name for c in b.list_collections()) == ["kb", "kb-2"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "not-sqlite", "empty", "bad-calibrator", "extra-trigger", "one-past"],
+)
+def test_an_upload_that_fails_a_check_is_refused_and_changes_nothing(
+    tmp_path, embedder, damage
+):
+    with TestClient(_app(tmp_path / "a", embedder)) as a:
+        assert a.post("/v1/collections", json={"name": "kb"}).status_code == 201
+        a.put("/v1/collections/kb/documents", json={"documents": CORPUS})
+        snap = a.post(SNAPS).json()
+        file = tmp_path / "a" / "snapshots" / "kb" / f"{snap['id']}.sqlite3"
+        good = file.read_bytes()
+    if damage == "bad-calibrator":
+        alter_sqlite(
+            file,
+            "INSERT INTO calibrators(id, created_at, method, profile)"
+            " VALUES ('bad', 1.0, 'platt', '{\"format\": \"nonsense\"}')",
+        )
+    elif damage == "extra-trigger":  # runs inside every later upsert
+        alter_sqlite(
+            file,
+            "CREATE TRIGGER evil AFTER INSERT ON documents BEGIN "
+            "DELETE FROM documents; END",
+        )
+    data = {
+        "truncated": good[: len(good) // 2],
+        "not-sqlite": b"not a database\n" * 1000,
+        "empty": b"",
+        "one-past": good,
+    }.get(damage, file.read_bytes() if file.exists() else good)
+    limits = Limits(max_snapshot_bytes=len(good) - 1 if damage == "one-past" else 10**9)
+    data_dir = tmp_path / "b"
+    settings = Settings(data_dir=data_dir, limits=limits)
+    with TestClient(create_app(settings, embedder=embedder)) as b:
+        assert b.post("/v1/collections", json={"name": "kept"}).status_code == 201
+        r = _upload(b, "kb", data)
+        if damage == "one-past":
+            body = assert_problem(r, 413)
+            assert str(len(good) - 1) in body["detail"]
+            # chunked, without a length: counted as it streams in
+            assert_problem(_upload(b, "kb", iter([good[:4096], good[4096:]])), 413)
+        else:
+            body = assert_problem(r, 422)
+            assert body["detail"].startswith(
+                ("the uploaded file is not a usable snapshot", "the snapshot is not")
+            )
+            assert str(data_dir) not in body["detail"]  # no server path in a problem
+        assert [c["name"] for c in b.get("/v1/collections").json()["data"]] == ["kept"]
+        assert_problem(b.get("/v1/collections/kb"), 404)
+    # nothing received is left behind (the temporary file, its staged copy)
+    assert [p.name for p in data_dir.iterdir() if p.name.startswith(".")] == []
+    assert not (data_dir / "kb.sqlite3").exists()
+
+
+def test_an_upload_at_the_size_bound_is_served(tmp_path, embedder):
+    with TestClient(_app(tmp_path / "a", embedder)) as a:
+        a.post("/v1/collections", json={"name": "kb"})
+        a.put("/v1/collections/kb/documents", json={"documents": CORPUS})
+        data = a.get(f"{SNAPS}/{a.post(SNAPS).json()['id']}").content
+    settings = Settings(
+        data_dir=tmp_path / "b", limits=Limits(max_snapshot_bytes=len(data))
+    )
+    with TestClient(create_app(settings, embedder=embedder)) as b:
+        assert _upload(b, "kb", data).status_code == 200
+        # streamed, no declared length: the same bound
+        assert _upload(b, "kb2", iter([data[:1000], data[1000:]])).status_code == 200
+
+
+def test_an_upload_is_refused_before_its_body_when_the_name_is_taken(kb):
+    """A 409 (or a bad name's 422) needs no byte of the file."""
+    before = _state(kb)
+    assert_problem(_upload(kb, "kb", b"not even read"), 409)
+    assert_problem(_upload(kb, "bad%20name", b"x"), 422)
+    assert _state(kb) == before
+
+
+def test_an_upload_of_other_model_files_is_refused(tmp_path, embedder):
+    with TestClient(_app(tmp_path / "a", embedder)) as a:
+        a.post("/v1/collections", json={"name": "kb"})
+        a.put("/v1/collections/kb/documents", json={"documents": CORPUS})
+        data = a.get(f"{SNAPS}/{a.post(SNAPS).json()['id']}").content
+    other = HashEmbedder(model_name="tests/another-model")
+    with TestClient(_app(tmp_path / "b", other)) as b:
+        body = assert_problem(_upload(b, "kb", data), 409)
+        assert "tests/another-model" in body["detail"]
+        assert b.get("/v1/collections").json()["data"] == []

@@ -258,6 +258,47 @@ def test_dense_search_returns_the_brute_force_top_k(kb: TestClient, where):
     assert all(0 <= h["probability"] <= 1 for h in hits)
 
 
+def test_documents_are_listed_and_counted_by_filter_as_the_evaluator_says(
+    kb: TestClient,
+):
+    """POST .../documents/query pages the matches in write order; .../count counts."""
+    for where in FILTERS:
+        tree = parse(where, Bounds())
+        expected = [d["id"] for d in DOCS if evaluate(tree, d["metadata"])]
+        count = kb.post(f"{URL}/documents/count", json={"filter": where})
+        assert count.status_code == 200, (where, count.text)
+        assert count.json() == {"count": len(expected)}, where
+        seen: list[str] = []
+        body: dict[str, Any] = {"filter": where, "limit": 2}
+        for _ in range(4):
+            page = kb.post(f"{URL}/documents/query", json=body)
+            assert page.status_code == 200, (where, page.text)
+            assert page.json()["count"] == len(page.json()["data"]) <= 2
+            seen += ids_of(page.json())
+            if page.json()["next_cursor"] is None:
+                break
+            body["cursor"] = page.json()["next_cursor"]
+        assert seen == expected, where
+    whole = kb.post(f"{URL}/documents/query", json={"limit": LIMITS.max_page_size})
+    assert whole.status_code == 200 and ids_of(whole.json()) == [
+        d["id"] for d in DOCS[:4]
+    ]
+    before = everything(kb)
+    for body in (
+        {"limit": LIMITS.max_page_size + 1},
+        {"filter": {"n": {"$regex": "x"}}},
+        {"filter": {"topic": "tech"}, "cursor": "not-a-cursor"},
+        {"where": {"topic": "tech"}},
+    ):
+        assert_problem(kb.post(f"{URL}/documents/query", json=body))
+    problem = assert_problem(
+        kb.post(f"{URL}/documents/count", json={"filter": {"$or": {"n": 1}}})
+    )
+    assert problem["errors"][0]["loc"] == ["filter", "$or"]
+    assert_problem(kb.post("/v1/collections/nope/documents/count", json={}), 404)
+    assert everything(kb) == before
+
+
 def test_k_is_accepted_at_its_bound_and_refused_past_it(kb: TestClient):
     query = {"query": QUERIES["paris"]}
     at = kb.post(f"{URL}/search", json={**query, "k": LIMITS.max_k})
@@ -478,6 +519,16 @@ def test_snapshots_are_local_only(kb: TestClient, storage: str):
     assert body["type"].endswith("backend-unsupported") and "milvus" in body["detail"]
     assert_problem(kb.get(f"{URL}/snapshots"), 422)
     assert_problem(kb.post("/v1/collections/nope/snapshots"), 404)
+    # Neither a restore into a new collection nor an upload: refused before a byte
+    # of the file is read, and nothing is made.
+    before = everything(kb)
+    snapshot = f"{URL}/snapshots/20250101T000000000Z-0123abcd/restore"
+    body = assert_problem(kb.post(snapshot, json={"into": "copy"}), 422)
+    assert body["type"].endswith("backend-unsupported")
+    for name in ("kb", "moved"):
+        upload = kb.post(f"/v1/collections/{name}/snapshots/upload", content=b"x")
+        assert assert_problem(upload, 422)["type"].endswith("backend-unsupported")
+    assert everything(kb) == before
 
 
 def test_a_healthy_backend_is_ready(client: TestClient):

@@ -1,4 +1,4 @@
-"""Documents of a collection: upsert, list, get, read, update metadata, delete, export.
+"""Documents of a collection: upsert, list, query, count, get, read, update, delete, export.
 
 ``GET .../documents/export`` is declared before ``GET .../documents/{doc_id}``, so a
 document whose id is ``export`` is read with the batch get (``POST .../get``).
@@ -19,10 +19,13 @@ from app.schemas.documents import (
     DocumentOut,
     DocumentPage,
     DocumentPatch,
+    DocumentsCount,
+    DocumentsCountRequest,
     DocumentsDeleted,
     DocumentsDeleteRequest,
     DocumentsFound,
     DocumentsGetRequest,
+    DocumentsQueryRequest,
     DocumentsUpdated,
     DocumentsUpdateRequest,
     UpsertRequest,
@@ -66,6 +69,26 @@ def list_documents(
 ) -> DocumentPage:
     """A page of documents in write order; follow ``next_cursor`` until null."""
     return service.documents.list_documents(name, limit, cursor)
+
+
+@router.post("/query", dependencies=[READ])
+async def query_documents(
+    *, name: CollectionName, body: DocumentsQueryRequest, service: ServiceDep
+) -> DocumentPage:
+    """A page of the documents whose metadata matches ``filter``, in write order."""
+    return await service.documents.query_documents(
+        name, body.filter, body.limit, body.cursor
+    )
+
+
+@router.post("/count", dependencies=[READ])
+async def count_documents(
+    *, name: CollectionName, body: DocumentsCountRequest, service: ServiceDep
+) -> DocumentsCount:
+    """How many documents match ``filter`` (all of them without one)."""
+    return DocumentsCount(
+        count=await service.documents.count_documents(name, body.filter)
+    )
 
 
 @router.post("/get", dependencies=[READ])

@@ -1,14 +1,15 @@
-"""Snapshots of a collection: take, list, download, restore, delete.
+"""Snapshots of a collection: take, list, download, restore, upload, delete.
 
 A snapshot is taken with SQLite's online backup API while writes go on; a restore
-replaces the live collection by it, after checking it as a start-up load would.
+replaces the live collection by it (or makes a new one), after checking it as a
+start-up load would; an upload makes a collection of another server's snapshot file.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 
 from app.api.auth import ADMIN
@@ -17,7 +18,7 @@ from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
 from app.collections.snapshots import SNAPSHOT_ID_PATTERN
 from app.schemas.collections import CollectionInfo
-from app.schemas.snapshots import SnapshotInfo, SnapshotList
+from app.schemas.snapshots import RestoreRequest, SnapshotInfo, SnapshotList
 
 SQLITE = "application/vnd.sqlite3"
 
@@ -61,12 +62,54 @@ def download_snapshot(
     )
 
 
+@router.post(
+    "/upload",
+    dependencies=[ADMIN],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "a snapshot file (GET .../snapshots/{id} of any normcal), "
+            "at most limits.max_snapshot_bytes",
+            "content": {SQLITE: {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+async def upload_snapshot(
+    *,
+    name: CollectionName,
+    request: Request,
+    service: ServiceDep,
+    replace: Annotated[
+        bool,
+        Query(
+            description="replace the collection if it exists, as a restore would; "
+            "otherwise an existing name is a 409"
+        ),
+    ] = False,
+) -> CollectionInfo:
+    """Create the collection from a snapshot file, another server's say.
+
+    The file gets the checks of a restore; nothing changes unless it passes them all.
+    """
+    return await service.collections.upload_snapshot(
+        name, request.stream(), replace=replace
+    )
+
+
 @router.post("/{snapshot_id}/restore", dependencies=[ADMIN])
 def restore_snapshot(
-    *, name: CollectionName, snapshot_id: SnapshotId, service: ServiceDep
+    *,
+    name: CollectionName,
+    snapshot_id: SnapshotId,
+    service: ServiceDep,
+    body: RestoreRequest | None = None,
 ) -> CollectionInfo:
-    """Replace the collection by the snapshot; describes the restored collection."""
-    return service.collections.restore_snapshot(name, snapshot_id)
+    """Replace the collection by the snapshot, or make a new one ``into`` from it.
+
+    Describes the restored (or new) collection.
+    """
+    into = body.into if body is not None else None
+    return service.collections.restore_snapshot(name, snapshot_id, into)
 
 
 @router.delete(

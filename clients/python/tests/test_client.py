@@ -379,3 +379,122 @@ def test_connection_refused_is_typed():
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         with NormcalClient(url, retry=NO_RETRY) as c, pytest.raises(ConnectionFailed):
             c.healthz()
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _refused(call) -> normcal_client.InvalidArgument:
+    with pytest.raises(normcal_client.InvalidArgument) as caught:
+        call()
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("call", "loc", "says"),
+    [
+        # the issue's two: a document without text, a k the server's types refuse
+        (
+            lambda nc: nc.upsert_documents("kb", [{"id": "1"}]),
+            ["documents", "0", "text"],
+            "Field required",
+        ),
+        (lambda nc: nc.search("kb", "q", k="2"), ["k"], "valid integer"),
+        (lambda nc: nc.search("kb", "q", k=True), ["k"], "valid integer"),
+        (lambda nc: nc.search("kb", "q", include_text=1), ["include_text"], "boolean"),
+        (lambda nc: nc.search("kb", "q", mode="semantic"), ["mode"], "'dense'"),
+        (lambda nc: nc.search("kb", "q", filter=[1]), ["filter"], "JSON object"),
+        (lambda nc: nc.search("kb", vector=["x"]), ["vector"], "list of numbers"),
+        (lambda nc: nc.embed("one string"), ["texts"], "not one value"),
+        (lambda nc: nc.get_documents("kb", "abc"), ["ids"], "not one value"),
+        (lambda nc: nc.get_documents("kb", ["a"], batch_size=0), ["batch_size"], "1"),
+        (
+            lambda nc: nc.upsert_documents("kb", [{"id": 1, "text": "a"}]),
+            ["documents", "0", "id"],
+            "valid string",
+        ),
+        (
+            lambda nc: nc.upsert_documents("kb", [{"id": "1", "txt": "a"}]),
+            ["documents", "0", "text"],
+            "Field required",
+        ),
+        (
+            lambda nc: nc.upsert_documents("kb", ["just text"]),
+            ["documents", "0"],
+            "mapping",
+        ),
+        (
+            lambda nc: nc.fit_calibrator(
+                "kb", [{"query": "q", "document_id": "d", "relevance": "1"}]
+            ),
+            ["judgments", "0", "relevance"],
+            "valid integer",
+        ),
+        (lambda nc: nc.update_document("kb", "d", 5), ["metadata"], "JSON object"),
+        (lambda nc: nc.count_documents("kb", "topic"), ["filter"], "JSON object"),
+        (lambda nc: nc.query_documents("kb", limit="10"), ["limit"], "valid integer"),
+        (lambda nc: nc.restore_snapshot("kb", "s", into=3), ["into"], "valid string"),
+        (lambda nc: nc.upload_snapshot("kb", 42), ["data"], "bytes"),
+        (lambda nc: nc.set_query_log("kb", enabled="yes"), ["enabled"], "boolean"),
+        (lambda nc: nc.add_judging_queries("kb", "q"), ["queries"], "not one value"),
+    ],
+)
+def test_a_call_the_server_would_refuse_is_refused_here_naming_the_field(
+    call, loc, says
+):
+    recorder = Recorder()  # no answer: nothing may be sent
+    nc, _ = mock(recorder)
+    error = _refused(lambda: call(nc))
+    assert recorder.requests == []
+    assert [str(p) for p in error.errors[0]["loc"]] == loc
+    assert says in error.errors[0]["msg"]
+    assert error.detail.startswith(".".join(loc) + ": ")
+    # one family for every refusal: the server's and the client's
+    assert isinstance(error, InvalidRequest) and isinstance(error, NormcalError)
+    assert isinstance(error, ValueError) and isinstance(error, TypeError)
+    assert error.status == 0 and error.type == "/problems/validation-error"
+
+
+@pytest.mark.anyio
+async def test_the_async_client_refuses_alike():
+    recorder = Recorder()
+    nc = AsyncNormcalClient(
+        "http://normcal.test", transport=httpx.MockTransport(recorder)
+    )
+    async with nc:
+        with pytest.raises(
+            normcal_client.InvalidArgument, match=r"^Invalid argument \(not sent\): k: "
+        ):
+            await nc.search("kb", "q", k="2")
+        with pytest.raises(normcal_client.InvalidArgument, match=r"documents\.0\.text"):
+            await nc.upsert_documents("kb", [{"id": "1"}])
+    assert recorder.requests == []
+
+
+def test_numpy_like_vectors_and_mappings_are_accepted_as_the_server_takes_them():
+    recorder = Recorder(
+        httpx.Response(200, json={"upserted": 1, "ids": ["1"], "truncated": []})
+    )
+    nc, _ = mock(recorder)
+
+    class Floaty:  # numpy scalars convert to float
+        def __float__(self) -> float:
+            return 0.5
+
+    nc.upsert_documents(
+        "kb", [{"id": "1", "text": "t", "vector": (1, 2.5, Floaty()), "metadata": {}}]
+    )
+    sent = json.loads(recorder.requests[0].content)
+    assert sent["documents"][0]["vector"] == [1.0, 2.5, 0.5]
+
+
+def test_a_bad_document_is_named_by_its_place_in_the_call_and_its_batch_not_sent():
+    """Batches are atomic: one is checked whole before it is sent."""
+    done = {"upserted": 2, "ids": ["1", "2"], "truncated": []}
+    recorder = Recorder(httpx.Response(200, json=done))
+    nc, _ = mock(recorder)
+    docs = [{"id": "1", "text": "a"}, {"id": "2", "text": "b"}]
+    docs += [{"id": "3", "text": "c"}, {"id": "4", "text": None}]
+    error = _refused(lambda: nc.upsert_documents("kb", docs, batch_size=2))
+    assert error.errors[0]["loc"] == ["documents", 3, "text"]
+    assert len(recorder.requests) == 1  # the first batch; not the one holding it

@@ -98,3 +98,28 @@ def test_probability_bounds_are_validated():
         for bad in (-0.1, 1.5):
             with pytest.raises(ValidationError):
                 NormcalRetriever(collection="kb", **{field: bad})
+
+
+def test_documents_come_in_the_order_of_the_score_they_report():
+    """A dense search lists hits by cosine; their probabilities may not descend."""
+    from normcal_client.langchain import NormcalVectorStore
+
+    answer = _result(False, [0.30, 0.80, 0.55])  # cosines 0.9, 0.8, 0.7
+    retriever, _ = _mock_retriever(answer, k=3)
+    docs = retriever.invoke("q")
+    assert [d.id for d in docs] == ["d1", "d2", "d0"]
+    assert [d.metadata["probability"] for d in docs] == [0.80, 0.55, 0.30]
+    assert [d.metadata["rank"] for d in docs] == [0, 1, 2]  # the order returned
+
+    client = retriever.client
+    store = NormcalVectorStore("kb", client=client)
+    pairs = store.similarity_search_with_relevance_scores("q", k=3)
+    assert [(d.id, p) for d, p in pairs] == [("d1", 0.8), ("d2", 0.55), ("d0", 0.3)]
+    cosines = store.similarity_search_with_score("q", k=3)  # cosine: its own order
+    assert [d.id for d, _ in cosines] == ["d0", "d1", "d2"]
+    assert [s for _, s in cosines] == sorted((s for _, s in cosines), reverse=True)
+
+
+def test_without_probabilities_the_services_order_is_kept():
+    retriever, _ = _mock_retriever(_result(False, [None, None]), k=2)
+    assert [d.id for d in retriever.invoke("q")] == ["d0", "d1"]

@@ -216,7 +216,7 @@ def test_store_delete_is_by_ref_doc_id():
     NormcalVectorStore("kb", client=client).delete("src")
     assert seen[0].url.path.endswith("/documents/delete")
     assert json.loads(seen[0].content) == {"filter": {REF_DOC_ID: "src"}}
-    with pytest.raises(TypeError, match="unknown delete options"):
+    with pytest.raises(TypeError, match="not a delete option"):
         NormcalVectorStore("kb", client=client).delete("src", cascade=True)
 
 
@@ -291,3 +291,20 @@ def test_store_get_and_delete_nodes_refuse_what_the_service_cannot_select():
     with pytest.raises(ValueError, match="clear"):
         store.delete_nodes()
     assert seen == []
+
+
+def test_nodes_come_in_the_order_of_the_score_they_carry():
+    """A dense search lists hits by cosine; their probabilities may not descend."""
+    client, _ = _mock(_answer(False, [0.30, 0.80, 0.55]))  # cosines 0.9, 0.8, 0.7
+    nodes = NormcalRetriever("kb", client=client).retrieve("q")
+    assert [(n.node.node_id, n.score) for n in nodes] == [
+        ("d1", 0.80),
+        ("d2", 0.55),
+        ("d0", 0.30),
+    ]
+    assert [n.node.metadata["rank"] for n in nodes] == [0, 1, 2]
+    store = NormcalVectorStore("kb", client=client)
+    found = store.query(VectorStoreQuery(query_str="q", similarity_top_k=3))
+    assert found.ids == ["d1", "d2", "d0"] and found.similarities == [0.8, 0.55, 0.3]
+    by_cosine = NormcalVectorStore("kb", client=client, similarity="cosine")
+    assert by_cosine.query(VectorStoreQuery(query_str="q")).ids == ["d0", "d1", "d2"]

@@ -40,10 +40,7 @@ from normcal_client._models import (
     CollectionInfo,
     DocumentOut,
     DocumentPage,
-    DocumentPatch,
     DocumentsFound,
-    DocumentsUpdateRequest,
-    DocumentUpdate,
     DriftReport,
     EmbedResponse,
     FeedbackDeleted,
@@ -53,7 +50,6 @@ from normcal_client._models import (
     Health,
     InputType,
     JudgingNext,
-    JudgingQueriesRequest,
     JudgingQueriesResponse,
     KeyInfo,
     MetadataMode,
@@ -61,7 +57,6 @@ from normcal_client._models import (
     Readiness,
     SearchMode,
     SearchResult,
-    SkipRequest,
     SnapshotInfo,
     Stemmer,
     UnknownDocuments,
@@ -255,11 +250,29 @@ class AsyncNormcalClient(ClientBase):
         return await self._drive(op.one(call))
 
     async def restore_snapshot(
-        self, collection: str, snapshot_id: str
+        self, collection: str, snapshot_id: str, *, into: str | None = None
     ) -> CollectionInfo:
-        """Replace a collection by one of its snapshots; the restored collection."""
-        call = ep.RESTORE_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
-        return await self._drive(op.one(call))
+        """Replace a collection by one of its snapshots; the restored collection.
+
+        ``into``: make a new collection of that name from the snapshot instead (the
+        snapshot's collection keeps serving).
+        """
+        return await self._drive(op.restore_snapshot(collection, snapshot_id, into))
+
+    async def upload_snapshot(
+        self,
+        collection: str,
+        data: bytes | str | os.PathLike[str],
+        *,
+        replace: bool = False,
+    ) -> CollectionInfo:
+        """Make ``collection`` from a snapshot file (its bytes, or its path).
+
+        The file, say another server's ``download_snapshot``, gets a restore's
+        checks; a name that exists raises ``Conflict`` unless ``replace``. The file
+        is read into memory and sent whole.
+        """
+        return await self._drive(op.upload_snapshot(collection, data, replace))
 
     async def delete_snapshot(self, collection: str, snapshot_id: str) -> None:
         """Delete one snapshot."""
@@ -316,10 +329,7 @@ class AsyncNormcalClient(ClientBase):
         ``merge`` sets the given keys and removes those given as None; ``replace``
         stores ``metadata`` as the whole object.
         """
-        body = DocumentPatch(metadata=dict(metadata), mode=mode)
-        return await self._drive(
-            op.one(ep.UPDATE_DOCUMENT(body, name=collection, doc_id=doc_id))
-        )
+        return await self._drive(op.update_document(collection, doc_id, metadata, mode))
 
     async def update_documents(
         self,
@@ -332,15 +342,7 @@ class AsyncNormcalClient(ClientBase):
 
         An unknown id raises ``NotFound`` (nothing changed); see :meth:`update_document`.
         """
-        body = DocumentsUpdateRequest(
-            updates=[
-                DocumentUpdate(id=doc_id, metadata=dict(metadata))
-                for doc_id, metadata in updates.items()
-            ],
-            mode=mode,
-        )
-        done = await self._drive(op.one(ep.UPDATE_DOCUMENTS(body, name=collection)))
-        return done.data
+        return await self._drive(op.update_documents(collection, updates, mode))
 
     async def delete_documents(
         self,
@@ -376,6 +378,46 @@ class AsyncNormcalClient(ClientBase):
             if page.next_cursor is None:
                 return
             cursor = page.next_cursor
+
+    async def query_documents(
+        self,
+        collection: str,
+        filter: op.Filter | None = None,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> DocumentPage:
+        """One page of the documents whose metadata matches ``filter``, in write order.
+
+        Pass ``next_cursor`` back as ``cursor`` (with the same filter) until it is
+        None, or use :meth:`iter_documents_where`.
+        """
+        return await self._drive(op.query_documents(collection, filter, limit, cursor))
+
+    async def iter_documents_where(
+        self,
+        collection: str,
+        filter: op.Filter | None = None,
+        *,
+        page_size: int | None = None,
+    ) -> AsyncIterator[DocumentOut]:
+        """Every document matching ``filter``, in write order, a page a request."""
+        cursor: str | None = None
+        while True:
+            page = await self.query_documents(
+                collection, filter, limit=page_size, cursor=cursor
+            )
+            for document in page.data:
+                yield document
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def count_documents(
+        self, collection: str, filter: op.Filter | None = None
+    ) -> int:
+        """How many documents match ``filter`` (every document without one)."""
+        return await self._drive(op.count_documents(collection, filter))
 
     async def batch_get_documents(
         self, collection: str, ids: Iterable[str]
@@ -701,8 +743,7 @@ class AsyncNormcalClient(ClientBase):
         self, collection: str, queries: Sequence[str]
     ) -> JudgingQueriesResponse:
         """Queue queries to judge before any logged one."""
-        body = JudgingQueriesRequest(queries=list(queries))
-        return await self._drive(op.one(ep.ADD_JUDGING_QUERIES(body, name=collection)))
+        return await self._drive(op.add_judging_queries(collection, queries))
 
     async def next_to_judge(
         self, collection: str, *, k: int | None = None
@@ -712,6 +753,4 @@ class AsyncNormcalClient(ClientBase):
 
     async def skip_query(self, collection: str, query: str) -> None:
         """Do not offer ``query`` for judging again."""
-        await self._drive(
-            op.one(ep.SKIP_QUERY(SkipRequest(query=query), name=collection))
-        )
+        await self._drive(op.skip_query(collection, query))

@@ -72,13 +72,16 @@ class ClientBase:
     def _request(
         self, http: httpx.Client | httpx.AsyncClient, call: ep.Call[Any]
     ) -> httpx.Request:
-        accept = f"{call.endpoint.accept}, {PROBLEM_MEDIA_TYPE}"
+        headers = {"Accept": f"{call.endpoint.accept}, {PROBLEM_MEDIA_TYPE}"}
+        if call.endpoint.sends is not None:
+            headers["Content-Type"] = call.endpoint.sends
         timeout = self._options.timeout
         return http.build_request(
             call.endpoint.method,
             call.path,
             json=call.json,
-            headers={"Accept": accept, **self._options.headers},
+            content=call.content,
+            headers={**headers, **self._options.headers},
             timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
 

@@ -30,6 +30,7 @@ class Call(Generic[R]):
     path: str
     json: dict[str, Any] | None = None
     retry: RetryPolicy | None = None  # None: the client's policy
+    content: bytes | None = None  # a body that is not JSON (``endpoint.sends``)
 
     def parse(self, response: httpx.Response) -> R:
         """The answer as the endpoint's response type."""
@@ -45,6 +46,7 @@ class Endpoint(Generic[R]):
     response: type[R]
     request: type[m.RequestModel] | None = None
     accept: str = JSON
+    sends: str | None = None  # the media type of a body that is not JSON
 
     def __call__(self, body: m.RequestModel | None = None, **params: str) -> Call[R]:
         """A :class:`Call` with the path parameters quoted into the template."""
@@ -87,6 +89,12 @@ DELETE_COLLECTION = Endpoint("DELETE", _C, NoBody)
 UPSERT_DOCUMENTS = Endpoint("PUT", _C + "/documents", m.UpsertResponse, m.UpsertRequest)
 GET_DOCUMENT = Endpoint("GET", _C + "/documents/{doc_id}", m.DocumentOut)
 LIST_DOCUMENTS = Endpoint("GET", _C + "/documents", m.DocumentPage)
+QUERY_DOCUMENTS = Endpoint(
+    "POST", _C + "/documents/query", m.DocumentPage, m.DocumentsQueryRequest
+)
+COUNT_DOCUMENTS = Endpoint(
+    "POST", _C + "/documents/count", m.DocumentsCount, m.DocumentsCountRequest
+)
 GET_DOCUMENTS = Endpoint(
     "POST", _C + "/documents/get", m.DocumentsFound, m.DocumentsGetRequest
 )
@@ -134,7 +142,15 @@ _SNAP = _C + "/snapshots/{snapshot_id}"
 CREATE_SNAPSHOT = Endpoint("POST", _C + "/snapshots", m.SnapshotInfo)
 LIST_SNAPSHOTS = Endpoint("GET", _C + "/snapshots", m.SnapshotList)
 DOWNLOAD_SNAPSHOT = Endpoint("GET", _SNAP, bytes, accept="application/vnd.sqlite3")
-RESTORE_SNAPSHOT = Endpoint("POST", _SNAP + "/restore", m.CollectionInfo)
+RESTORE_SNAPSHOT = Endpoint(
+    "POST", _SNAP + "/restore", m.CollectionInfo, m.RestoreRequest
+)
+UPLOAD_SNAPSHOT = Endpoint(
+    "POST",
+    _C + "/snapshots/upload",
+    m.CollectionInfo,
+    sends="application/vnd.sqlite3",
+)
 DELETE_SNAPSHOT = Endpoint("DELETE", _SNAP, NoBody)
 
 ENDPOINTS: tuple[Endpoint[Any], ...] = (
@@ -151,6 +167,8 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     GET_DOCUMENT,
     DELETE_DOCUMENT,
     LIST_DOCUMENTS,
+    QUERY_DOCUMENTS,
+    COUNT_DOCUMENTS,
     GET_DOCUMENTS,
     DELETE_DOCUMENTS,
     UPDATE_DOCUMENT,
@@ -183,5 +201,6 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     LIST_SNAPSHOTS,
     DOWNLOAD_SNAPSHOT,
     RESTORE_SNAPSHOT,
+    UPLOAD_SNAPSHOT,
     DELETE_SNAPSHOT,
 )

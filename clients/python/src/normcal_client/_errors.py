@@ -5,6 +5,7 @@
     NormcalError                  status, type, title, detail, instance, errors
     ├── ConnectionFailed          no HTTP answer at all
     ├── InvalidRequest            400 / 422: malformed, invalid or over a limit
+    │   └── InvalidArgument       refused by the client itself, before sending
     ├── Unauthorized              401
     ├── Forbidden                 403
     ├── NotFound                  404
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from normcal_client._models import ProblemDetail
 
@@ -42,7 +44,8 @@ class NormcalError(Exception):
         retry_after: float | None = None,
         response: httpx.Response | None = None,
     ) -> None:
-        message = f"{problem.status} {problem.title}: {problem.detail}"
+        status = f"{problem.status} " if problem.status else ""  # 0: no answer
+        message = f"{status}{problem.title}: {problem.detail}"
         if problem.instance:
             message += f" [{problem.instance}]"
         super().__init__(message)
@@ -87,6 +90,62 @@ class ConnectionFailed(NormcalError):
 
 class InvalidRequest(NormcalError):
     """400 or 422: malformed JSON, a failed validation, or a limit passed."""
+
+
+class InvalidArgument(InvalidRequest, ValueError, TypeError):
+    """A call the client refused before sending it: what the server would refuse.
+
+    A value of the wrong type (``k="2"``: the server's types are strict), a
+    document without ``text``, one string where a list is wanted. ``errors`` name
+    each field (``loc``) and rule as the server's 422 does; ``status`` is 0, as
+    nothing was sent. Also a ``ValueError`` and a ``TypeError``, what Python code
+    catches for a bad argument.
+    """
+
+    def at(self, *prefix: str | int) -> InvalidArgument:
+        """The same refusal with ``prefix`` before each field (``documents``, 3)."""
+        return invalid_argument(
+            [{**e, "loc": [*prefix, *e.get("loc", [])]} for e in self.errors]
+        )
+
+
+def invalid_argument(errors: list[dict[str, Any]]) -> InvalidArgument:
+    """The :class:`InvalidArgument` of field errors ``{"loc", "msg", "type"}``."""
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "value"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    problem = ProblemDetail(
+        type="/problems/validation-error",
+        title="Invalid argument (not sent)",
+        status=0,
+        detail=f"{where}: {first['msg']}{more}",
+        errors=errors,
+    )
+    return InvalidArgument(problem)
+
+
+Loc = str | tuple[str | int, ...]
+"""Where an argument is: its name, or the path to it (``("documents", 3)``)."""
+
+
+def refused(field: Loc, rule: str) -> InvalidArgument:
+    """The client's refusal of the argument at ``field`` for breaking ``rule``."""
+    loc = list(field) if isinstance(field, tuple) else [field]
+    return invalid_argument([{"loc": loc, "msg": rule, "type": "value_error"}])
+
+
+def validation_refused(error: ValidationError) -> InvalidArgument:
+    """A request model's pydantic ``ValidationError`` as an :class:`InvalidArgument`."""
+    return invalid_argument(
+        [
+            {
+                "loc": list(e["loc"]),
+                "msg": e["msg"].removeprefix("Value error, "),
+                "type": e["type"],
+            }
+            for e in error.errors(include_url=False, include_input=False)
+        ]
+    )
 
 
 class Unauthorized(NormcalError):

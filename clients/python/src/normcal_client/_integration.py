@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from normcal_client._async_client import AsyncNormcalClient
-from normcal_client._models import SearchResult
+from normcal_client._models import SearchHit, SearchResult
 from normcal_client._sync_client import NormcalClient
 
 
@@ -60,9 +60,38 @@ HIT_KEYS = (
 """The keys :func:`hit_metadata` adds to a hit's own metadata."""
 
 
-def hit_metadata(result: SearchResult) -> list[dict[str, Any]]:
-    """Each hit's metadata with normcal's numbers added (``HIT_KEYS``; they win a clash)."""
+def best_first(
+    hits: Sequence[SearchHit], score: Callable[[SearchHit], float | None]
+) -> list[SearchHit]:
+    """``hits`` in descending order of the ``score`` a framework reports for them.
+
+    A dense search lists its hits by cosine, while a framework reports their
+    probability, which the calibrator's other evidence (BM25, lengths) can order
+    otherwise: documents come in the order of the score they carry. Ties keep the
+    service's order; with a hit that has no score (no calibrator), the service's.
+    """
+    scores = [score(hit) for hit in hits]
+    if any(s is None for s in scores):
+        return list(hits)
+    order = sorted(range(len(hits)), key=lambda i: -float(scores[i] or 0.0))
+    return [hits[i] for i in order]
+
+
+def by_probability(result: SearchResult) -> list[SearchHit]:
+    """The hits of ``result`` by descending calibrated probability (:func:`best_first`)."""
+    return best_first(result.hits, lambda hit: hit.probability)
+
+
+def hit_metadata(
+    result: SearchResult, hits: Sequence[SearchHit] | None = None
+) -> list[dict[str, Any]]:
+    """Each hit's metadata with normcal's numbers added (``HIT_KEYS``; they win a clash).
+
+    ``hits``: in the order they are returned (:func:`by_probability` by default);
+    ``rank`` is the position there.
+    """
     calibrator = result.calibrator.id if result.calibrator is not None else None
+    hits = by_probability(result) if hits is None else hits
     return [
         {
             **hit.metadata,
@@ -75,5 +104,5 @@ def hit_metadata(result: SearchResult) -> list[dict[str, Any]]:
             "confidence": result.confidence,
             "calibrator": calibrator,
         }
-        for rank, hit in enumerate(result.hits)
+        for rank, hit in enumerate(hits)
     ]

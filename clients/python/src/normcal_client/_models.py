@@ -5,16 +5,18 @@ server repository's contract test compares them with ``create_app().openapi()`` 
 drift fails its CI. Constraints (lengths, ranges, patterns) are left to the server,
 which answers a problem the client raises as :class:`~normcal_client.InvalidRequest`.
 
-Request models forbid unknown fields (a typo is an error here, not on the wire) and
-are sent with only the fields the caller set, so server defaults apply. Response
-models keep unknown fields, so a newer server does not break an older client.
+Request models forbid unknown fields (a typo is an error here, not on the wire), are
+strict as the server's are (``"2"`` is not an int, ``1`` not a bool: refused here,
+as :class:`~normcal_client.InvalidArgument` naming the field, never sent), and are
+sent with only the fields the caller set, so server defaults apply. Response models
+keep unknown fields, so a newer server does not break an older client.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # A metadata filter: {"topic": "x"} equality, or the operators of the server's filter
 # language ($eq $ne $in $nin $gt $gte $lt $lte $exists $and $or $not); the server
@@ -28,9 +30,21 @@ Stemmer = Literal["porter", "none"]
 
 
 class RequestModel(BaseModel):
-    """Base of request bodies: unknown fields are errors."""
+    """Base of request bodies: unknown fields and other types are refused here.
 
-    model_config = ConfigDict(extra="forbid")
+    A refusal is :class:`~normcal_client.InvalidArgument` (a
+    :class:`~normcal_client.NormcalError`) naming the field, not pydantic's error.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            from normcal_client._errors import validation_refused
+
+            raise validation_refused(error) from None
 
     def body(self) -> dict[str, Any]:
         """The JSON body: only the fields that were set, so server defaults apply."""
@@ -75,6 +89,26 @@ class UpsertRequest(RequestModel):
     """``PUT /v1/collections/{name}/documents``: one atomic batch."""
 
     documents: list[DocumentIn]
+
+
+class DocumentsQueryRequest(RequestModel):
+    """``POST /v1/collections/{name}/documents/query``: a page of a filter's matches."""
+
+    filter: FilterJSON = Field(default_factory=dict)
+    limit: int | None = None
+    cursor: str | None = None
+
+
+class DocumentsCountRequest(RequestModel):
+    """``POST /v1/collections/{name}/documents/count``."""
+
+    filter: FilterJSON = Field(default_factory=dict)
+
+
+class RestoreRequest(RequestModel):
+    """``POST .../snapshots/{id}/restore``: in place, or ``into`` a new collection."""
+
+    into: str | None = None
 
 
 class DocumentsGetRequest(RequestModel):
@@ -424,6 +458,12 @@ class DocumentsFound(ResponseModel):
     data: list[DocumentOut]
     count: int
     missing: list[str]
+
+
+class DocumentsCount(ResponseModel):
+    """How many documents matched a filter."""
+
+    count: int
 
 
 class DocumentsDeleted(ResponseModel):

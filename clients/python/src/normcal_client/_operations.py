@@ -9,20 +9,27 @@ create-if-missing, polling, building bodies).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
+
+from pydantic import BaseModel
 
 from normcal_client import _endpoints as ep
 from normcal_client._errors import (
     Conflict,
     ConnectionFailed,
+    InvalidArgument,
+    Loc,
     ServerError,
     ServiceUnavailable,
     documents_not_found,
+    refused,
 )
 from normcal_client._models import (
     BatchSearchResponse,
@@ -36,10 +43,17 @@ from normcal_client._models import (
     DocumentIn,
     DocumentOut,
     DocumentPage,
+    DocumentPatch,
+    DocumentsCount,
+    DocumentsCountRequest,
     DocumentsDeleted,
     DocumentsDeleteRequest,
     DocumentsFound,
     DocumentsGetRequest,
+    DocumentsQueryRequest,
+    DocumentsUpdated,
+    DocumentsUpdateRequest,
+    DocumentUpdate,
     EmbedRequest,
     EmbedResponse,
     FeedbackDeleted,
@@ -50,14 +64,19 @@ from normcal_client._models import (
     FitRequest,
     InputType,
     JudgingNext,
+    JudgingQueriesRequest,
+    JudgingQueriesResponse,
     Judgment,
+    MetadataMode,
     OwnEmbedding,
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
+    RestoreRequest,
     SearchMode,
     SearchRequest,
     SearchResult,
+    SkipRequest,
     Stemmer,
     UnknownDocuments,
     UpsertRequest,
@@ -109,9 +128,7 @@ def wait_until_ready(timeout: float, interval: float) -> Plan[Readiness]:
 
 def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedResponse]:
     """Embed texts."""
-    if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of strings, not one string")
-    body = EmbedRequest(texts=list(texts), **_given(input_type=input_type))
+    body = EmbedRequest(texts=_listed(texts, "texts"), **_given(input_type=input_type))
     return one(ep.EMBED(body))
 
 
@@ -123,7 +140,7 @@ def create_collection(
     embedding: OwnEmbeddingLike | None = None,
 ) -> Plan[CollectionInfo]:
     """Create a collection; with ``exist_ok`` return the existing one instead."""
-    own = None if embedding is None else OwnEmbedding.model_validate(embedding)
+    own = None if embedding is None else _model(OwnEmbedding, embedding, "embedding")
     body = CollectionCreate(
         name=name,
         **_given(description=description, stemmer=stemmer, embedding=own),
@@ -151,11 +168,13 @@ def upsert_documents(
     progress: Progress | None,
 ) -> Plan[UpsertResponse]:
     """Upsert in atomic batches of ``batch_size``, reporting the running count."""
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
+    _check_batch_size(batch_size)
     total = UpsertResponse(upserted=0, ids=[], truncated=[])
+    sent = 0
     for batch in _batches(documents, batch_size):
-        body = UpsertRequest(documents=[DocumentIn.model_validate(d) for d in batch])
+        docs = [_document(d, sent + i) for i, d in enumerate(batch)]
+        sent += len(batch)
+        body = UpsertRequest(documents=docs)
         part: UpsertResponse = yield ep.UPSERT_DOCUMENTS(body, name=collection)
         total.upserted += part.upserted
         total.ids.extend(part.ids)
@@ -172,6 +191,7 @@ def get_documents(
 
     Unknown ids are skipped.
     """
+    _check_batch_size(batch_size)
     found: list[DocumentOut] = []
     for batch in _batches(_unique(ids), batch_size):
         page: DocumentsFound = yield ep.GET_DOCUMENTS(
@@ -189,6 +209,7 @@ def delete_documents(
     Without ``missing_ok`` the ids are looked up first (batch gets): an unknown one
     raises :class:`NotFound` before anything is deleted.
     """
+    _check_batch_size(batch_size)
     wanted = _unique(ids)
     if not missing_ok:
         missing: list[str] = []
@@ -219,10 +240,81 @@ def list_documents(
 
 def batch_get_documents(collection: str, ids: Iterable[str]) -> Plan[DocumentsFound]:
     """Several documents in one request, with the ids that were ``missing``."""
-    if isinstance(ids, str):
-        raise TypeError("ids must be an iterable of strings, not one string")
-    body = DocumentsGetRequest(ids=list(ids))
+    body = DocumentsGetRequest(ids=_listed(ids, "ids"))
     return one(ep.GET_DOCUMENTS(body, name=collection))
+
+
+def query_documents(
+    collection: str, filter: Filter | None, limit: int | None, cursor: str | None
+) -> Plan[DocumentPage]:
+    """One page of the documents matching ``filter``, in write order."""
+    options = _given(filter=_filter(filter), limit=limit, cursor=cursor)
+    return one(ep.QUERY_DOCUMENTS(DocumentsQueryRequest(**options), name=collection))
+
+
+def count_documents(collection: str, filter: Filter | None) -> Plan[int]:
+    """How many documents match ``filter`` (all of them with none)."""
+    body = DocumentsCountRequest(**_given(filter=_filter(filter)))
+    found: DocumentsCount = yield ep.COUNT_DOCUMENTS(body, name=collection)
+    return found.count
+
+
+def update_document(
+    collection: str, doc_id: str, metadata: Mapping[str, Any], mode: MetadataMode
+) -> Plan[DocumentOut]:
+    """New metadata for one document."""
+    body = DocumentPatch(metadata=_dict(metadata, "metadata"), mode=mode)
+    return one(ep.UPDATE_DOCUMENT(body, name=collection, doc_id=doc_id))
+
+
+def update_documents(
+    collection: str, updates: Mapping[str, Mapping[str, Any]], mode: MetadataMode
+) -> Plan[list[DocumentOut]]:
+    """New metadata for several documents, in one request."""
+    if not isinstance(updates, Mapping):
+        raise refused("updates", "a mapping of document id to its new metadata")
+    body = DocumentsUpdateRequest(
+        updates=[
+            DocumentUpdate(id=doc_id, metadata=_dict(meta, ("updates", doc_id)))
+            for doc_id, meta in updates.items()
+        ],
+        mode=mode,
+    )
+    done: DocumentsUpdated = yield ep.UPDATE_DOCUMENTS(body, name=collection)
+    return done.data
+
+
+def restore_snapshot(
+    collection: str, snapshot_id: str, into: str | None
+) -> Plan[CollectionInfo]:
+    """Restore a snapshot in place, or into a new collection."""
+    body = RestoreRequest(**_given(into=into))
+    return one(ep.RESTORE_SNAPSHOT(body, name=collection, snapshot_id=snapshot_id))
+
+
+def upload_snapshot(
+    collection: str, data: bytes | str | os.PathLike[str], overwrite: bool
+) -> Plan[CollectionInfo]:
+    """Send a snapshot file (its bytes, or its path) to become ``collection``."""
+    if isinstance(data, str | os.PathLike):
+        data = Path(data).read_bytes()
+    if not isinstance(data, bytes):
+        raise refused("data", "the snapshot file's bytes, or its path")
+    call = _with_query(ep.UPLOAD_SNAPSHOT(name=collection), replace=_flag(overwrite))
+    return one(replace(call, content=data))
+
+
+def add_judging_queries(
+    collection: str, queries: Sequence[str]
+) -> Plan[JudgingQueriesResponse]:
+    """Queue queries to judge first."""
+    body = JudgingQueriesRequest(queries=_listed(queries, "queries"))
+    return one(ep.ADD_JUDGING_QUERIES(body, name=collection))
+
+
+def skip_query(collection: str, query: str) -> Plan[None]:
+    """Never offer ``query`` for judging again."""
+    return one(ep.SKIP_QUERY(SkipRequest(query=query), name=collection))
 
 
 def delete_documents_where(
@@ -230,7 +322,7 @@ def delete_documents_where(
 ) -> Plan[int]:
     """Delete the documents matching ``filter`` (or every one with ``all``)."""
     body = DocumentsDeleteRequest(
-        **_given(filter=dict(filter) if filter else None, all=all or None)
+        **_given(filter=_filter(filter) or None, all=all or None)
     )
     done: DocumentsDeleted = yield ep.DELETE_DOCUMENTS(body, name=collection)
     return done.deleted
@@ -258,11 +350,13 @@ def search(
         k=k,
         mode=mode,
         candidates=candidates,
-        filter=dict(filter) if filter is not None else None,
+        filter=_filter(filter),
         min_probability=min_probability,
         target_precision=target_precision,
-        vector=None if vector is None else list(vector),
-        vectors=None if vectors is None else [list(v) for v in vectors],
+        vector=_vector(vector, "vector"),
+        vectors=None
+        if vectors is None
+        else [_vector(v, ("vectors", i)) for i, v in enumerate(vectors)],
     )
     if isinstance(queries, str) or vector is not None:
         body = SearchRequest(
@@ -270,7 +364,7 @@ def search(
         )
         result: SearchResult = yield ep.SEARCH(body, name=collection)
         return [result]
-    texts = None if queries is None else list(queries)
+    texts = None if queries is None else _listed(queries, "queries")
     body = SearchRequest(include_text=include_text, **options, **_given(queries=texts))
     batch: BatchSearchResponse = yield ep.SEARCH_BATCH(body, name=collection)
     return list(batch.results)
@@ -297,7 +391,10 @@ def fit_request(
     options = _given(
         query_vectors=None
         if query_vectors is None
-        else {q: list(v) for q, v in query_vectors.items()},
+        else {
+            q: _vector(v, ("query_vectors", q))
+            for q, v in _dict(query_vectors, "query_vectors").items()
+        },
         method=method,
         k=k,
         abstain_target=abstain_target,
@@ -346,7 +443,7 @@ def import_calibrator(
     data = (
         profile.model_dump(mode="json")
         if isinstance(profile, CalibratorProfile)
-        else dict(profile)
+        else _dict(profile, "profile")
     )
     body = CalibratorImport(profile=data, **_given(activate=activate))
     return one(ep.IMPORT_CALIBRATOR(body, name=collection))
@@ -402,13 +499,95 @@ def _given(**fields: Any) -> dict[str, Any]:
 
 def _unique(ids: Iterable[str]) -> list[str]:
     """``ids`` once each, in order (one string is refused: it is not a list of ids)."""
-    if isinstance(ids, str):
-        raise TypeError("ids must be an iterable of strings, not one string")
-    return list(dict.fromkeys(ids))
+    return list(dict.fromkeys(_listed(ids, "ids")))
 
 
 def _judgments(items: Iterable[JudgmentLike]) -> list[Judgment]:
-    return [Judgment.model_validate(item) for item in items]
+    return [
+        _model(Judgment, item, ("judgments", i))
+        for i, item in enumerate(_listed(items, "judgments"))
+    ]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _model(cls: type[M], value: M | Mapping[str, Any], field: Loc) -> M:
+    """``value`` as a ``cls`` (a mapping of its fields); refusals name ``field``."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise refused(
+            field, f"a mapping of {cls.__name__}'s fields or a {cls.__name__}"
+        )
+    try:
+        return cls(**{str(k): v for k, v in value.items()})
+    except InvalidArgument as error:
+        raise error.at(*(field if isinstance(field, tuple) else (field,))) from None
+
+
+def _document(value: DocumentLike, n: int) -> DocumentIn:
+    """The ``n``-th document of a call, its vector and metadata as the server takes them."""
+    if isinstance(value, Mapping):
+        value = {
+            **value,
+            **(
+                {"vector": _vector(value["vector"], ("documents", n, "vector"))}
+                if value.get("vector") is not None
+                else {}
+            ),
+            **(
+                {"metadata": _dict(value["metadata"], ("documents", n, "metadata"))}
+                if value.get("metadata") is not None
+                else {}
+            ),
+        }
+    return _model(DocumentIn, value, ("documents", n))
+
+
+def _listed(values: Iterable[Any], field: Loc) -> list[Any]:
+    """``values`` as a list; one string (or a mapping) is refused, naming ``field``."""
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
+        raise refused(field, "a list (or other iterable) of items, not one value")
+    return list(values)
+
+
+def _vector(values: Sequence[float] | None, field: Loc) -> list[float] | None:
+    """A vector (a list, tuple or array of numbers) as a list of floats."""
+    if values is None:
+        return None
+    try:
+        return [float(x) for x in _listed(values, field)]
+    except (TypeError, ValueError):
+        raise refused(field, "a list of numbers") from None
+
+
+def _dict(value: Mapping[str, Any], field: Loc) -> dict[str, Any]:
+    """A JSON object's mapping as a dict; anything else is refused, naming ``field``."""
+    if not isinstance(value, Mapping):
+        raise refused(field, "a JSON object (a mapping)")
+    return dict(value)
+
+
+def _filter(value: Filter | None) -> dict[str, Any] | None:
+    """A metadata filter as a dict (None: no filter)."""
+    return None if value is None else _dict(value, "filter")
+
+
+def _flag(value: bool) -> str | None:
+    """A boolean query parameter: ``true``, or absent (the server's false)."""
+    if not isinstance(value, bool):
+        raise refused("replace", "True or False")
+    return "true" if value else None
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise refused("batch_size", "an integer of at least 1")
 
 
 def _batches(items: Iterable[R], size: int) -> Iterator[list[R]]:

@@ -36,10 +36,7 @@ from normcal_client._models import (
     CollectionInfo,
     DocumentOut,
     DocumentPage,
-    DocumentPatch,
     DocumentsFound,
-    DocumentsUpdateRequest,
-    DocumentUpdate,
     DriftReport,
     EmbedResponse,
     FeedbackDeleted,
@@ -49,7 +46,6 @@ from normcal_client._models import (
     Health,
     InputType,
     JudgingNext,
-    JudgingQueriesRequest,
     JudgingQueriesResponse,
     KeyInfo,
     MetadataMode,
@@ -57,7 +53,6 @@ from normcal_client._models import (
     Readiness,
     SearchMode,
     SearchResult,
-    SkipRequest,
     SnapshotInfo,
     Stemmer,
     UnknownDocuments,
@@ -250,10 +245,30 @@ class NormcalClient(ClientBase):
         call = ep.DOWNLOAD_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
         return self._drive(op.one(call))
 
-    def restore_snapshot(self, collection: str, snapshot_id: str) -> CollectionInfo:
-        """Replace a collection by one of its snapshots; the restored collection."""
-        call = ep.RESTORE_SNAPSHOT(name=collection, snapshot_id=snapshot_id)
-        return self._drive(op.one(call))
+    def restore_snapshot(
+        self, collection: str, snapshot_id: str, *, into: str | None = None
+    ) -> CollectionInfo:
+        """Replace a collection by one of its snapshots; the restored collection.
+
+        ``into``: make a new collection of that name from the snapshot instead (the
+        snapshot's collection keeps serving).
+        """
+        return self._drive(op.restore_snapshot(collection, snapshot_id, into))
+
+    def upload_snapshot(
+        self,
+        collection: str,
+        data: bytes | str | os.PathLike[str],
+        *,
+        replace: bool = False,
+    ) -> CollectionInfo:
+        """Make ``collection`` from a snapshot file (its bytes, or its path).
+
+        The file, say another server's ``download_snapshot``, gets a restore's
+        checks; a name that exists raises ``Conflict`` unless ``replace``. The file
+        is read into memory and sent whole.
+        """
+        return self._drive(op.upload_snapshot(collection, data, replace))
 
     def delete_snapshot(self, collection: str, snapshot_id: str) -> None:
         """Delete one snapshot."""
@@ -310,10 +325,7 @@ class NormcalClient(ClientBase):
         ``merge`` sets the given keys and removes those given as None; ``replace``
         stores ``metadata`` as the whole object.
         """
-        body = DocumentPatch(metadata=dict(metadata), mode=mode)
-        return self._drive(
-            op.one(ep.UPDATE_DOCUMENT(body, name=collection, doc_id=doc_id))
-        )
+        return self._drive(op.update_document(collection, doc_id, metadata, mode))
 
     def update_documents(
         self,
@@ -326,15 +338,7 @@ class NormcalClient(ClientBase):
 
         An unknown id raises ``NotFound`` (nothing changed); see :meth:`update_document`.
         """
-        body = DocumentsUpdateRequest(
-            updates=[
-                DocumentUpdate(id=doc_id, metadata=dict(metadata))
-                for doc_id, metadata in updates.items()
-            ],
-            mode=mode,
-        )
-        done = self._drive(op.one(ep.UPDATE_DOCUMENTS(body, name=collection)))
-        return done.data
+        return self._drive(op.update_documents(collection, updates, mode))
 
     def delete_documents(
         self,
@@ -367,6 +371,43 @@ class NormcalClient(ClientBase):
             if page.next_cursor is None:
                 return
             cursor = page.next_cursor
+
+    def query_documents(
+        self,
+        collection: str,
+        filter: op.Filter | None = None,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> DocumentPage:
+        """One page of the documents whose metadata matches ``filter``, in write order.
+
+        Pass ``next_cursor`` back as ``cursor`` (with the same filter) until it is
+        None, or use :meth:`iter_documents_where`.
+        """
+        return self._drive(op.query_documents(collection, filter, limit, cursor))
+
+    def iter_documents_where(
+        self,
+        collection: str,
+        filter: op.Filter | None = None,
+        *,
+        page_size: int | None = None,
+    ) -> Iterator[DocumentOut]:
+        """Every document matching ``filter``, in write order, a page a request."""
+        cursor: str | None = None
+        while True:
+            page = self.query_documents(
+                collection, filter, limit=page_size, cursor=cursor
+            )
+            yield from page.data
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def count_documents(self, collection: str, filter: op.Filter | None = None) -> int:
+        """How many documents match ``filter`` (every document without one)."""
+        return self._drive(op.count_documents(collection, filter))
 
     def batch_get_documents(
         self, collection: str, ids: Iterable[str]
@@ -682,8 +723,7 @@ class NormcalClient(ClientBase):
         self, collection: str, queries: Sequence[str]
     ) -> JudgingQueriesResponse:
         """Queue queries to judge before any logged one."""
-        body = JudgingQueriesRequest(queries=list(queries))
-        return self._drive(op.one(ep.ADD_JUDGING_QUERIES(body, name=collection)))
+        return self._drive(op.add_judging_queries(collection, queries))
 
     def next_to_judge(self, collection: str, *, k: int | None = None) -> JudgingNext:
         """The next query to judge, its top hits and the judging progress."""
@@ -691,4 +731,4 @@ class NormcalClient(ClientBase):
 
     def skip_query(self, collection: str, query: str) -> None:
         """Do not offer ``query`` for judging again."""
-        self._drive(op.one(ep.SKIP_QUERY(SkipRequest(query=query), name=collection)))
+        self._drive(op.skip_query(collection, query))

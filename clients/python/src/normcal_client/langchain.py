@@ -28,11 +28,18 @@ from pydantic import ConfigDict, Field
 
 from normcal_client._async_client import AsyncNormcalClient
 from normcal_client._base import DEFAULT_URL
-from normcal_client._integration import Connection, hit_metadata
+from normcal_client._errors import refused
+from normcal_client._integration import (
+    Connection,
+    best_first,
+    by_probability,
+    hit_metadata,
+)
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
     FilterJSON,
+    SearchHit,
     SearchMode,
     SearchResult,
 )
@@ -48,13 +55,16 @@ def documents_from_result(
 
     The metadata is the document's own plus ``id``, ``score``, ``probability``,
     ``norm``, ``n_tokens``, ``rank``, the query's ``confidence`` and the
-    ``calibrator`` id; on a name clash normcal's win.
+    ``calibrator`` id; on a name clash normcal's win. The documents come best
+    ``probability`` first (``rank`` is that order); with no calibrator, the
+    service's order (cosine in dense mode).
     """
     if honour_abstain and result.abstain:
         return []
+    hits = by_probability(result)
     return [
         Document(id=hit.id, page_content=hit.text or "", metadata=metadata)
-        for hit, metadata in zip(result.hits, hit_metadata(result), strict=True)
+        for hit, metadata in zip(hits, hit_metadata(result, hits), strict=True)
     ]
 
 
@@ -96,9 +106,7 @@ class NormcalRetriever(Connection, BaseRetriever):
     """A ready async client (caller-owned)."""
 
     def _search_kwargs(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(overrides) - {"k", *_SEARCH_OPTIONS}
-        if unknown:
-            raise TypeError(f"unknown search options: {sorted(unknown)}")
+        _no_unknown(overrides, {"k", *_SEARCH_OPTIONS})
         return {
             "k": self.k,
             "mode": self.mode,
@@ -269,15 +277,22 @@ class NormcalVectorStore(Connection, VectorStore):
     def similarity_search(
         self, query: str, k: int = 4, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents most similar to ``query``."""
-        return [doc for doc, _ in self.similarity_search_with_score(query, k, **kwargs)]
+        """The ``k`` documents most similar to ``query``, in the mode's own order."""
+        with self._sync() as client:
+            result = client.search(
+                self.collection, query, **_search(k, self.mode, kwargs)
+            )
+        return [doc for doc, _ in _pairs(result)]
 
     async def asimilarity_search(
         self, query: str, k: int = 4, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents most similar to ``query``."""
-        pairs = await self.asimilarity_search_with_score(query, k, **kwargs)
-        return [doc for doc, _ in pairs]
+        """The ``k`` documents most similar to ``query``, in the mode's own order."""
+        async with self._async() as client:
+            result = await client.search(
+                self.collection, query, **_search(k, self.mode, kwargs)
+            )
+        return [doc for doc, _ in _pairs(result)]
 
     def similarity_search_with_score(
         self, query: str, k: int = 4, **kwargs: Any
@@ -287,7 +302,7 @@ class NormcalVectorStore(Connection, VectorStore):
             result = client.search(
                 self.collection, query, **_search(k, self.mode, kwargs)
             )
-        return [(doc, hit.score) for doc, hit in _pairs(result)]
+        return _with_cosines(result)
 
     async def asimilarity_search_with_score(
         self, query: str, k: int = 4, **kwargs: Any
@@ -297,7 +312,7 @@ class NormcalVectorStore(Connection, VectorStore):
             result = await client.search(
                 self.collection, query, **_search(k, self.mode, kwargs)
             )
-        return [(doc, hit.score) for doc, hit in _pairs(result)]
+        return _with_cosines(result)
 
     def similarity_search_by_vector(
         self, embedding: list[float], k: int = 4, **kwargs: Any
@@ -407,7 +422,7 @@ def _documents_in(
     given = list(ids) if ids is not None else [None] * len(texts)
     own = list(vectors) if vectors is not None else [None] * len(texts)
     if not len(texts) == len(metadatas) == len(given) == len(own):
-        raise ValueError("texts, metadatas and ids must have the same length")
+        raise refused("metadatas", "texts, metadatas and ids must have the same length")
     return [
         DocumentIn(
             id=doc_id or str(uuid.uuid4()),
@@ -437,10 +452,9 @@ def _unzip(
 
 
 def _ids(ids: list[str] | None, kwargs: dict[str, Any]) -> list[str]:
-    if kwargs:
-        raise TypeError(f"unknown delete options: {sorted(kwargs)}")
+    _no_unknown(kwargs, set())
     if ids is None:
-        raise ValueError("give the ids to delete (drop the collection to empty it)")
+        raise refused("ids", "give the ids to delete (drop the collection to empty it)")
     return ids
 
 
@@ -454,9 +468,7 @@ _SEARCH_OPTIONS = {
 
 
 def _search(k: int, mode: SearchMode, kwargs: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(kwargs) - _SEARCH_OPTIONS
-    if unknown:
-        raise TypeError(f"unknown search options: {sorted(unknown)}")
+    _no_unknown(kwargs, _SEARCH_OPTIONS)
     return {"mode": mode, **kwargs, "k": k, "include_text": True}
 
 
@@ -467,20 +479,40 @@ def _relevance(k: int, mode: SearchMode, kwargs: dict[str, Any]) -> dict[str, An
     return _search(k, mode, kwargs)
 
 
-def _pairs(result: SearchResult) -> list[tuple[Document, Any]]:
+def _pairs(
+    result: SearchResult, hits: Sequence[SearchHit] | None = None
+) -> list[tuple[Document, Any]]:
+    """Documents and their hits, in the order of ``hits`` (the service's by default)."""
+    if hits is None:
+        hits = result.hits
     return [
         (Document(id=hit.id, page_content=hit.text or "", metadata=hit.metadata), hit)
-        for hit in result.hits
+        for hit in hits
     ]
 
 
+def _with_cosines(result: SearchResult) -> list[tuple[Document, float]]:
+    """Documents and their cosines, the most similar first (whatever the mode)."""
+    by_cosine = best_first(result.hits, lambda hit: hit.score)
+    return [(doc, hit.score) for doc, hit in _pairs(result, by_cosine)]
+
+
 def _with_probabilities(result: SearchResult) -> list[tuple[Document, float]]:
-    pairs = []
-    for doc, hit in _pairs(result):
-        if hit.probability is None:
-            raise ValueError(
-                "no calibrator applies to this collection, so there is no relevance"
-                " score; fit one, or use similarity_search_with_score for cosines"
-            )
-        pairs.append((doc, hit.probability))
-    return pairs
+    """Documents and their probabilities, the most probable first."""
+    if any(hit.probability is None for hit in result.hits):
+        raise ValueError(
+            "no calibrator applies to this collection, so there is no relevance"
+            " score; fit one, or use similarity_search_with_score for cosines"
+        )
+    return [
+        (doc, float(hit.probability or 0.0))
+        for doc, hit in _pairs(result, by_probability(result))
+    ]
+
+
+def _no_unknown(options: dict[str, Any], known: set[str]) -> None:
+    """Refuse an option normcal does not take, naming it and those it takes."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        takes = ", ".join(sorted(known)) or "none"
+        raise refused(unknown[0], f"not an option of normcal here (it takes: {takes})")

@@ -44,7 +44,8 @@ from pydantic import PrivateAttr
 
 from normcal_client._async_client import AsyncNormcalClient
 from normcal_client._base import DEFAULT_URL
-from normcal_client._integration import HIT_KEYS, Connection, hit_metadata
+from normcal_client._errors import refused
+from normcal_client._integration import HIT_KEYS, Connection, best_first, hit_metadata
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
@@ -102,7 +103,7 @@ def to_filter(filters: MetadataFilters | FilterJSON | None) -> FilterJSON | None
 
 def _group(filters: MetadataFilters) -> FilterJSON:
     if not filters.filters:
-        raise ValueError("a nested MetadataFilters needs at least one filter")
+        raise refused("filters", "a nested MetadataFilters needs at least one filter")
     parts = [
         _group(f) if isinstance(f, MetadataFilters) else _condition(f)
         for f in filters.filters
@@ -205,17 +206,24 @@ def nodes_from_result(
     ``probability``, ``norm``, ``n_tokens``, ``rank``, the query's ``confidence``
     and the ``calibrator`` id (normcal's win a name clash), which are excluded from
     the node's LLM and embedding content. ``score`` is the probability (or the
-    cosine with ``similarity="cosine"``).
+    cosine with ``similarity="cosine"``), and the nodes come best score first
+    (``rank`` is that order).
     """
     if honour_abstain and result.abstain:
         return []
+    hits = _best_first(result, similarity)
     return [
         NodeWithScore(
             node=_text_node(hit.id, hit.text or "", metadata, HIT_KEYS),
             score=_similarity(hit, similarity),
         )
-        for hit, metadata in zip(result.hits, hit_metadata(result), strict=True)
+        for hit, metadata in zip(hits, hit_metadata(result, hits), strict=True)
     ]
+
+
+def _best_first(result: SearchResult, similarity: Similarity) -> list[SearchHit]:
+    """The hits in descending order of the score their nodes carry."""
+    return best_first(result.hits, lambda hit: _similarity(hit, similarity))
 
 
 # -- the retriever
@@ -275,7 +283,7 @@ class NormcalRetriever(BaseRetriever):
             ("target_precision", target_precision),
         ):
             if bound is not None and not 0.0 <= bound <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], not {bound}")
+                raise refused(name, f"must be in [0, 1], not {bound}")
         self.collection = collection
         self.similarity_top_k = similarity_top_k
         self.mode: SearchMode = mode
@@ -510,17 +518,22 @@ class NormcalVectorStore(BasePydanticVectorStore):
     ) -> tuple[str | None, dict[str, Any]]:
         unknown = set(kwargs) - _QUERY_OPTIONS
         if unknown:
-            raise TypeError(f"unknown query options: {sorted(unknown)}")
+            raise refused(
+                sorted(unknown)[0],
+                f"not a query option of normcal ({', '.join(sorted(_QUERY_OPTIONS))})",
+            )
         vector = query.query_embedding if self.own_vectors else None
         if self.own_vectors and vector is None:
-            raise ValueError(
+            raise refused(
+                "query_embedding",
                 "this store's collection takes the client's own vectors: the query "
-                "needs its embedding (query_embedding)"
+                "needs its embedding",
             )
         if query.query_str is None and not self.own_vectors:
-            raise ValueError(
-                "normcal embeds queries itself: give the query's text (query_str);"
-                " a query embedding alone cannot be searched"
+            raise refused(
+                "query_str",
+                "normcal embeds queries itself: give the query's text; a query "
+                "embedding alone cannot be searched",
             )
         if query.node_ids:  # as_retriever passes [] for a store that keeps the text
             raise NotImplementedError("normcal's search cannot be limited to node_ids")
@@ -549,18 +562,17 @@ class NormcalVectorStore(BasePydanticVectorStore):
         return _MODES[mode]
 
     def _result(self, result: SearchResult) -> VectorStoreQueryResult:
+        hits = _best_first(result, self.similarity)
         return VectorStoreQueryResult(
-            nodes=[
-                _text_node(hit.id, hit.text or "", hit.metadata) for hit in result.hits
-            ],
-            similarities=[_similarity(hit, self.similarity) for hit in result.hits],
-            ids=[hit.id for hit in result.hits],
+            nodes=[_text_node(hit.id, hit.text or "", hit.metadata) for hit in hits],
+            similarities=[_similarity(hit, self.similarity) for hit in hits],
+            ids=[hit.id for hit in hits],
         )
 
 
 def _no_options(kwargs: dict[str, Any]) -> None:
     if kwargs:
-        raise TypeError(f"unknown delete options: {sorted(kwargs)}")
+        raise refused(sorted(kwargs)[0], "not a delete option of normcal")
 
 
 def _ids_only(node_ids: list[str], filters: MetadataFilters | None) -> list[str]:
@@ -575,12 +587,14 @@ def _by_ids(node_ids: list[str] | None, filters: MetadataFilters | None) -> list
     if filters is not None:
         raise NotImplementedError("normcal gets nodes by their ids, not by filters")
     if node_ids is None:
-        raise ValueError("give the node ids to get")
+        raise refused("node_ids", "give the node ids to get")
     return node_ids
 
 
 def _selection(filters: MetadataFilters | None) -> FilterJSON:
     selected = to_filter(filters)
     if selected is None:
-        raise ValueError("give node ids or filters (clear() deletes everything)")
+        raise refused(
+            "filters", "give node ids or filters (clear() deletes everything)"
+        )
     return selected
