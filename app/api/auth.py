@@ -10,9 +10,9 @@ Public without a key: ``/healthz`` and ``/readyz`` when ``public_health`` is tru
 ``/openapi.json`` when ``public_docs`` is true (the schema
 describes the API and holds no data). ``/metrics`` names every collection and
 calibrator in its labels, so it needs the key unless ``public_metrics`` opts in.
-Everything under ``/ui/`` (the judging page's HTML, JS and CSS: no data, the page
-asks for the key and sends it on its ``/v1`` calls) when ``public_ui`` is true; a
-public entry ending in ``/`` is a prefix.
+The pages when ``public_ui`` is true: the home page ``/`` and everything under
+``/ui/`` (HTML, JS and CSS: no data, a page asks for the key and sends it on its
+``/v1`` calls). A public entry ending in ``/`` is a prefix, except ``/`` itself.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ METRICS_PATHS = frozenset({"/metrics"})
 DOCS_PATHS = frozenset(
     {"/docs", "/docs/oauth2-redirect", "/docs/static/", "/redoc", "/openapi.json"}
 )
-UI_PATHS = frozenset({"/ui/"})  # a prefix
+UI_PATHS = frozenset({"/", "/ui/"})  # "/ui/" a prefix, "/" the home page only
 
 # Declared on the /v1 routers so OpenAPI shows the scheme (and Swagger UI offers
 # "Authorize"); auto_error=False because the middleware does the enforcing.
@@ -85,7 +85,7 @@ class ApiKeyMiddleware:
         self.app = app
         self._key = api_key.get_secret_value().encode() if api_key else None
         self._public = public
-        self._prefixes = tuple(p for p in public if p.endswith("/"))
+        self._prefixes = tuple(p for p in public if p.endswith("/") and p != "/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection."""

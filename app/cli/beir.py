@@ -16,7 +16,9 @@ import csv
 import hashlib
 import json
 import logging
+import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +130,7 @@ def embed_corpus(
         [d["id"] for d in docs], batch.vectors, batch.norms, batch.n_tokens
     )
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
+        _save_npz(
             cache,
             ids=np.array(out.ids),
             vectors=out.vectors,
@@ -137,6 +138,20 @@ def embed_corpus(
             n_tokens=out.n_tokens,
         )
     return out
+
+
+def _save_npz(path: Path, **arrays: Any) -> None:
+    """Write ``arrays`` to ``path`` atomically (another process may read the cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f".{path.stem}-", suffix=".npz", delete=False
+    ) as fh:
+        tmp = Path(fh.name)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -337,8 +352,7 @@ def hybrid_retrieve(
             )
     out = _hybrid_retrieve(embedder, data_dir, corpus, queries, query_ids, depth)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
+        _save_npz(
             cache,
             query_ids=np.array(out.query_ids),
             **{f: getattr(out, f) for f in _HYBRID_ARRAYS},

@@ -515,10 +515,19 @@ class CalibratorsService(Part):
             next_cursor=None if last is None else encode_cursor(last),
         )
 
-    def delete_feedback(self, name: str, query: str | None) -> FeedbackDeleted:
-        """Delete stored feedback: all of it, or one query's judgments."""
+    def delete_feedback(
+        self, name: str, query: str | None, document_id: str | None = None
+    ) -> FeedbackDeleted:
+        """Delete stored feedback: all of it, one query's, or one (query, document)'s."""
+        if document_id is not None and query is None:
+            raise InvalidRequestError(
+                "document_id narrows one query's judgments: send query too",
+                field="document_id",
+            )
         collection = self.registry.get(name)
-        return FeedbackDeleted(deleted=collection.state.delete_judgments(query))
+        return FeedbackDeleted(
+            deleted=collection.state.delete_judgments(query, document_id)
+        )
 
     def _check_documents_exist(
         self, collection: CollectionBackend[Profile], ids: list[str]

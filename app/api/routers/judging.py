@@ -12,16 +12,20 @@ from fastapi import APIRouter, Query, Response, status
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
+from app.schemas.common import Text
 from app.schemas.judging import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
+    JudgingSuggestion,
+    JudgingSuggestions,
     QueryLogInfo,
     QueryLogSettings,
     SkipRequest,
 )
 
 DEFAULT_JUDGING_K = 10
+DEFAULT_SUGGESTIONS = 5
 
 router = APIRouter(
     prefix="/collections/{name}", tags=["judging"], responses=PROBLEM_RESPONSES
@@ -60,9 +64,33 @@ async def read_next_to_judge(
     k: Annotated[int, Query(ge=1, description="hits shown; at most max_k")] = (
         DEFAULT_JUDGING_K
     ),
+    query: Annotated[
+        Text | None,
+        Query(
+            description="this query instead of the next one, whatever its state "
+            "(a query the judge just typed)"
+        ),
+    ] = None,
 ) -> JudgingNext:
     """The next query to judge, its top hits, and the progress towards a fit."""
-    return await service.judging.next_to_judge(name, k)
+    return await service.judging.next_to_judge(name, k, query)
+
+
+@router.get("/judging/suggestions")
+def read_judging_suggestions(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    n: Annotated[
+        int, Query(ge=1, description="suggestions wanted; at most 20")
+    ] = DEFAULT_SUGGESTIONS,
+) -> JudgingSuggestions:
+    """Keyword queries drawn from the documents, to start judging a new collection."""
+    data = [
+        JudgingSuggestion(query=s.query, document_id=s.document_id)
+        for s in service.judging.suggestions(name, n)
+    ]
+    return JudgingSuggestions(data=data, count=len(data))
 
 
 @router.post("/judging/skip", status_code=status.HTTP_204_NO_CONTENT)
@@ -71,4 +99,16 @@ def create_skip(
 ) -> Response:
     """Never offer this queued or logged query again."""
     service.judging.skip_judging(name, body.query)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.delete("/judging/skip", status_code=status.HTTP_204_NO_CONTENT)
+def delete_skip(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    query: Annotated[Text, Query(description="the skipped query to offer again")],
+) -> Response:
+    """Offer a skipped query again (undo a skip)."""
+    service.judging.unskip_judging(name, query)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
