@@ -211,18 +211,21 @@ def _dense_search(
 
 
 # -- hybrid retrieval (dense + BM25) -------------------------------------------------------
-def lexical_index(data_dir: Path, ids: list[str]) -> sqlite3.Connection:
+def lexical_index(
+    data_dir: Path, ids: list[str] | None = None, stemmer: str = "porter"
+) -> sqlite3.Connection:
     """In-memory FTS5 index of the corpus texts, ``seq`` = corpus row (as the service).
 
-    Built with the product's own schema (``lexical.schema("porter")``) over exactly the
-    texts that were embedded; ``ids`` (the embedded order) must match the file.
+    Built with the product's own schema (``lexical.schema(stemmer)``) over exactly the
+    texts that were embedded; ``ids`` (the embedded order), when given, must match
+    the file.
     """
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE documents(seq INTEGER PRIMARY KEY, text TEXT NOT NULL)")
-    for statement in lexical.schema("porter"):
+    for statement in lexical.schema("none" if stemmer == "none" else "porter"):
         conn.execute(statement)
     docs = list(read_corpus(data_dir))
-    if [d["id"] for d in docs] != ids:
+    if ids is not None and [d["id"] for d in docs] != ids:
         raise ValueError(f"{data_dir}: corpus changed since it was embedded")
     conn.executemany(
         "INSERT INTO documents(seq, text) VALUES (?, ?)",

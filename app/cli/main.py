@@ -489,7 +489,12 @@ class _ProgressEmbedder:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
+    """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``).
+
+    Locally (embed the corpus, retrieve, evaluate) or, with ``--collection``, on what
+    the server at ``--url`` serves for that collection (nothing embedded here; the
+    served calibrator scored beside what a fit would give).
+    """
     import json
 
     from app.cli.inputs import InputError, check_beir_split, default_split
@@ -500,10 +505,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         check_beir_split(args.data_dir, *splits, corpus=True)
     except InputError as error:
         raise _input_error(error) from None
-    settings = _settings()
 
-    from app.api.lifespan import load_embedder
     from app.cli.evaluation import method_table, run_eval
+    from app.cli.served import REPRODUCED, ServedEvalError, run_served_eval
     from calibration import CalibrationError
     from calibration.evaluation import EvalOptions
 
@@ -523,20 +527,45 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"[{elapsed:7.1f}s] {message}", file=sys.stderr, flush=True)
 
     try:
-        result = run_eval(
-            _ProgressEmbedder(load_embedder(settings)),
-            args.data_dir,
-            split=split,
-            fit_split=args.fit_split,
-            cache_dir=args.cache_dir,
-            options=options,
-            progress=progress,
-        )
+        if args.collection is not None:
+            with _api(args.url, timeout=600) as client:
+                result = run_served_eval(
+                    client,
+                    args.collection,
+                    args.data_dir,
+                    split=split,
+                    fit_split=args.fit_split,
+                    options=options,
+                    progress=progress,
+                )
+        else:
+            from app.api.lifespan import load_embedder
+
+            result = run_eval(
+                _ProgressEmbedder(load_embedder(_settings())),
+                args.data_dir,
+                split=split,
+                fit_split=args.fit_split,
+                cache_dir=args.cache_dir,
+                options=options,
+                progress=progress,
+            )
+    except ServedEvalError as error:
+        raise CliError(EXIT_INPUT, _one_line(str(error))) from None
     except (OSError, json.JSONDecodeError, CalibrationError) as error:
         raise _input_error(error) from None
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    reproduced = (result.get("served") or {}).get("reproduced", 0.0)
+    if reproduced > REPRODUCED:
+        print(
+            f"normcal: warning: the served probabilities differ from these lists' by "
+            f"up to {reproduced:.3g}: collection {args.collection!r} is not "
+            f"{args.data_dir.name}'s corpus alone (its BM25 statistics differ), so the "
+            "lexical evidence here is approximate",
+            file=sys.stderr,
+        )
     print(method_table(result))
     return 0
 
@@ -796,7 +825,10 @@ def add_fit(sub: Subcommands) -> None:
 def add_eval(sub: Subcommands) -> None:
     """``normcal eval``: metrics on a BEIR folder, locally."""
     ev = _command(
-        sub, "eval", "retrieval and calibration metrics on a BEIR folder (runs locally)"
+        sub,
+        "eval",
+        "retrieval and calibration metrics on a BEIR folder (locally, or of a "
+        "served collection)",
     )
     ev.add_argument(
         "data_dir", type=Path, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)"
@@ -840,6 +872,14 @@ def add_eval(sub: Subcommands) -> None:
         default=Path(".normcal-cache"),
         help="corpus embeddings are cached here per model and corpus file",
     )
+    ev.add_argument(
+        "--collection",
+        default=None,
+        help="evaluate this served collection, ingested from DATA_DIR, over HTTP "
+        "(--url): nothing is embedded here, and the calibrator it serves is scored "
+        "beside what a fit would give (default: embed DATA_DIR locally)",
+    )
+    _add_url(ev)
     ev.add_argument(
         "--json",
         type=Path,
