@@ -214,3 +214,32 @@ def test_day_one_confidence_is_the_best_hit_and_abstain_reads_the_level_interval
     policy = fitted.certified_policy
     cut = FALLBACK_ABSTAIN_THRESHOLD if policy is None else policy.threshold
     assert s.abstain == (s.confidence < cut)
+
+
+def test_day_one_abstains_below_the_threshold_not_at_it(profiles):
+    default = profiles["default"]
+    threshold = default.day_one_threshold
+    assert threshold is not None
+    below = float(np.nextafter(threshold, 0.0))
+    for best, abstain in ((threshold, False), (below, True), (0.9, False), (0, True)):
+        p = np.array([best, best / 2, best / 4])
+        assert default.verdict(p).abstain is abstain, best
+        assert default.verdict(p, (p / 2, np.minimum(1, p * 4))).abstain is abstain
+    # Round-tripped (stored, exported) it keeps the rule.
+    again = Profile.from_json(default.to_json())
+    assert again.day_one_threshold == pytest.approx(threshold, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("file", "documented"),
+    [("all-minilm-l6-v2.json", 0.076), ("_agnostic.json", 0.062)],
+)
+def test_shipped_day_one_thresholds_are_the_documented_ones(file, documented):
+    """docs/calibration.md (day one) names them; a new shipped prior updates both."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "app" / "profiles" / file
+    profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+    assert profile.default and profile.certified_policy is None
+    assert round(profile.day_one_threshold, 3) == documented
