@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import httpx
 
-from app.api.app import create_app
 from app.services import next_query
-from app.settings import Settings
 from tests.support.browser import Browser
-from tests.support.corpus import CORPUS, QUERIES
-from tests.support.live import ThreadServer
+from tests.support.corpus import QUERIES
+from tests.ui.pages import SEQ, STATE, press, served_kb
 
 KEY = "judge-secret"
-STATE = "document.body.dataset.state"
-SEQ = "Number(document.body.dataset.seq)"
 
 
 def _text(element: str) -> str:
@@ -30,19 +26,12 @@ def _shown(element: str) -> str:
     return f"getComputedStyle(document.getElementById('{element}')).display !== 'none'"
 
 
-def _press(browser: Browser, key: str) -> None:
-    """Press a key and wait until the page has rendered its outcome."""
-    before = browser.evaluate(SEQ)
-    browser.press(key)
-    browser.wait_for(f"{SEQ} > {before} && {STATE} !== 'fitting' && {STATE}")
-
-
 def _type_query(browser: Browser, text: str) -> None:
     """``a`` focuses the box; the text is typed and Enter judges it now."""
     browser.press("a")
     assert browser.evaluate("document.activeElement.id") == "new-query"
     browser.call("Input.insertText", text=text)
-    _press(browser, "Enter")
+    press(browser, "Enter")
     assert browser.wait_for(f"{STATE} === 'judging' && {_text('query')}") == text
 
 
@@ -51,7 +40,7 @@ def _move_on(browser: Browser, query: str) -> None:
     if browser.evaluate(_text("query")) == query and browser.evaluate(
         f"{STATE} === 'judging'"
     ):
-        _press(browser, "n")  # the rest of its hits count as not relevant
+        press(browser, "n")  # the rest of its hits count as not relevant
 
 
 def _feedback(api: httpx.Client) -> list[tuple[str, str, int]]:
@@ -60,18 +49,8 @@ def _feedback(api: httpx.Client) -> list[tuple[str, str, int]]:
 
 
 def test_from_an_empty_page_type_judge_undo_and_fit(chromium, tmp_path, embedder):
-    settings = Settings(data_dir=tmp_path / "data", api_key=KEY)
     key_of = {query: key for key, query in QUERIES.items()}
-    with (
-        ThreadServer(create_app(settings, embedder=embedder)) as server,
-        httpx.Client(
-            base_url=server.url, headers={"authorization": f"Bearer {KEY}"}
-        ) as api,
-        Browser(chromium, tmp_path / "profile") as browser,
-    ):
-        api.post("/v1/collections", json={"name": "kb"}).raise_for_status()
-        docs = [{"id": key, "text": text} for key, text in CORPUS.items()]
-        api.put("/v1/collections/kb/documents", json={"documents": docs})
+    with served_kb(chromium, tmp_path, embedder, KEY) as (server, api, browser):
         browser.goto(f"{server.url}/ui/collections/kb/judge")
         browser.wait_for(f"{STATE} === 'error'")
         browser.evaluate(
@@ -96,11 +75,11 @@ def test_from_an_empty_page_type_judge_undo_and_fit(chromium, tmp_path, embedder
         browser.press("p")
         browser.wait_for(f"!({_shown('score')})")
         first = browser.evaluate("document.getElementById('hit').dataset.docId")
-        _press(browser, "k" if first != "paris" else "j")
+        press(browser, "k" if first != "paris" else "j")
         assert browser.evaluate(_text("position")).startswith("2 of ")
         assert len(_feedback(api)) == 1
         # Undo: the judgment is gone and the same hit is back.
-        _press(browser, "u")
+        press(browser, "u")
         assert _feedback(api) == []
         assert browser.evaluate(_text("position")).startswith("1 of ")
         assert browser.evaluate("document.getElementById('hit').dataset.docId") == first
@@ -114,24 +93,24 @@ def test_from_an_empty_page_type_judge_undo_and_fit(chromium, tmp_path, embedder
                 browser.evaluate("document.getElementById('hit').dataset.docId")
                 != key_of[query]
             ):
-                _press(browser, "k")
-            _press(browser, "j")
+                press(browser, "k")
+            press(browser, "j")
             _move_on(browser, query)
         judged = {q for q, _, r in _feedback(api) if r > 0}
         assert judged == set(QUERIES.values())
         # Undo across queries: back to the last judgment of the previous query.
         last = _feedback(api)[-1]
-        _press(browser, "u")
+        press(browser, "u")
         assert _feedback(api)[-1] != last
         assert browser.evaluate(_text("query")) == last[0]
         assert (
             browser.evaluate("document.getElementById('hit').dataset.docId")
             == (last[1])
         )
-        _press(browser, "j")
+        press(browser, "j")
         _move_on(browser, last[0])
         assert browser.evaluate(STATE) == "done"
-        _press(browser, "f")
+        press(browser, "f")
         assert browser.wait_for(f"{STATE} === 'fitted'")
         calibrator = browser.evaluate(
             "document.getElementById('report').dataset.calibrator"
@@ -142,15 +121,7 @@ def test_from_an_empty_page_type_judge_undo_and_fit(chromium, tmp_path, embedder
 
 
 def test_a_suggestion_is_judged_with_one_click(chromium, tmp_path, embedder):
-    settings = Settings(data_dir=tmp_path / "data")
-    with (
-        ThreadServer(create_app(settings, embedder=embedder)) as server,
-        httpx.Client(base_url=server.url) as api,
-        Browser(chromium, tmp_path / "profile") as browser,
-    ):
-        api.post("/v1/collections", json={"name": "kb"}).raise_for_status()
-        docs = [{"id": key, "text": text} for key, text in CORPUS.items()]
-        api.put("/v1/collections/kb/documents", json={"documents": docs})
+    with served_kb(chromium, tmp_path, embedder) as (server, api, browser):
         browser.goto(f"{server.url}/ui/collections/kb/judge")
         browser.wait_for(f"{STATE} === 'empty'")
         picked = browser.evaluate(
@@ -161,26 +132,16 @@ def test_a_suggestion_is_judged_with_one_click(chromium, tmp_path, embedder):
         browser.wait_for(f"{SEQ} > {before} && {STATE} === 'judging'")
         assert browser.evaluate(_text("query")) == picked
         # Skipped by mistake: undo brings it back.
-        _press(browser, "s")
+        press(browser, "s")
         assert browser.evaluate(STATE) == "done"  # nothing left: 1 skipped
-        _press(browser, "u")
+        press(browser, "u")
         assert browser.evaluate(_text("query")) == picked
         assert api.get("/v1/collections/kb/judging/next").json()["query"] == picked
 
 
 def test_home_page_lists_the_collections_with_a_key(chromium, tmp_path, embedder):
-    settings = Settings(data_dir=tmp_path / "data", api_key=KEY)
-    with (
-        ThreadServer(create_app(settings, embedder=embedder)) as server,
-        httpx.Client(
-            base_url=server.url, headers={"authorization": f"Bearer {KEY}"}
-        ) as api,
-        Browser(chromium, tmp_path / "profile") as browser,
-    ):
-        api.post("/v1/collections", json={"name": "kb"}).raise_for_status()
+    with served_kb(chromium, tmp_path, embedder, KEY) as (server, api, browser):
         api.post("/v1/collections", json={"name": "notes"}).raise_for_status()
-        docs = [{"id": key, "text": text} for key, text in CORPUS.items()]
-        api.put("/v1/collections/kb/documents", json={"documents": docs})
         assert httpx.get(f"{server.url}/v1/collections").status_code == 401
 
         browser.goto(f"{server.url}/")
