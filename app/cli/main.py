@@ -499,6 +499,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from app.cli.inputs import InputError, check_beir_split, default_split
 
+    if args.url is not None and args.collection is None:  # not an hour's local run
+        raise CliError(
+            EXIT_USAGE,
+            "--url evaluates a served collection: name it with --collection C "
+            "(the collection ingested from DATA_DIR); without both, eval runs locally",
+        )
     split = args.split or default_split(args.data_dir, exclude=args.fit_split)
     splits = [split] + ([args.fit_split] if args.fit_split else [])
     try:  # before anything heavy loads: a typo fails in a second, not a minute
@@ -528,7 +534,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     try:
         if args.collection is not None:
-            with _api(args.url, timeout=600) as client:
+            url = args.url or os.environ.get("NORMCAL_URL", DEFAULT_URL)
+            with _api(url, timeout=600) as client:
                 result = run_served_eval(
                     client,
                     args.collection,
@@ -879,7 +886,13 @@ def add_eval(sub: Subcommands) -> None:
         "(--url): nothing is embedded here, and the calibrator it serves is scored "
         "beside what a fit would give (default: embed DATA_DIR locally)",
     )
-    _add_url(ev)
+    ev.add_argument(
+        "--url",
+        type=_url,
+        default=None,
+        help="with --collection: the server's URL (default NORMCAL_URL, else "
+        f"{DEFAULT_URL})",
+    )
     ev.add_argument(
         "--json",
         type=Path,

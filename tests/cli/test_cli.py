@@ -310,11 +310,17 @@ def test_usage_errors_exit_2(tmp_path, beir_dir):
     assert "NORMCAL_EMBED_BATCH_SIZE" in _one_line_error(err)
 
 
+def test_eval_url_without_a_collection_is_refused_not_run_locally(beir_dir, capsys):
+    assert main(["eval", str(beir_dir), "--url", "http://127.0.0.1:9"]) == EXIT_USAGE
+    line = _one_line_error(capsys.readouterr().err)
+    assert "--url evaluates a served collection: name it with --collection C" in line
+
+
 @pytest.mark.slow
 def test_server_not_running_exits_4(beir_dir):
     with refused_port() as port:
         url = f"http://127.0.0.1:{port}"
-        for command in ("ingest", "fit"):
+        for command in ("ingest", "fit", "eval"):
             code, err = _cli(command, beir_dir, "--collection", "c", "--url", url)
             line = _one_line_error(err, alone=False)  # fit notes the merged query
             assert code == EXIT_UNREACHABLE, err
