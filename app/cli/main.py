@@ -435,9 +435,9 @@ def _follow_fit_job(client: NormcalClient, collection: str, job: Any, url: str) 
             while job.status in ("queued", "running"):
                 time.sleep(0.5)
                 job = client.get_fit_job(collection, job.id)
-                bar.set_description(f"fit: {job.progress.stage}")
                 bar.update(job.progress.done - bar.n)
-                bar.set_postfix_str(f"{time.monotonic() - started:.0f}s")
+                bar.set_description(f"fit: {job.progress.stage}", refresh=False)
+                bar.set_postfix_str(f"{time.monotonic() - started:.0f}s")  # shows both
         except KeyboardInterrupt:
             print(f"normcal: the fit job goes on on the server: {url}", file=sys.stderr)
             raise
