@@ -12,6 +12,7 @@ cases when the engine's environment is not; ``make test`` and CI install both.
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -294,6 +295,18 @@ def test_a_skip_is_taken_back(kb: TestClient):
     assert kb.delete(f"{URL}/judging/skip", params={"query": "u1"}).status_code == 204
     assert kb.get(offered).json()["query"] == "u1"
     assert_problem(kb.delete(f"{URL}/judging/skip", params={"query": "u1"}), 404)
+
+
+def test_suggestions_are_drawn_from_the_stored_documents(kb: TestClient):
+    """The judging page's start, read from either backend's documents."""
+    body = kb.get(f"{URL}/judging/suggestions", params={"n": 3}).json()
+    assert body["count"] == 3
+    for s in body["data"]:
+        words = set(re.findall(r"\w+", CORPUS[s["document_id"]].lower()))
+        assert set(s["query"].split()) <= words
+    kb.post(f"{URL}/judging/queries", json={"queries": [body["data"][0]["query"]]})
+    again = kb.get(f"{URL}/judging/suggestions", params={"n": 3}).json()["data"]
+    assert body["data"][0] not in again and body["data"][1] in again
 
 
 def test_stored_feedback_and_the_judging_queue_are_capped(kb: TestClient):
