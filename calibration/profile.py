@@ -108,7 +108,9 @@ PROFILE_FORMAT = 3
 _READABLE_FORMATS = (1, 2, 3)
 FALLBACK_ABSTAIN_THRESHOLD = 0.5
 """Without a certified threshold, abstain only when even the *upper* end of the
-confidence interval (the confidence itself when there is none) is below this."""
+confidence interval (the confidence itself when there is none) is below this; on day
+one (:attr:`Profile.day_one_threshold`), when even at the upper end of the level
+interval the best hit's probability is below this."""
 # A query-level model needs this many queries with, and without, a relevant hit; with
 # fewer, its held-out AUROC fell below that of the noisy-OR of the hit probabilities.
 MIN_QUERIES_PER_OUTCOME = 20
@@ -230,6 +232,28 @@ class Profile:
             return policy
         return None
 
+    @property
+    def day_one_threshold(self) -> float | None:
+        r"""The confidence below which a shipped default abstains (None: not one).
+
+        A shipped default is the cross-domain prior at zero judgments: the shape of a
+        hit list transfers across domains, the level of relevance of this collection
+        does not, and its interval says how far it may be off. Abstain when even at
+        the upper end of that level interval (the served logit plus the interval's
+        half-width on the level, :math:`h`) the best hit is more likely irrelevant
+        than relevant: :math:`\operatorname{expit}(\operatorname{logit} p_{max} + h)
+        < 0.5`, i.e. :math:`p_{max} < \operatorname{expit}(-h)`. Nothing is tuned;
+        ``benchmarks/day_one.py`` measures it held out (docs/calibration.md).
+        """
+        prior = self.prior
+        if not self.default or prior is None:
+            return None
+        half = prior.quantile * prior.predictive_level_sd
+        return FALLBACK_ABSTAIN_THRESHOLD / (
+            FALLBACK_ABSTAIN_THRESHOLD
+            + (1 - FALLBACK_ABSTAIN_THRESHOLD) * math.exp(half)
+        )
+
     def score(
         self,
         norm: float,
@@ -264,12 +288,20 @@ class Profile:
 
         Search calls this again after ``min_probability``/``target_precision`` cut
         the list, so the confidence is always that of what the user receives.
+
+        On day one (a shipped default) the confidence is the best hit's probability
+        (the coherent confidence at weight 0, the least P(any relevant) can be): how
+        much the other hits add depends on how relevance is spread in the collection,
+        which its judgments tell, not the prior. Held out, a blend ranked queries
+        worse than the best hit alone on sparse sets (``benchmarks/day_one.py``). The
+        upper end of the interval keeps the fitted weight: the hits may add that much.
         """
-        confidence = coherent_confidence(p, self.confidence_weight)
+        weight = 0.0 if self.day_one_threshold is not None else self.confidence_weight
+        confidence = coherent_confidence(p, weight)
         if intervals is None:
             return Scored(p, confidence, self.abstains(confidence))
         band = (
-            coherent_confidence(intervals[0], self.confidence_weight),
+            coherent_confidence(intervals[0], weight),
             coherent_confidence(intervals[1], self.confidence_weight),
         )
         return Scored(
@@ -277,15 +309,19 @@ class Profile:
         )
 
     def abstains(self, confidence: float, upper: float | None = None) -> bool:
-        """Abstain below the certified threshold, else by the conservative rule.
+        """Abstain below the certified threshold, else by the conservative rules.
 
-        Without a threshold certified on this collection's judgments, abstain only
-        when even the upper end of the confidence interval (``upper``, else the
-        confidence) is below :data:`FALLBACK_ABSTAIN_THRESHOLD`: no rate is claimed.
+        On day one, below :attr:`day_one_threshold`. Otherwise, without a threshold
+        certified on this collection's judgments, abstain only when even the upper
+        end of the confidence interval (``upper``, else the confidence) is below
+        :data:`FALLBACK_ABSTAIN_THRESHOLD`. Neither claims a rate.
         """
         policy = self.certified_policy
         if policy is not None:
             return confidence < policy.threshold
+        day_one = self.day_one_threshold
+        if day_one is not None:
+            return confidence < day_one
         return (confidence if upper is None else upper) < FALLBACK_ABSTAIN_THRESHOLD
 
     # -- persistence ------------------------------------------------------------------

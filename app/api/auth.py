@@ -25,10 +25,10 @@ itself, with its :data:`KeyDep`: ``key.sees(name)`` (``POST /v1/collections`` do
 is true; ``/docs`` (with its scripts under ``/docs/static/``), ``/redoc`` and
 ``/openapi.json`` when ``public_docs`` is true (the schema describes the API and
 holds no data). ``/metrics`` names every collection and calibrator in its labels, so
-it needs a key for every collection unless ``public_metrics`` opts in. Everything
-under ``/ui/`` (the judging page's HTML, JS and CSS: no data, the page asks for the
-key and sends it on its ``/v1`` calls) when ``public_ui`` is true; a public entry
-ending in ``/`` is a prefix (but ``/`` itself: :func:`is_prefix`). Public paths are
+it needs a key for every collection unless ``public_metrics`` opts in. The pages when
+``public_ui`` is true: the home page ``/`` and everything under ``/ui/`` (HTML, JS and
+CSS: no data, a page asks for the key and sends it on its ``/v1`` calls); a public
+entry ending in ``/`` is a prefix (but ``/`` itself: :func:`is_prefix`). Public paths are
 read-only: an anonymous request passes only a :data:`READ` route.
 """
 
@@ -54,7 +54,7 @@ METRICS_PATHS = frozenset({"/metrics"})
 DOCS_PATHS = frozenset(
     {"/docs", "/docs/oauth2-redirect", "/docs/static/", "/redoc", "/openapi.json"}
 )
-UI_PATHS = frozenset({"/ui/"})  # a prefix
+UI_PATHS = frozenset({"/", "/ui/"})  # "/ui/" a prefix, "/" the home page only
 _COLLECTION_NAME = re.compile(COLLECTION_NAME_PATTERN)
 
 # Declared on the /v1 routers so OpenAPI shows the scheme (and Swagger UI offers

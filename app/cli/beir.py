@@ -16,7 +16,9 @@ import csv
 import hashlib
 import json
 import logging
+import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +130,7 @@ def embed_corpus(
         [d["id"] for d in docs], batch.vectors, batch.norms, batch.n_tokens
     )
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
+        _save_npz(
             cache,
             ids=np.array(out.ids),
             vectors=out.vectors,
@@ -137,6 +138,20 @@ def embed_corpus(
             n_tokens=out.n_tokens,
         )
     return out
+
+
+def _save_npz(path: Path, **arrays: Any) -> None:
+    """Write ``arrays`` to ``path`` atomically (another process may read the cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f".{path.stem}-", suffix=".npz", delete=False
+    ) as fh:
+        tmp = Path(fh.name)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -196,18 +211,21 @@ def _dense_search(
 
 
 # -- hybrid retrieval (dense + BM25) -------------------------------------------------------
-def lexical_index(data_dir: Path, ids: list[str]) -> sqlite3.Connection:
+def lexical_index(
+    data_dir: Path, ids: list[str] | None = None, stemmer: str = "porter"
+) -> sqlite3.Connection:
     """In-memory FTS5 index of the corpus texts, ``seq`` = corpus row (as the service).
 
-    Built with the product's own schema (``lexical.schema("porter")``) over exactly the
-    texts that were embedded; ``ids`` (the embedded order) must match the file.
+    Built with the product's own schema (``lexical.schema(stemmer)``) over exactly the
+    texts that were embedded; ``ids`` (the embedded order), when given, must match
+    the file.
     """
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE documents(seq INTEGER PRIMARY KEY, text TEXT NOT NULL)")
-    for statement in lexical.schema("porter"):
+    for statement in lexical.schema("none" if stemmer == "none" else "porter"):
         conn.execute(statement)
     docs = list(read_corpus(data_dir))
-    if [d["id"] for d in docs] != ids:
+    if ids is not None and [d["id"] for d in docs] != ids:
         raise ValueError(f"{data_dir}: corpus changed since it was embedded")
     conn.executemany(
         "INSERT INTO documents(seq, text) VALUES (?, ?)",
@@ -337,8 +355,7 @@ def hybrid_retrieve(
             )
     out = _hybrid_retrieve(embedder, data_dir, corpus, queries, query_ids, depth)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
+        _save_npz(
             cache,
             query_ids=np.array(out.query_ids),
             **{f: getattr(out, f) for f in _HYBRID_ARRAYS},

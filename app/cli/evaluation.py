@@ -7,9 +7,14 @@ CV, few-label curve, retrieval metrics) and documents the protocol.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from app.cli.beir import EmbeddedCorpus, HybridRetrieval, Qrels
 from app.cli.main import selection_summary
 from app.profiles import load_default_profile
 from calibration.evaluation import (
@@ -18,12 +23,17 @@ from calibration.evaluation import (
     Progress,
     RankingPool,
     evaluate_calibration,
+    mode_order,
+    retrieval_metrics,
+    zero_label,
 )
 from calibration.features import LEXICAL_DEPTH
-from calibration.profile import Profile
+from calibration.profile import Profile, QueryEvidence
 
 __all__ = [
     "MODES",
+    "Retrieved",
+    "evaluate_retrieved",
     "method_table",
     "mode_table",
     "norm_lift_summary",
@@ -32,6 +42,23 @@ __all__ = [
 ]
 
 MODES = ("dense", "lexical", "rrf", "blend", "calibrated")
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """The lists an evaluation scores, however they were made (locally or served).
+
+    ``corpus`` holds every document the lists name (its rows are theirs); ``hybrid``
+    the evaluated split's judged queries, ``fit_hybrid`` the fitting split's (or
+    None: nested cross-validation); ``doc_norms``/``doc_tokens`` an unlabelled sample
+    of the collection for the document-side norm reference.
+    """
+
+    corpus: EmbeddedCorpus
+    hybrid: HybridRetrieval
+    fit_hybrid: HybridRetrieval | None
+    doc_norms: NDArray[np.float64]
+    doc_tokens: NDArray[np.int64]
 
 
 def run_eval(
@@ -51,22 +78,89 @@ def run_eval(
     the dense top-k alone. Retrieval modes rank the hybrid pool of ``depth`` (at most
     ``LEXICAL_DEPTH``), the same pool for every mode.
     """
-    from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
+    from app.cli.beir import embed_corpus, hybrid_retrieve
 
     opts = options or EvalOptions()
     say = progress or (lambda _msg: None)
     say(f"embedding corpus of {data_dir.name} (cached under {cache_dir})")
     corpus = embed_corpus(embedder, data_dir, cache_dir)
-    queries = read_queries(data_dir)
-    qrels = read_qrels(data_dir, split)
-    qids = sorted(q for q in qrels if q in queries)
-    depth = min(max(opts.depth, opts.k), LEXICAL_DEPTH, len(corpus.ids))
+    queries, qrels, fit_qrels = read_splits(data_dir, split, fit_split)
+    qids, fit_ids = judged_ids(queries, qrels, fit_qrels)
+    depth = eval_depth(opts, len(corpus.ids))
     say(f"dense and BM25 top-{depth} of {len(qids)} judged queries")
-    hybrid = hybrid_retrieve(
-        embedder, data_dir, corpus, queries, qids, depth, cache_dir
-    )
-    k = min(opts.k, depth)
-    ranking = [
+
+    def retrieve(ids: list[str]) -> HybridRetrieval:
+        return hybrid_retrieve(
+            embedder, data_dir, corpus, queries, ids, depth, cache_dir
+        )
+
+    fit_hybrid = None
+    hybrid = retrieve(qids)
+    if fit_split is not None:
+        say(f"retrieving {len(fit_ids)} judged queries of the {fit_split!r} split")
+        fit_hybrid = retrieve(fit_ids)
+    lists = Retrieved(corpus, hybrid, fit_hybrid, corpus.norms, corpus.n_tokens)
+    return {
+        "dataset": data_dir.name,
+        "model": embedder.model_name,
+        **evaluate_retrieved(
+            lists,
+            qrels,
+            fit_qrels,
+            opts,
+            split=split,
+            fit_split=fit_split,
+            progress=say,
+            default_profile=_shipped_default(embedder),
+        ),
+    }
+
+
+def read_splits(
+    data_dir: Path, split: str, fit_split: str | None
+) -> tuple[dict[str, str], Qrels, Qrels]:
+    """The queries, the evaluated split's qrels and the fitting split's (or empty)."""
+    from app.cli.beir import read_qrels, read_queries
+
+    fit_qrels = {} if fit_split is None else read_qrels(data_dir, fit_split)
+    return read_queries(data_dir), read_qrels(data_dir, split), fit_qrels
+
+
+def judged_ids(
+    queries: Mapping[str, str], qrels: Qrels, fit_qrels: Qrels
+) -> tuple[list[str], list[str]]:
+    """Judged query ids of the evaluated split, and of the fitting split not in it."""
+    qids = sorted(q for q in qrels if q in queries)
+    fit_ids = sorted(q for q in fit_qrels if q in queries and q not in qrels)
+    return qids, fit_ids
+
+
+def eval_depth(options: EvalOptions, n_documents: int) -> int:
+    """Depth of the dense and BM25 lists the evaluation ranks (Recall@100's pool)."""
+    return min(max(options.depth, options.k), LEXICAL_DEPTH, n_documents)
+
+
+def evaluate_retrieved(
+    lists: Retrieved,
+    qrels: Qrels,
+    fit_qrels: Qrels,
+    options: EvalOptions,
+    *,
+    split: str,
+    fit_split: str | None,
+    progress: Progress,
+    default_profile: Profile | None,
+    served: Profile | None = None,
+) -> dict[str, Any]:
+    """Every table of ``normcal eval`` from retrieved lists (:class:`Retrieved`).
+
+    ``served``: the calibrator the collection serves, scored on the same pairs and
+    pools with no judgments from them (``served``), beside what a fit would give.
+    """
+    corpus, hybrid = lists.corpus, lists.hybrid
+    depth = hybrid.depth
+    k = min(options.k, depth)
+    pools = [
         RankingPool(
             query_id=qid,
             docs=[corpus.ids[r] for r in hybrid.members(i, depth)[0]],
@@ -76,42 +170,63 @@ def run_eval(
             judged=qrels.get(qid, {}),
         )
         for i, (qid, e) in enumerate(
-            zip(qids, hybrid.evidence(corpus, qrels, depth), strict=True)
+            zip(hybrid.query_ids, hybrid.evidence(corpus, qrels, depth), strict=True)
         )
     ]
     fit_evidence = fit_dense = None
-    if fit_split is not None:
-        fit_qrels = read_qrels(data_dir, fit_split)
-        fit_ids = sorted(q for q in fit_qrels if q in queries and q not in qrels)
-        say(f"retrieving {len(fit_ids)} judged queries of the {fit_split!r} split")
-        fit_hybrid = hybrid_retrieve(
-            embedder, data_dir, corpus, queries, fit_ids, depth, cache_dir
-        )
-        fit_evidence = fit_hybrid.evidence(corpus, fit_qrels, k)
-        fit_dense = fit_hybrid.evidence(corpus, fit_qrels, k, hybrid=False)
+    if lists.fit_hybrid is not None:
+        fit_evidence = lists.fit_hybrid.evidence(corpus, fit_qrels, k)
+        fit_dense = lists.fit_hybrid.evidence(corpus, fit_qrels, k, hybrid=False)
+    evidence = hybrid.evidence(corpus, qrels, k)
     calibration = evaluate_calibration(
-        hybrid.evidence(corpus, qrels, k),
-        corpus.norms,
-        corpus.n_tokens,
-        opts,
+        evidence,
+        lists.doc_norms,
+        lists.doc_tokens,
+        options,
         fit_evidence=fit_evidence,
-        progress=say,
-        default_profile=_shipped_default(embedder),
-        ranking=ranking,
+        progress=progress,
+        default_profile=default_profile,
+        ranking=pools,
         dense_evidence=hybrid.evidence(corpus, qrels, k, hybrid=False),
         fit_dense_evidence=fit_dense,
     )
-    return {
-        "dataset": data_dir.name,
-        "model": embedder.model_name,
+    out: dict[str, Any] = {
         "split": split,
         "fit_split": fit_split,
-        "n_documents": len(corpus.ids),
+        "n_documents": len(lists.doc_norms),
         "pool": {
             "calibration": f"hybrid pool of {k} (dense top-{k} + BM25 top-{k})",
             "retrieval": f"hybrid pool of {depth}",
         },
         **calibration,
+    }
+    if served is not None:
+        out["served"] = served_scores(served, evidence, pools)
+        out["retrieval"]["served"] = out["served"].pop("retrieval")
+    return out
+
+
+def served_scores(
+    profile: Profile, evidence: Sequence[QueryEvidence], pools: Sequence[RankingPool]
+) -> dict[str, Any]:
+    """A calibrator scored as search serves it: pairs, intervals, abstain, ranking.
+
+    ``retrieval`` is its ``hybrid`` ranking (by its probability) of the same pools.
+    """
+    ranked = {}
+    for pool in pools:
+        e = pool.evidence
+        scored = profile.score(
+            e.norm, e.n_tokens, e.scores, e.doc_norms, e.doc_tokens, e.lexical
+        )
+        ranked[pool.query_id] = mode_order(pool, "hybrid", proba=scored.probabilities)
+    return {
+        "id": profile.id,
+        "method": profile.method,
+        "default": profile.default,
+        "n_queries": None if profile.default else profile.report.n_queries,
+        **zero_label(evidence, profile),
+        "retrieval": retrieval_metrics(ranked, {p.query_id: p.judged for p in pools}),
     }
 
 
@@ -192,6 +307,11 @@ def method_table(result: Mapping[str, Any]) -> str:
             f"| {name} | {_f(m['ece'])} | {_f(m['brier'])} | {_f(m['nll'])} | "
             f"{_f(m['auroc'], 3)} |"
         )
+    for name, m in _unfitted(result):
+        lines.append(
+            f"| {name} | {_f(m['ece'])} | {_f(m['brier'])} | {_f(m['nll'])} | "
+            f"{_f(m['auroc'], 3)} |"
+        )
     for pool, m in result.get("calibration_by_pool", {}).items():
         lines.append(
             f"| {pool} pool: Platt → auto | "
@@ -208,6 +328,27 @@ def method_table(result: Mapping[str, Any]) -> str:
         f"{_f(floor.get('platt'))}, auto {_f(floor.get(AUTO))}",
         f"Norm lift: {norm_lift_summary(result['norm_lift'])}",
     ]
+    for name, m in _unfitted(result):
+        answered = m["abstain"]["answered"]
+        risk = m["abstain"]["risk"]
+        lines.append(
+            f"{name}: interval coverage {_f(m['interval_coverage'], 2)} (mean width "
+            f"{_f(m['mean_interval_width'], 3)}); answers {100 * answered:.0f}% of "
+            f"queries, {'-' if risk is None else f'{100 * risk:.0f}%'} of them with "
+            "no relevant hit"
+        )
+    served = result.get("served")
+    if served is not None and "reproduced" in served:
+        lines.append(
+            "Served probabilities reproduced from these lists to within "
+            f"{served['reproduced']:.1g}"
+        )
+    if served is not None and not served["default"]:
+        lines.append(
+            f"The served calibrator was fitted on {served['n_queries']} judged "
+            "queries: if they include these, its figures are in-sample (fit on "
+            "another split, e.g. normcal fit --split train, and evaluate on test)"
+        )
     ql = result["query_level"]
     lines.append(
         f"Query-level confidence AUROC: {_f(ql.get('auroc'), 3)} "
@@ -222,6 +363,21 @@ def method_table(result: Mapping[str, Any]) -> str:
             f"Platt {_f(row['platt']['brier'])}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _unfitted(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """What was scored with no judgments from these queries, as table rows.
+
+    The shipped default, and (``--url``) the calibrator the collection serves.
+    """
+    rows = []
+    if result.get("zero_label"):
+        rows.append(("shipped default (no judgments)", result["zero_label"]))
+    served = result.get("served")
+    if served is not None:
+        what = "the shipped default" if served["default"] else served["method"]
+        rows.append((f"served: {served['id']} ({what})", served))
+    return rows
 
 
 def summary_table(results: Sequence[Mapping[str, Any]]) -> str:

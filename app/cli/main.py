@@ -8,7 +8,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -363,9 +363,9 @@ def selection_summary(why: Mapping[str, Any]) -> str:
     return f"{why['chosen']}{stage} ({rules})"
 
 
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless ``n`` is 1."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural (``noun`` + s unless given) unless ``n`` is 1."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _first_ids(ids: list[str], shown: int = 5) -> str:
@@ -409,11 +409,12 @@ def _judgments(
 def cmd_fit(args: argparse.Namespace) -> int:
     """Fit a calibrator on the server from a BEIR split's qrels.
 
-    ``--no-wait`` starts a fit job instead and prints its id and URL: a long fit
-    then survives the CLI, a proxy's timeout or a closed laptop.
+    The fit runs as a fit job whose stages the progress shows; ``--no-wait`` starts
+    it and prints its id and URL instead: a long fit then survives the CLI, a
+    proxy's timeout or a closed laptop. It says what it fitted on: the file's
+    judgments, the stored feedback it included (``--no-feedback`` leaves that out),
+    and what it dropped and why.
     """
-    from tqdm import tqdm
-
     from app.cli.inputs import InputError, default_split, read_judged
 
     split = args.split or default_split(args.data_dir)
@@ -422,53 +423,93 @@ def cmd_fit(args: argparse.Namespace) -> int:
     except (InputError, OSError) as error:
         raise _input_error(error) from None
     judgments = _judgments(queries, qrels, split)
-    n_texts = len({j["query"] for j in judgments})
     options: dict[str, Any] = {
         "method": args.method,
         "k": args.k,
         "abstain_target": args.abstain_target,
         "allow_reorder": not args.query_side_only,
         "unknown_documents": "skip" if args.skip_unknown else "error",
+        "include_feedback": args.feedback,
     }
     with _api(args.url, timeout=3600) as client:
         client.get_collection(args.collection)  # unreachable or unknown: say so now
+        job = client.start_fit(args.collection, judgments, **options)
+        url = (
+            f"{args.url.rstrip('/')}/v1/collections/{args.collection}/fit-jobs/{job.id}"
+        )
         if args.no_wait:
-            job = client.start_fit(args.collection, judgments, **options)
-            url = f"{args.url.rstrip('/')}/v1/collections/{args.collection}"
-            print(f"fit job {job.id} {job.status}: {url}/fit-jobs/{job.id}")
+            print(f"fit job {job.id} {job.status}: {url}")
             return 0
-        with (
-            ThreadPoolExecutor(1) as pool,
-            tqdm(
-                desc=f"fitting on {n_texts} queries", unit="s", file=sys.stderr
-            ) as bar,
-        ):
-            future = pool.submit(
-                client.fit_calibrator, args.collection, judgments, **options
-            )
-            while not wait([future], timeout=1.0).done:  # one request: show it lives
-                bar.update(1)
-            info = future.result()
+        job = _follow_fit_job(client, args.collection, job, url)
+    if job.calibrator is None:
+        failure = job.error
+        detail = (
+            "no calibrator"
+            if failure is None
+            else f"{failure.status} {failure.title}: {failure.detail}"
+        )
+        raise CliError(EXIT_API, _one_line(f"the fit failed: {detail} ({url})"))
+    info = job.calibrator
     print(
         f"calibrator {info.id} ({info.method}, active={info.active}) "
         f"on {info.report['n_queries']} queries"
     )
+    if info.judgments is not None:
+        for line in fitted_on(info.judgments.model_dump(), split, args.collection):
+            print(line)
     if info.selection is not None:
         why = info.selection.model_dump()
         print(f"served: {selection_summary(why)}")
         for rule in why["rules"]:
             if rule["outcome"] in DECISIVE_OUTCOMES:
                 print(f"  {rule['detail']}")
-    if info.dropped_judgments:
-        print(
-            f"dropped {_count(info.dropped_judgments, 'judgment')} naming documents "
-            f"not in collection {args.collection!r} (--skip-unknown)"
-        )
     print("| method | NLL | Brier | ECE | AUROC |\n|---|---|---|---|---|")
     for name, m in info.cv.items():
         print(f"| {name} | {m.nll:.4f} | {m.brier:.4f} | {m.ece:.4f} | {m.auroc:.3f} |")
     print(f"norm lift: {info.norm_lift.get('reason', '')}")
     return 0
+
+
+def fitted_on(judged: Mapping[str, int], split: str, collection: str) -> list[str]:
+    """What a fit ran on, from its answer's ``judgments``: one line per source."""
+    lines = [
+        f"fitted on {_count(judged['queries'], 'judged query', 'judged queries')}: "
+        f"{_count(judged['sent'], 'judgment')} of qrels/{split}.tsv "
+        f"({_count(judged['sent_queries'], 'query', 'queries')})"
+    ]
+    if judged["feedback"]:
+        lines[0] += (
+            f" and {_count(judged['feedback'], 'stored feedback judgment')} "
+            f"({_count(judged['feedback_queries'], 'query', 'queries')}; the judging page's and "
+            "POST .../feedback's: --no-feedback leaves them out)"
+        )
+    if judged["dropped"]:
+        lines.append(
+            f"dropped {_count(judged['dropped'], 'judgment')} naming documents "
+            f"not in collection {collection!r} (--skip-unknown)"
+        )
+    return lines
+
+
+def _follow_fit_job(client: NormcalClient, collection: str, job: Any, url: str) -> Any:
+    """Poll a fit job until it ends, its stage shown as it goes (``FitJob``)."""
+    from tqdm import tqdm
+
+    started = time.monotonic()
+    with tqdm(
+        total=job.progress.total, desc="fit: queued", unit="stage", file=sys.stderr
+    ) as bar:
+        try:
+            while job.status in ("queued", "running"):
+                time.sleep(0.5)
+                job = client.get_fit_job(collection, job.id)
+                bar.update(job.progress.done - bar.n)
+                bar.set_description(f"fit: {job.progress.stage}", refresh=False)
+                bar.set_postfix_str(f"{time.monotonic() - started:.0f}s")  # shows both
+        except KeyboardInterrupt:
+            print(f"normcal: the fit job goes on on the server: {url}", file=sys.stderr)
+            raise
+    return job
 
 
 class _ProgressEmbedder:
@@ -516,22 +557,31 @@ class _ProgressEmbedder:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``)."""
+    """Evaluate retrieval and calibration on a BEIR-layout folder (``normcal eval``).
+
+    Locally (embed the corpus, retrieve, evaluate) or, with ``--collection``, on what
+    the server at ``--url`` serves for that collection (nothing embedded here; the
+    served calibrator scored beside what a fit would give).
+    """
     import json
 
     from app.cli.inputs import InputError, check_beir_split, default_split
 
+    if args.url is not None and args.collection is None:  # not an hour's local run
+        raise CliError(
+            EXIT_USAGE,
+            "--url evaluates a served collection: name it with --collection C "
+            "(the collection ingested from DATA_DIR); without both, eval runs locally",
+        )
     split = args.split or default_split(args.data_dir, exclude=args.fit_split)
     splits = [split] + ([args.fit_split] if args.fit_split else [])
     try:  # before anything heavy loads: a typo fails in a second, not a minute
         check_beir_split(args.data_dir, *splits, corpus=True)
     except InputError as error:
         raise _input_error(error) from None
-    settings = _settings()
-    _check_model(settings)
 
-    from app.api.lifespan import load_embedder
     from app.cli.evaluation import method_table, run_eval
+    from app.cli.served import REPRODUCED, ServedEvalError, run_served_eval
     from calibration import CalibrationError
     from calibration.evaluation import EvalOptions
 
@@ -551,20 +601,48 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"[{elapsed:7.1f}s] {message}", file=sys.stderr, flush=True)
 
     try:
-        result = run_eval(
-            _ProgressEmbedder(load_embedder(settings)),
-            args.data_dir,
-            split=split,
-            fit_split=args.fit_split,
-            cache_dir=args.cache_dir,
-            options=options,
-            progress=progress,
-        )
+        if args.collection is not None:
+            url = args.url or os.environ.get("NORMCAL_URL", DEFAULT_URL)
+            with _api(url, timeout=600) as client:
+                result = run_served_eval(
+                    client,
+                    args.collection,
+                    args.data_dir,
+                    split=split,
+                    fit_split=args.fit_split,
+                    options=options,
+                    progress=progress,
+                )
+        else:
+            from app.api.lifespan import load_embedder
+
+            settings = _settings()
+            _check_model(settings)
+            result = run_eval(
+                _ProgressEmbedder(load_embedder(settings)),
+                args.data_dir,
+                split=split,
+                fit_split=args.fit_split,
+                cache_dir=args.cache_dir,
+                options=options,
+                progress=progress,
+            )
+    except ServedEvalError as error:
+        raise CliError(EXIT_INPUT, _one_line(str(error))) from None
     except (OSError, json.JSONDecodeError, CalibrationError) as error:
         raise _input_error(error) from None
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    reproduced = (result.get("served") or {}).get("reproduced", 0.0)
+    if reproduced > REPRODUCED:
+        print(
+            f"normcal: warning: the served probabilities differ from these lists' by "
+            f"up to {reproduced:.3g}: collection {args.collection!r} is not "
+            f"{args.data_dir.name}'s corpus alone (its BM25 statistics differ), so the "
+            "lexical evidence here is approximate",
+            file=sys.stderr,
+        )
     print(method_table(result))
     return 0
 
@@ -799,7 +877,16 @@ def add_fit(sub: Subcommands) -> None:
         "--abstain-target",
         type=float,
         default=0.1,
-        help="share of queries the abstention threshold aims to refuse",
+        help="tolerated share of answered queries (abstain false) that have no "
+        "relevant hit in the top k; the abstain threshold is certified for it "
+        "when enough queries are judged (a few dozen)",
+    )
+    fit.add_argument(
+        "--feedback",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also fit on the judgments stored as feedback (the judging page's, "
+        "POST .../feedback's); --no-feedback fits on the file's alone",
     )
     fit.add_argument(
         "--query-side-only",
@@ -816,7 +903,7 @@ def add_fit(sub: Subcommands) -> None:
     fit.add_argument(
         "--no-wait",
         action="store_true",
-        help="start a fit job and print its id and URL, without waiting for it "
+        help="start the fit job and print its id and URL, without waiting for it "
         "(GET the URL for its progress and calibrator)",
     )
     _add_url(fit)
@@ -826,7 +913,10 @@ def add_fit(sub: Subcommands) -> None:
 def add_eval(sub: Subcommands) -> None:
     """``normcal eval``: metrics on a BEIR folder, locally."""
     ev = _command(
-        sub, "eval", "retrieval and calibration metrics on a BEIR folder (runs locally)"
+        sub,
+        "eval",
+        "retrieval and calibration metrics on a BEIR folder (locally, or of a "
+        "served collection)",
     )
     ev.add_argument(
         "data_dir", type=Path, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)"
@@ -869,6 +959,20 @@ def add_eval(sub: Subcommands) -> None:
         type=Path,
         default=Path(".normcal-cache"),
         help="corpus embeddings are cached here per model and corpus file",
+    )
+    ev.add_argument(
+        "--collection",
+        default=None,
+        help="evaluate this served collection, ingested from DATA_DIR, over HTTP "
+        "(--url): nothing is embedded here, and the calibrator it serves is scored "
+        "beside what a fit would give (default: embed DATA_DIR locally)",
+    )
+    ev.add_argument(
+        "--url",
+        type=_url,
+        default=None,
+        help="with --collection: the server's URL (default NORMCAL_URL, else "
+        f"{DEFAULT_URL})",
     )
     ev.add_argument(
         "--json",

@@ -252,8 +252,10 @@ class CollectionState(Protocol[C]):
         """Up to ``limit`` ``(n, query, document_id, relevance, created_at)`` after ``after``."""
         ...
 
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete stored feedback (all, or one query's); return how many."""
+    def delete_judgments(
+        self, query: str | None, document_id: str | None = None
+    ) -> int:
+        """Delete stored feedback (all, one query's, or one pair's); return how many."""
         ...
 
     # -- query log and judging queue ----------------------------------------------------
@@ -289,6 +291,10 @@ class CollectionState(Protocol[C]):
 
     def skip_judging(self, query: str) -> bool:
         """Never offer ``query`` again; False when it is neither queued nor logged."""
+        ...
+
+    def unskip_judging(self, query: str) -> bool:
+        """Offer a skipped ``query`` again; False when it was not skipped."""
         ...
 
     def judging_counts(self) -> tuple[int, int, int]:

@@ -236,13 +236,24 @@ class LocalState(Generic[C]):
             ).fetchall()
         return [(int(n), str(q), str(d), int(r), float(t)) for n, q, d, r, t in rows]
 
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete every judgment, or those of one query text; return how many."""
+    def delete_judgments(
+        self, query: str | None, document_id: str | None = None
+    ) -> int:
+        """Delete every judgment, one query text's, or one (query, document) pair's.
+
+        ``document_id`` narrows ``query``'s judgments to that document's (the judging
+        page's undo); it needs ``query``. Returns how many were deleted.
+        """
         with self._writing() as conn:
             if query is None:
                 cursor = conn.execute("DELETE FROM judgments")
-            else:
+            elif document_id is None:
                 cursor = conn.execute("DELETE FROM judgments WHERE query = ?", (query,))
+            else:
+                cursor = conn.execute(
+                    "DELETE FROM judgments WHERE query = ? AND document_id = ?",
+                    (query, document_id),
+                )
             return int(cursor.rowcount)
 
     # -- query log and judging queue ----------------------------------------------------
@@ -341,6 +352,12 @@ class LocalState(Generic[C]):
                 (query, time.time()),
             )
             return True
+
+    def unskip_judging(self, query: str) -> bool:
+        """Offer a skipped ``query`` again; False when it was not skipped."""
+        with self._writing() as conn:
+            cursor = conn.execute("DELETE FROM judging_skips WHERE query = ?", (query,))
+            return cursor.rowcount > 0
 
     def judging_counts(self) -> tuple[int, int, int]:
         """``(judged queries, of them with a relevant judgment, skipped queries)``."""

@@ -246,13 +246,19 @@ class MilvusState(Generic[C]):
             for r in rows
         ]
 
-    def delete_judgments(self, query: str | None) -> int:
-        """Delete stored feedback (all, or one query's); return how many."""
+    def delete_judgments(
+        self, query: str | None, document_id: str | None = None
+    ) -> int:
+        """Delete stored feedback (all, one query's, or one pair's); return how many."""
         with self._writing():
             keys = [
                 r["key"]
                 for r in self._rows("judgment")
-                if query is None or r["data"]["query"] == query
+                if query is None
+                or (
+                    r["data"]["query"] == query
+                    and document_id in (None, r["data"]["document_id"])
+                )
             ]
             self._remove("judgment", keys)
         return len(keys)
@@ -339,6 +345,17 @@ class MilvusState(Generic[C]):
             if not known:
                 return False
             self._put("skip", [(query, 0, {"skipped_at": time.time()})])
+        return True
+
+    def unskip_judging(self, query: str) -> bool:
+        """Offer a skipped ``query`` again; False when it was not skipped."""
+        with self._writing():
+            skipped = self._client.get(
+                self._collection, ids=[_pk("skip", query)], output_fields=["pk"]
+            )
+            if not skipped:
+                return False
+            self._remove("skip", [query])
         return True
 
     def judging_counts(self) -> tuple[int, int, int]:

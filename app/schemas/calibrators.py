@@ -114,6 +114,25 @@ class CalibratorSelection(BaseModel):
     )
 
 
+class FitJudgments(BaseModel):
+    """What a fit ran on: the judgments sent, the stored feedback, those left out."""
+
+    sent: int = Field(description="judgments in the request")
+    sent_queries: int = Field(description="distinct queries among them")
+    feedback: int = Field(
+        description="stored feedback judgments included (include_feedback: true), "
+        "e.g. from the judging page"
+    )
+    feedback_queries: int = Field(description="distinct queries among them")
+    dropped: int = Field(
+        description='left out for naming documents the collection does not hold (unknown_documents: "skip")'
+    )
+    queries: int = Field(
+        description="distinct judged queries the fit ran on (a pair judged twice "
+        "counts once, the stored feedback's grade winning)"
+    )
+
+
 class CalibratorSummary(BaseModel):
     """A calibrator in a listing; its report is ``GET .../calibrators/{id}``."""
 
@@ -142,6 +161,11 @@ class CalibratorInfo(CalibratorSummary):
         None,
         description="judgments the fit that made it left out for naming unknown "
         'documents (unknown_documents: "skip"); set only in that fit\'s answer',
+    )
+    judgments: FitJudgments | None = Field(
+        None,
+        description="what the fit that made it ran on; set only in that fit's answer "
+        "(and its fit job)",
     )
 
 

@@ -70,9 +70,12 @@ class CalibratorRef(BaseModel):
     model-agnostic one, and ``reason`` says so), ``"fitted"`` (fitted on
     ``n_queries`` judged queries of this collection) or ``"none"`` (no shipped
     profile at all: probabilities are null, ``reason`` says why). ``guarantee`` is set only when
-    the abstain threshold was certified on this collection's judgments; otherwise
-    ``abstain`` is true only when even the upper end of ``confidence_interval`` (the
-    confidence itself without one) is below 0.5, and no rate is claimed.
+    the abstain threshold was certified on this collection's judgments; otherwise no
+    rate is claimed and ``abstain`` is true, with the shipped default (day one), when
+    even at the upper end of its level interval the best hit is more likely
+    irrelevant than relevant (``confidence`` is then the best hit's probability), and
+    with a fitted calibrator only when even the upper end of ``confidence_interval``
+    (the confidence itself without one) is below 0.5.
     """
 
     status: Literal["default", "fitted", "none"]

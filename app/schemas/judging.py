@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from app.schemas.collections import CalibratorRef
-from app.schemas.common import RequestModel, Text
+from app.schemas.common import ListEnvelope, RequestModel, Text
 
 DEFAULT_QUERY_LOG_RETENTION = 1000
 
@@ -50,6 +50,23 @@ class SkipRequest(RequestModel):
     """A queued or logged query not to offer again."""
 
     query: Text
+
+
+class JudgingSuggestion(BaseModel):
+    """A keyword query made of one document's most distinctive words."""
+
+    query: str
+    document_id: str = Field(description="the document its words came from")
+
+
+class JudgingSuggestions(ListEnvelope):
+    """Queries to start judging with, drawn from the collection's documents.
+
+    Each is a document's three most distinctive words (tf-idf over a sample of the
+    collection), in the document's order; queued and judged queries are left out.
+    """
+
+    data: list[JudgingSuggestion]
 
 
 class JudgingHit(BaseModel):

@@ -135,7 +135,9 @@ class SearchResult(BaseModel):
     mode: SearchMode
     hits: list[SearchHit]
     confidence: float | None = Field(
-        None, description="P(at least one relevant hit among the returned)"
+        None,
+        description="P(at least one relevant hit among the returned); with the "
+        "shipped default (day one), the best hit's probability",
     )
     confidence_interval: tuple[float, float] | None = Field(
         None, description="[lo, hi] of the confidence"

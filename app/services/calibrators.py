@@ -34,6 +34,7 @@ from app.schemas.calibrators import (
     FeatureDrift,
     FeedbackDeleted,
     FeedbackPage,
+    FitJudgments,
     FitRequest,
     Judgment,
     MethodMetrics,
@@ -103,7 +104,7 @@ class CalibratorsService(Part):
         limits.check_count(
             "query_vectors", list(body.query_vectors or ()), lim.max_judgments_per_fit
         )
-        qrels, dropped = await self.pool.run(self._fit_qrels, collection, body)
+        qrels, inputs = await self.pool.run(self._fit_qrels, collection, body)
         batch = None  # the server's model embeds the queries in the job
         if body.query_vectors is not None:
             batch = await self.pool.run(
@@ -112,7 +113,7 @@ class CalibratorsService(Part):
         return self.fit_jobs.submit(
             name,
             lambda progress: self._fit(
-                collection, body, qrels, k, dropped, progress, batch
+                collection, body, qrels, k, inputs, progress, batch
             ),
         )
 
@@ -140,8 +141,8 @@ class CalibratorsService(Part):
 
     def _fit_qrels(
         self, collection: CollectionBackend[Profile], body: FitRequest
-    ) -> tuple[dict[str, dict[str, int]], int]:
-        """The judgments a fit runs on, as qrels, and how many it dropped (blocking).
+    ) -> tuple[dict[str, dict[str, int]], FitJudgments]:
+        """The judgments a fit runs on, as qrels, and where they came from (blocking).
 
         The body plus (``include_feedback``) the stored feedback, at most
         ``max_judgments_per_fit`` in all; judgments naming unknown documents are an
@@ -149,6 +150,7 @@ class CalibratorsService(Part):
         """
         limit = self.settings.limits.max_judgments_per_fit
         judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
+        stored: list[tuple[str, str, int]] = []
         if body.include_feedback:
             sent = len(judged)
 
@@ -163,8 +165,9 @@ class CalibratorsService(Part):
                 )
 
             check_total(collection.state.judgments_count())  # before reading them all
-            judged += collection.state.judgments()
-            check_total(len(judged) - sent)  # feedback added in between
+            stored = collection.state.judgments()
+            check_total(len(stored))  # feedback added in between
+            judged += stored
         if not judged:
             raise InvalidRequestError(
                 "no judgments: send some, or POST feedback first", field="judgments"
@@ -193,7 +196,14 @@ class CalibratorsService(Part):
                 n_queries=len(qrels),
                 required=FIT_MIN_QUERIES,
             )
-        return qrels, dropped
+        return qrels, FitJudgments(
+            sent=len(body.judgments),
+            sent_queries=len({j.query for j in body.judgments}),
+            feedback=len(stored),
+            feedback_queries=len({q for q, _, _ in stored}),
+            dropped=dropped,
+            queries=len(qrels),
+        )
 
     async def _fit(
         self,
@@ -201,7 +211,7 @@ class CalibratorsService(Part):
         body: FitRequest,
         qrels: dict[str, dict[str, int]],
         k: int,
-        dropped: int,
+        inputs: FitJudgments,
         progress: Progress,
         batch: EmbeddingBatch | None = None,
     ) -> CalibratorInfo:
@@ -269,7 +279,7 @@ class CalibratorsService(Part):
             activate=body.activate,
             cap=self.settings.limits.max_calibrators_per_collection,
         )
-        return self._info(collection, profile, dropped=dropped)
+        return self._info(collection, profile, inputs=inputs)
 
     def get_fit_job(self, name: str, job_id: str) -> FitJob:
         """One fit job of a collection."""
@@ -554,10 +564,19 @@ class CalibratorsService(Part):
             next_cursor=None if last is None else encode_cursor(last),
         )
 
-    def delete_feedback(self, name: str, query: str | None) -> FeedbackDeleted:
-        """Delete stored feedback: all of it, or one query's judgments."""
+    def delete_feedback(
+        self, name: str, query: str | None, document_id: str | None = None
+    ) -> FeedbackDeleted:
+        """Delete stored feedback: all of it, one query's, or one (query, document)'s."""
+        if document_id is not None and query is None:
+            raise InvalidRequestError(
+                "document_id narrows one query's judgments: send query too",
+                field="document_id",
+            )
         collection = self.registry.get(name)
-        return FeedbackDeleted(deleted=collection.state.delete_judgments(query))
+        return FeedbackDeleted(
+            deleted=collection.state.delete_judgments(query, document_id)
+        )
 
     def _check_room(self, collection: CollectionBackend[Profile]) -> None:
         """Refuse (422) a fit or an import at the cap of calibrators, before any work.
@@ -602,7 +621,7 @@ class CalibratorsService(Part):
         collection: CollectionBackend[Profile],
         profile: Profile,
         *,
-        dropped: int | None = None,
+        inputs: FitJudgments | None = None,
     ) -> CalibratorInfo:
         active = self._profile_for(collection)
         report = profile.report
@@ -623,7 +642,8 @@ class CalibratorsService(Part):
             if selection is None
             else CalibratorSelection.model_validate(to_jsonable(selection)),
             report=report.to_jsonable(),
-            dropped_judgments=dropped,
+            dropped_judgments=None if inputs is None else inputs.dropped,
+            judgments=inputs,
         )
 
 

@@ -16,6 +16,13 @@ from app.schemas.search import SearchRequest
 from app.services import limits, next_query, own_vectors
 from app.services.context import Context, Part
 from app.services.search import POOL_DEPTH, query_log_settings, search_results
+from app.services.suggestions import (
+    MAX_SUGGESTIONS,
+    SAMPLE_WINDOWS,
+    WINDOW,
+    Suggestion,
+    suggest,
+)
 
 
 class JudgingService(Part):
@@ -76,9 +83,46 @@ class JudgingService(Part):
         if not self.registry.get(name).state.skip_judging(query):
             raise NotFoundError("judging query", query)
 
-    async def next_to_judge(self, name: str, k: int) -> JudgingNext:
-        """The next query to judge with its top ``k`` hits (see ``app.services.next_query``)."""
+    def unskip_judging(self, name: str, query: str) -> None:
+        """Offer a skipped ``query`` again (404 if it was not skipped): the page's undo."""
+        if not self.registry.get(name).state.unskip_judging(query):
+            raise NotFoundError("skipped judging query", query)
+
+    def suggestions(self, name: str, n: int) -> list[Suggestion]:
+        """Keyword queries drawn from the collection's documents (``app.services.suggestions``).
+
+        Blocking (reads a sample of documents): the router runs it in a worker thread.
+        Queries already queued to judge or judged are not suggested again.
+        """
+        limits.check_value("n", n, MAX_SUGGESTIONS)
+        collection = self.registry.get(name)
+        total = collection.counts()[0]
+        sample: dict[str, str] = {}
+        for window in range(SAMPLE_WINDOWS):
+            after = window * total // SAMPLE_WINDOWS
+            for doc in collection.page(after, WINDOW):
+                sample.setdefault(doc.id, doc.text)
+        state = collection.state
+        _, pending, _ = state.judging_candidates(self.settings.limits.max_judging_queue)
+        judged = {q for q, _, _ in state.judgments()}
+        return suggest(list(sample.items()), n, exclude=[*pending, *judged])
+
+    async def next_to_judge(
+        self, name: str, k: int, query: str | None = None
+    ) -> JudgingNext:
+        """The next query to judge with its top ``k`` hits (see ``app.services.next_query``).
+
+        ``query`` asks for that query instead, whatever its state (the page's text
+        box: the user typed it and judges it now).
+        """
         limits.check_value("k", k, self.settings.limits.max_k)
+        if query is not None:
+            limits.check_value(
+                "query",
+                len(query),
+                self.settings.limits.max_text_chars,
+                rule="characters; limits.max_text_chars",
+            )
         collection = self.registry.get_compatible(name)
         if own_vectors.is_own(collection):
             raise InvalidRequestError(
@@ -90,6 +134,8 @@ class JudgingService(Part):
         source, candidates, remaining = collection.state.judging_candidates(
             next_query.CANDIDATE_POOL
         )
+        if query is not None:
+            source, candidates = "uploaded", [query]
         judged, relevant, skipped = collection.state.judging_counts()
         progress = JudgingProgress(
             judged_queries=judged,

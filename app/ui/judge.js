@@ -1,21 +1,20 @@
 // normcal judging page: keyboard-first relevance judging of one collection.
-// Everything it shows comes from the /v1 API; the API key (if the server has one)
-// is typed into the page, kept in sessionStorage and sent as a bearer token. A judge
-// key judges; fitting needs a write key, so the page asks GET /v1/key what it has.
+// Everything it shows comes from the /v1 API, called through key.js (the API key).
+// The data model is general: a query and a list of candidate texts (`hits`), each
+// judged relevant or not, posted as feedback for the next fit.
+// A judge key judges; fitting needs a write key, so the page asks GET /v1/key what it has.
 "use strict";
 
-const KEY_STORAGE = "normcal-api-key";
 const HITS = 5;
+const SUGGESTIONS = 5;
+const SCORES_STORAGE = "normcal-show-scores";
 const root = new URL("../../../", location.href); // this page is /ui/collections/{c}/judge
 const collection = decodeURIComponent(location.pathname.split("/").slice(-2)[0]);
 const api = new URL(`v1/collections/${encodeURIComponent(collection)}/`, root);
 const FIT_ROLES = ["write", "admin"];
 
 const $ = (id) => document.getElementById(id);
-const keyInput = $("key");
-keyInput.value = sessionStorage.getItem(KEY_STORAGE) || "";
-keyInput.addEventListener("change", () => {
-  sessionStorage.setItem(KEY_STORAGE, keyInput.value.trim());
+normcal.bindKey($("key"), () => {
   role = null;
   load();
 });
@@ -25,6 +24,11 @@ let current = null; // the JudgingNext being judged
 let hitIndex = 0;
 let judgedHere = 0; // judgments posted for the current query
 let busy = false;
+// What undo takes back, newest last: {kind: "judge" | "skip", query, docId, state}
+// with the page's state from before the action.
+const history = [];
+
+const call = (method, path, body) => normcal.json(new URL(path, api), { method, body });
 
 function setState(state) {
   document.body.dataset.state = state;
@@ -39,32 +43,12 @@ function showLoading() {
   document.querySelector("main").setAttribute("aria-busy", "true");
 }
 
-async function call(method, path, body) {
-  const headers = { accept: "application/json" };
-  const key = sessionStorage.getItem(KEY_STORAGE);
-  if (key) headers.authorization = `Bearer ${key}`;
-  if (body !== undefined) headers["content-type"] = "application/json";
-  const response = await fetch(new URL(path, api), {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  if (!response.ok) {
-    let detail = `${response.status} ${response.statusText}`;
-    try {
-      const problem = await response.json();
-      detail = `${problem.title}: ${problem.detail}`;
-    } catch (_) { /* not a problem document */ }
-    throw new Error(detail);
-  }
-  return response.status === 204 ? null : response.json();
-}
-
 // Runs one request at a time; keys pressed meanwhile are ignored.
 async function exclusive(work) {
   if (busy) return;
   busy = true;
   $("error").textContent = "";
+  $("message").textContent = "";
   try {
     await work();
   } catch (error) {
@@ -85,6 +69,10 @@ function canFit() {
   return p.judged_queries >= p.target && p.relevant_queries > 0 && mayFit();
 }
 
+function snapshot() {
+  return { current: structuredClone(current), hitIndex, judgedHere };
+}
+
 function render() {
   const p = current.progress;
   const total = p.judged_queries + p.remaining;
@@ -94,9 +82,12 @@ function render() {
     ` · a fit needs ${p.target} judged queries, one with a relevant hit` +
     (mayFit() ? "" : ` · fitting needs a write key (this ${role} key judges)`);
   $("fit").disabled = !canFit();
+  $("undo").disabled = history.length === 0;
   const hit = current.hits[hitIndex];
   $("query").textContent = current.query || "";
-  $("source").textContent = current.query ? `(from the ${current.source === "log" ? "query log" : "uploaded list"})` : "";
+  $("source").textContent = current.query
+    ? `(${current.typed ? "typed here" : `from the ${current.source === "log" ? "query log" : "uploaded list"}`})`
+    : "";
   $("position").textContent = hit ? `${hitIndex + 1} of ${current.hits.length}` : "";
   $("score").textContent = hit
     ? `· cosine ${hit.score.toFixed(3)}` +
@@ -104,6 +95,7 @@ function render() {
     : "";
   $("hit").textContent = hit ? hit.text : "";
   $("hit").dataset.docId = hit ? hit.id : "";
+  $("suggestions").hidden = current.query !== null || !current.suggestions?.length;
   if (current.query) return setState("judging");
   showNothingToJudge();
   setState(p.judged_queries + p.skipped === 0 ? "empty" : "done");
@@ -121,7 +113,8 @@ function paragraphs(...lines) {
   });
 }
 
-// No query to judge: say so, and how to get some (queue them, or log searches).
+// No query to judge: say so, and how to get some (type them, queue them, log
+// searches, or take the suggestions drawn from the documents).
 function showNothingToJudge() {
   const p = current.progress;
   const path = `/v1/collections/${encodeURIComponent(collection)}`;
@@ -129,8 +122,10 @@ function showNothingToJudge() {
   const head = p.judged_queries + p.skipped === 0
     ? "No query to judge yet."
     : `Nothing left to judge: ${p.judged_queries} judged, ${p.skipped} skipped.`;
+  const typed = ["Type a question your users ask into the box above (", { code: "a" },
+    "), and judge its hits."];
   const queue = [
-    "Queue queries: ", { code: `POST ${path}/judging/queries` }, " with ",
+    "Queue many: ", { code: `POST ${path}/judging/queries` }, " with ",
     { code: '{"queries": ["…", "…"]}' }, ".",
   ];
   const logged = log && log.enabled
@@ -140,21 +135,42 @@ function showNothingToJudge() {
       { code: '{"enabled": true}' }, ", and the queries searched from then on appear here.",
     ];
   $("empty").replaceChildren(
-    ...paragraphs([head], queue, logged, ["Then press ", { code: "n" }, " to look again."]),
+    ...paragraphs([head], typed, queue, logged, ["Then press ", { code: "n" }, " to look again."]),
+  );
+  $("suggested").replaceChildren(
+    ...(current.suggestions || []).map((s) => {
+      const item = document.createElement("li");
+      const button = Object.assign(document.createElement("button"), {
+        type: "button",
+        textContent: s.query,
+        title: `the most distinctive words of document ${s.document_id}`,
+      });
+      button.addEventListener("click", () => addQuery(s.query));
+      item.append(button);
+      return item;
+    }),
   );
 }
 
-function load() {
+// The next query (or `query`, which the judge asked for), and what to show with it.
+function load(query) {
   return exclusive(async () => {
     showLoading();
     if (role === null) {
       const key = await call("GET", new URL("v1/key", root).href).catch(() => null);
       role = key && key.role;
     }
-    current = await call("GET", `judging/next?k=${HITS}`);
+    const asked = query === undefined ? "" : `&query=${encodeURIComponent(query)}`;
+    current = await call("GET", `judging/next?k=${HITS}${asked}`);
+    current.typed = query !== undefined;
     if (!current.query) {
-      // Whether searches are logged changes the advice; without it, give both.
+      // Whether searches are logged changes the advice; with nothing logged, the
+      // collection's own words suggest where to start.
       current.queryLog = await call("GET", "query-log").catch(() => null);
+      if (!current.queryLog || current.queryLog.entries === 0) {
+        const found = await call("GET", `judging/suggestions?n=${SUGGESTIONS}`).catch(() => null);
+        current.suggestions = found ? found.data : [];
+      }
     }
     hitIndex = 0;
     judgedHere = 0;
@@ -166,9 +182,11 @@ async function judge(relevance) {
   if (busy || !current || !current.query || !current.hits[hitIndex]) return;
   await exclusive(async () => {
     const hit = current.hits[hitIndex];
+    const before = snapshot();
     await call("POST", "feedback", {
       judgments: [{ query: current.query, document_id: hit.id, relevance }],
     });
+    history.push({ kind: "judge", query: current.query, docId: hit.id, state: before });
     const p = current.progress;
     if (judgedHere === 0) {
       p.judged_queries += 1;
@@ -182,18 +200,67 @@ async function judge(relevance) {
     hitIndex += 1;
     if (hitIndex < current.hits.length) render();
   });
-  if (current && hitIndex >= current.hits.length) await load();
+  if (current && current.query && hitIndex >= current.hits.length) await load();
 }
 
 async function skip() {
   if (busy || !current || !current.query) return;
-  await exclusive(() => call("POST", "judging/skip", { query: current.query }));
+  await exclusive(async () => {
+    const before = snapshot();
+    await call("POST", "judging/skip", { query: current.query });
+    history.push({ kind: "skip", query: current.query, state: before });
+  });
   await load();
 }
 
 async function nextQuery() {
   if (busy || !current) return;
   if (current.query && judgedHere === 0) return skip();
+  await load();
+}
+
+// Take back the last judgment or skip, and show that query and hit again.
+async function undo() {
+  if (busy || history.length === 0) return;
+  await exclusive(async () => {
+    const last = history[history.length - 1];
+    const query = encodeURIComponent(last.query);
+    if (last.kind === "judge") {
+      await call("DELETE", `judging/judgment?query=${query}&document_id=${encodeURIComponent(last.docId)}`);
+    } else {
+      await call("DELETE", `judging/skip?query=${query}`);
+    }
+    history.pop();
+    ({ current, hitIndex, judgedHere } = last.state);
+    $("message").textContent = last.kind === "judge"
+      ? "Undone: judge this hit again."
+      : "Undone: the query is back.";
+    render();
+  });
+}
+
+// A query the judge typed (or picked from the suggestions): queued, so it is kept
+// if the page closes, and offered again if it was skipped; then judged right away.
+async function addQuery(text) {
+  const query = text.trim();
+  if (busy || !query) return;
+  let ok = false;
+  await exclusive(async () => {
+    const { added } = await call("POST", "judging/queries", { queries: [query] });
+    if (added === 0) await call("DELETE", `judging/skip?query=${encodeURIComponent(query)}`).catch(() => null);
+    ok = true;
+  });
+  if (!ok) return;
+  $("new-query").value = "";
+  $("new-query").blur();
+  await load(query);
+}
+
+async function queueSuggestions() {
+  if (busy || !current || !current.suggestions?.length) return;
+  await exclusive(() => call("POST", "judging/queries", {
+    queries: current.suggestions.map((s) => s.query),
+  }));
   await load();
 }
 
@@ -221,14 +288,28 @@ async function fit() {
   });
 }
 
+// Cosine and P(relevant) stay hidden unless asked for: they invite anchoring.
+function showScores(shown) {
+  document.body.dataset.scores = shown ? "shown" : "hidden";
+  $("show-scores").checked = shown;
+  sessionStorage.setItem(SCORES_STORAGE, shown ? "1" : "");
+}
+showScores(sessionStorage.getItem(SCORES_STORAGE) === "1");
+
 const KEYS = {
   j: () => judge(1), 1: () => judge(1),
   k: () => judge(0), 0: () => judge(0),
-  s: skip, n: nextQuery, Enter: nextQuery, f: fit,
+  s: skip, n: nextQuery, Enter: nextQuery, f: fit, u: undo,
+  p: () => showScores(document.body.dataset.scores !== "shown"),
+  a: () => $("new-query").focus(),
 };
 
 document.addEventListener("keydown", (event) => {
-  if (event.target === keyInput || event.ctrlKey || event.metaKey || event.altKey) return;
+  if (event.target === $("new-query") && event.key === "Escape") {
+    $("new-query").blur();
+    return;
+  }
+  if (event.target.closest("input, textarea") || event.ctrlKey || event.metaKey || event.altKey) return;
   const action = KEYS[event.key];
   if (action) {
     event.preventDefault();
@@ -239,6 +320,13 @@ $("relevant").addEventListener("click", () => judge(1));
 $("irrelevant").addEventListener("click", () => judge(0));
 $("skip").addEventListener("click", skip);
 $("next").addEventListener("click", nextQuery);
+$("undo").addEventListener("click", undo);
 $("fit").addEventListener("click", fit);
+$("show-scores").addEventListener("change", (event) => showScores(event.target.checked));
+$("queue-all").addEventListener("click", queueSuggestions);
+$("add").addEventListener("submit", (event) => {
+  event.preventDefault();
+  addQuery($("new-query").value);
+});
 
 load();

@@ -1,11 +1,10 @@
 // normcal report viewer: the calibration report of /v1/.../calibrators/{id}/report,
-// fetched with the API key the judging page keeps in sessionStorage (a plain link
-// cannot send it). The server renders the page with every value escaped; it is shown
-// here as parsed DOM (no script of it runs: the CSP allows none inline), and its
-// diagram is fetched with the key too and shown from a blob: URL.
+// fetched with the API key the pages keep (key.js; a plain link cannot send it). The
+// server renders the page with every value escaped; it is shown here as parsed DOM
+// (no script of it runs: the CSP allows none inline), and its diagram is fetched with
+// the key too and shown from a blob: URL.
 "use strict";
 
-const KEY_STORAGE = "normcal-api-key";
 // This page is /ui/collections/{c}/calibrators/{id}/report.
 const parts = location.pathname.split("/");
 const calibrator = decodeURIComponent(parts[parts.length - 2]);
@@ -18,34 +17,13 @@ const reportUrl = new URL(
 );
 
 const $ = (id) => document.getElementById(id);
-const keyInput = $("key");
-keyInput.value = sessionStorage.getItem(KEY_STORAGE) || "";
-keyInput.addEventListener("change", () => {
-  sessionStorage.setItem(KEY_STORAGE, keyInput.value.trim());
-  load();
-});
-
-async function get(url, accept) {
-  const headers = { accept };
-  const key = sessionStorage.getItem(KEY_STORAGE);
-  if (key) headers.authorization = `Bearer ${key}`;
-  const response = await fetch(url, { headers });
-  if (!response.ok) {
-    let detail = `${response.status} ${response.statusText}`;
-    try {
-      const problem = await response.json();
-      detail = `${problem.title}: ${problem.detail}`;
-    } catch (_) { /* not a problem document */ }
-    throw new Error(detail);
-  }
-  return response;
-}
+normcal.bindKey($("key"), load);
 
 async function load() {
   document.body.dataset.state = "loading";
   $("error").textContent = "";
   try {
-    const page = await (await get(reportUrl, "text/html")).text();
+    const page = await (await normcal.request(reportUrl, { accept: "text/html" })).text();
     const doc = new DOMParser().parseFromString(page, "text/html");
     const image = doc.getElementById("reliability");
     const png = image && new URL(image.getAttribute("src"), reportUrl);
@@ -53,7 +31,7 @@ async function load() {
     document.title = doc.title;
     $("report").replaceChildren(...doc.body.childNodes);
     if (png) {
-      const blob = await (await get(png, "image/png")).blob();
+      const blob = await (await normcal.request(png, { accept: "image/png" })).blob();
       image.src = URL.createObjectURL(blob);
     }
     document.body.dataset.state = "shown";

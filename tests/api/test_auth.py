@@ -102,6 +102,23 @@ def test_health_and_docs_public_by_default(locked):
     assert schemes["apiKey"]["scheme"] == "bearer"
 
 
+def test_pages_are_public_and_the_home_page_is_no_prefix(tmp_path, embedder, locked):
+    """``/`` and ``/ui/...`` hold no data; ``/`` opens nothing below it."""
+    home = locked.get("/")
+    assert home.status_code == 200 and "normcal" in home.text
+    assert home.headers["content-type"].startswith("text/html")
+    for path in ("/ui/static/key.js", "/ui/collections/kb/judge"):
+        assert locked.get(path).status_code == 200, path
+    r = locked.get("/ui/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "../"
+    for path in ("/v1/collections", "/v1/collections/kb", "/metrics", "//v1/x"):
+        _unauthorized(locked.get(path))
+    with _client(tmp_path / "private", embedder, api_key=KEY, public_ui=False) as c:
+        for path in ("/", "/ui/static/key.js"):
+            _unauthorized(c.get(path))
+            assert c.get(path, headers=AUTH).status_code == 200, path
+
+
 def test_metrics_need_the_key_when_one_is_set(locked):
     """/metrics names collections and calibrators: private unless opted in."""
     _unauthorized(locked.get("/metrics"))

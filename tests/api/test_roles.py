@@ -236,6 +236,25 @@ def test_the_403_problem(locked):
     assert body["instance"] == f"urn:request:{r.headers['x-request-id']}"
 
 
+def test_a_judge_key_takes_back_one_judgment_but_deletes_no_other_feedback(locked):
+    """The judging page's undo works with the key that judged; wider deletes do not."""
+    judge = bearer(KEYS[Role.JUDGE])
+    judgments = [
+        {"query": "q", "document_id": "d1", "relevance": 1},
+        {"query": "q", "document_id": "d2", "relevance": 0},
+    ]
+    url = "/v1/collections/kb/feedback"
+    assert locked.post(url, json={"judgments": judgments}, headers=judge).is_success
+    assert locked.delete(url, headers=judge).status_code == 403
+    assert locked.delete(url, params={"query": "q"}, headers=judge).status_code == 403
+    undo = "/v1/collections/kb/judging/judgment"
+    r = locked.delete(undo, params={"query": "q", "document_id": "d1"}, headers=judge)
+    assert r.status_code == 200 and r.json()["deleted"] == 1, r.text
+    left = locked.get(url, headers=judge).json()["data"]
+    assert [(j["query"], j["document_id"]) for j in left] == [("q", "d2")]
+    assert locked.delete(undo, params={"query": "q"}, headers=judge).status_code == 422
+
+
 # ------------------------------------------------------------ keys scoped to collections
 
 

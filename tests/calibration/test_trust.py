@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from calibration import NormReference, fit_prior
 from calibration.metrics import BINNING
-from calibration.profile import Profile, fit_profile, prior_profile
+from calibration.prior import coherent_confidence
+from calibration.profile import (
+    FALLBACK_ABSTAIN_THRESHOLD,
+    Profile,
+    fit_profile,
+    prior_profile,
+)
 from calibration.selection import (
     ECE_GUARD,
     MethodScores,
@@ -167,3 +173,73 @@ def test_served_confidence_is_coherent_for_every_k(profiles, which, seed, k):
         if s.confidence_interval is not None:
             lo, hi = s.confidence_interval
             assert lo - 1e-12 <= s.confidence <= hi + 1e-12
+
+
+# -- day one: the shipped default's confidence and abstain rule --------------------
+
+
+def test_day_one_confidence_is_the_best_hit_and_abstain_reads_the_level_interval(
+    profiles,
+):
+    from scipy.special import expit, logit
+
+    default, fitted = profiles["default"], profiles["fitted"]
+    assert fitted.day_one_threshold is None  # a fit has its own rules
+    prior = default.prior
+    assert prior is not None
+    half = prior.quantile * prior.predictive_level_sd
+    threshold = default.day_one_threshold
+    assert threshold == pytest.approx(float(expit(-half)))
+    assert 0 < threshold < FALLBACK_ABSTAIN_THRESHOLD
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        p = rng.uniform(0, 0.3, int(rng.integers(1, 12))) ** rng.uniform(0.5, 3)
+        lo, hi = p / 3, np.minimum(1.0, p * 5)
+        s = default.verdict(p, (lo, hi))
+        assert s.confidence == pytest.approx(p.max())  # weight 0 on day one
+        # Abstain exactly when, at the upper end of the level interval, the best
+        # hit is more likely irrelevant than relevant.
+        at_top_level = expit(logit(p.max()) + half)
+        assert s.abstain == bool(at_top_level < FALLBACK_ABSTAIN_THRESHOLD)
+        assert s.confidence_interval is not None
+        low, high = s.confidence_interval
+        assert low == pytest.approx(lo.max())
+        assert high == pytest.approx(coherent_confidence(hi, default.confidence_weight))
+    # A fitted profile blends its hits and keeps the interval rule.
+    p = np.array([0.3, 0.2, 0.2])
+    s = fitted.verdict(p)
+    assert s.confidence == pytest.approx(
+        coherent_confidence(p, fitted.confidence_weight)
+    )
+    policy = fitted.certified_policy
+    cut = FALLBACK_ABSTAIN_THRESHOLD if policy is None else policy.threshold
+    assert s.abstain == (s.confidence < cut)
+
+
+def test_day_one_abstains_below_the_threshold_not_at_it(profiles):
+    default = profiles["default"]
+    threshold = default.day_one_threshold
+    assert threshold is not None
+    below = float(np.nextafter(threshold, 0.0))
+    for best, abstain in ((threshold, False), (below, True), (0.9, False), (0, True)):
+        p = np.array([best, best / 2, best / 4])
+        assert default.verdict(p).abstain is abstain, best
+        assert default.verdict(p, (p / 2, np.minimum(1, p * 4))).abstain is abstain
+    # Round-tripped (stored, exported) it keeps the rule.
+    again = Profile.from_json(default.to_json())
+    assert again.day_one_threshold == pytest.approx(threshold, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("file", "documented"),
+    [("all-minilm-l6-v2.json", 0.076), ("_agnostic.json", 0.062)],
+)
+def test_shipped_day_one_thresholds_are_the_documented_ones(file, documented):
+    """docs/calibration.md (day one) names them; a new shipped prior updates both."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "app" / "profiles" / file
+    profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+    assert profile.default and profile.certified_policy is None
+    assert round(profile.day_one_threshold, 3) == documented

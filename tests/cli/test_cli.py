@@ -185,6 +185,56 @@ def test_ingest_then_fit(tmp_path, embedder, beir_dir, capsys):
         assert "404" in capsys.readouterr().err
 
 
+def test_fit_says_what_it_fitted_on_and_follows_the_job(
+    tmp_path, embedder, beir_dir, capsys
+):
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        url = ["--collection", "toy", "--url", server.url]
+        assert main(["ingest", str(beir_dir), *url]) == 0
+        # Judged on the page: two queries the file lacks, one it has.
+        page = [
+            {"query": q, "document_id": d, "relevance": 1}
+            for q, d in (
+                ("what do ash clouds follow", "volcano-2"),
+                ("what do bees make", "honeybee-2"),
+                ("what is lava", "volcano-0"),
+            )
+        ]
+        with NormcalClient(server.url) as client:
+            client.feedback("toy", page)
+        capsys.readouterr()
+        fit = ["fit", str(beir_dir), *url, "--k", "6", "--method", "platt"]
+        assert main(fit) == 0
+        captured = capsys.readouterr()
+        # 16 query texts and 49 judgments in the file (with the merged duplicate).
+        assert (
+            "fitted on 18 judged queries: 49 judgments of qrels/train.tsv "
+            "(16 queries) and 3 stored feedback judgments (3 queries; the judging "
+            "page's and POST .../feedback's: --no-feedback leaves them out)"
+        ) in captured.out
+        assert "on 18 queries" in captured.out
+        assert "fit: done" in captured.err  # the job's stages, the last one
+        assert main([*fit, "--no-feedback"]) == 0
+        out = capsys.readouterr().out
+        assert (
+            "fitted on 16 judged queries: 49 judgments of qrels/train.tsv "
+            "(16 queries)\n"
+        ) in out
+        assert "on 16 queries" in out and "stored feedback" not in out
+
+
+def test_fit_help_says_what_abstain_target_means(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--abstain-target ABSTAIN_TARGET tolerated share of answered queries "
+        "(abstain false) that have no relevant hit in the top k"
+    ) in text
+    assert "--feedback, --no-feedback also fit on the judgments stored" in text
+
+
 def _cli(*args, **env):
     """``python -m app.cli ARGS`` in a child process; returns (code, stderr)."""
     done = subprocess.run(
@@ -260,11 +310,17 @@ def test_usage_errors_exit_2(tmp_path, beir_dir):
     assert "NORMCAL_EMBED_BATCH_SIZE" in _one_line_error(err)
 
 
+def test_eval_url_without_a_collection_is_refused_not_run_locally(beir_dir, capsys):
+    assert main(["eval", str(beir_dir), "--url", "http://127.0.0.1:9"]) == EXIT_USAGE
+    line = _one_line_error(capsys.readouterr().err)
+    assert "--url evaluates a served collection: name it with --collection C" in line
+
+
 @pytest.mark.slow
 def test_server_not_running_exits_4(beir_dir):
     with refused_port() as port:
         url = f"http://127.0.0.1:{port}"
-        for command in ("ingest", "fit"):
+        for command in ("ingest", "fit", "eval"):
             code, err = _cli(command, beir_dir, "--collection", "c", "--url", url)
             line = _one_line_error(err, alone=False)  # fit notes the merged query
             assert code == EXIT_UNREACHABLE, err

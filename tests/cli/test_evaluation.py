@@ -447,3 +447,84 @@ def test_hybrid_pools_hold_the_product_bm25_and_the_exact_lists(
         np.testing.assert_allclose(e.scores[:10], flat.scores[i, :10], atol=1e-5)
         # lexical-only members come after the dense ones with lower cosines
         assert e.scores[10:].max(initial=-1) <= e.scores[:10].min() + 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three evaluations and a fit (~5 min on a busy 2-core box)
+def test_eval_of_a_served_collection_matches_the_local_eval(
+    tmp_path: Path, embedder, monkeypatch, capsys
+) -> None:
+    """``--collection``: the same tables from the server's lists, nothing embedded."""
+    import httpx
+
+    import app.api.lifespan
+    from app.api.app import create_app
+    from app.cli.main import EXIT_INPUT, main
+    from app.settings import Settings
+    from tests.support.corpus import CORPUS
+    from tests.support.live import ThreadServer
+
+    data = scifact_slice(tmp_path)
+    options = ["--few-label", "10", "--draws", "1", "--folds", "3", "--no-query-side"]
+    monkeypatch.setattr(app.api.lifespan, "load_embedder", lambda _settings: embedder)
+    local = tmp_path / "local.json"
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["eval", str(data), "--json", str(local), *cache, *options]) == 0
+
+    def no_embedding(_settings):
+        raise AssertionError("eval --collection embeds nothing")
+
+    monkeypatch.setattr(app.api.lifespan, "load_embedder", no_embedding)
+    settings = Settings(data_dir=tmp_path / "data")
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        url = ["--url", server.url]
+        assert main(["ingest", str(data), "--collection", "sci", *url]) == 0
+        capsys.readouterr()
+        served_json = tmp_path / "served.json"
+        argv = ["eval", str(data), "--collection", "sci", *url, *options]
+        assert main([*argv, "--json", str(served_json)]) == 0
+        printed = capsys.readouterr().out
+        a = json.loads(local.read_text(encoding="utf-8"))
+        b = json.loads(served_json.read_text(encoding="utf-8"))
+        assert b["collection"] == "sci" and b["missing_documents"] == 0
+        assert (b["n_queries"], b["n_pairs"], b["n_positive"]) == (
+            a["n_queries"],
+            a["n_pairs"],
+            a["n_positive"],
+        )
+        assert b["n_documents"] == a["n_documents"]
+        for method in ("platt", AUTO):
+            for metric in ("brier", "nll", "auroc"):
+                assert b["methods"][method][metric] == pytest.approx(
+                    a["methods"][method][metric], rel=2e-3
+                ), (method, metric)
+        for mode in ("dense", "lexical", "rrf"):
+            assert b["retrieval"][mode]["ndcg@10"] == pytest.approx(
+                a["retrieval"][mode]["ndcg@10"], abs=2e-3
+            ), mode
+        # The calibrator it serves (the shipped default here), scored as served:
+        # reproduced from the lists to the last digit, beside what a fit gives.
+        served = b["served"]
+        assert served["default"] is True and served["reproduced"] < 1e-6
+        assert served["brier"] == pytest.approx(b["zero_label"]["brier"])
+        assert 0 < b["retrieval"]["served"]["ndcg@10"] <= 1
+        assert f"| served: {served['id']} (the shipped default) |" in printed
+        assert "Served probabilities reproduced from these lists" in printed
+
+        # A fitted calibrator serves: it is the one scored, and in-sample is said.
+        fit = ["fit", str(data), "--collection", "sci", *url, "--method", "platt"]
+        assert main(fit) == 0
+        capsys.readouterr()
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        assert "(platt) |" in printed and "its figures are in-sample" in printed
+
+        # A collection of other documents: said in one line, exit 3.
+        other = {"documents": [{"id": k, "text": t} for k, t in CORPUS.items()]}
+        httpx.post(f"{server.url}/v1/collections", json={"name": "kb"})
+        httpx.put(f"{server.url}/v1/collections/kb/documents", json=other)
+        code = main(["eval", str(data), "--collection", "kb", *url])
+        err = capsys.readouterr().err
+        assert code == EXIT_INPUT, err
+        assert "none of the" in err and "is in collection 'kb'" in err
+        assert "'aspirin'" in err  # what it holds instead

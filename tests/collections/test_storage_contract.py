@@ -12,6 +12,7 @@ cases when the engine's environment is not; ``make test`` and CI install both.
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -324,7 +325,34 @@ def test_feedback_is_added_listed_and_deleted(kb: TestClient):
     assert [j["document_id"] for j in rest["data"]] == ["paris"]
     one = kb.delete(f"{URL}/feedback", params={"query": QUERIES["python"]})
     assert one.json() == {"deleted": 1}
-    assert kb.delete(f"{URL}/feedback").json() == {"deleted": 2}
+    # One (query, document) pair: the judging page's undo.
+    pair = {"query": QUERIES["paris"], "document_id": "aspirin"}
+    assert kb.delete(f"{URL}/feedback", params=pair).json() == {"deleted": 0}
+    pair["document_id"] = "paris"
+    assert kb.delete(f"{URL}/feedback", params=pair).json() == {"deleted": 1}
+    assert kb.delete(f"{URL}/feedback").json() == {"deleted": 1}
+
+
+def test_a_skip_is_taken_back(kb: TestClient):
+    kb.post(f"{URL}/judging/queries", json={"queries": ["u1"]})
+    assert kb.post(f"{URL}/judging/skip", json={"query": "u1"}).status_code == 204
+    offered = f"{URL}/judging/next?k=3"  # within this module's max_k
+    assert kb.get(offered).json()["query"] is None
+    assert kb.delete(f"{URL}/judging/skip", params={"query": "u1"}).status_code == 204
+    assert kb.get(offered).json()["query"] == "u1"
+    assert_problem(kb.delete(f"{URL}/judging/skip", params={"query": "u1"}), 404)
+
+
+def test_suggestions_are_drawn_from_the_stored_documents(kb: TestClient):
+    """The judging page's start, read from either backend's documents."""
+    body = kb.get(f"{URL}/judging/suggestions", params={"n": 3}).json()
+    assert body["count"] == 3
+    for s in body["data"]:
+        words = set(re.findall(r"\w+", CORPUS[s["document_id"]].lower()))
+        assert set(s["query"].split()) <= words
+    kb.post(f"{URL}/judging/queries", json={"queries": [body["data"][0]["query"]]})
+    again = kb.get(f"{URL}/judging/suggestions", params={"n": 3}).json()["data"]
+    assert body["data"][0] not in again and body["data"][1] in again
 
 
 def test_stored_feedback_and_the_judging_queue_are_capped(kb: TestClient):
@@ -347,6 +375,9 @@ def test_stored_feedback_and_the_judging_queue_are_capped(kb: TestClient):
     r = kb.post(f"{URL}/calibrators", json={**body, "unknown_documents": "skip"})
     assert r.status_code == 201, r.text
     assert r.json()["dropped_judgments"] == 1
+    inputs = r.json()["judgments"]  # and what it ran on: sent, stored, dropped
+    assert (inputs["sent"], inputs["feedback"], inputs["dropped"]) == (12, 4, 1)
+    assert inputs["queries"] == len(QUERIES)
 
 
 def fit(client: TestClient, *, activate: bool = True) -> str:

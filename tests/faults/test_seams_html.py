@@ -261,6 +261,7 @@ def _assert_secure(response: httpx.Response) -> str:
 def test_every_page_carries_the_security_headers(api, server):
     calibrator = api.get(KB).json()["calibrator"]["id"]
     pages = [
+        "/",
         "/ui/collections/kb/judge",
         f"/ui/collections/kb/calibrators/{calibrator}/report",
         f"{KB}/calibrators/{calibrator}/report",
@@ -275,7 +276,7 @@ def test_every_page_carries_the_security_headers(api, server):
         _assert_secure(r)
     # The service's own pages allow no inline script at all; /docs allows Swagger UI's
     # one configuration script by its hash, nothing else inline.
-    for path in pages[:3]:
+    for path in pages[:4]:
         script_src = re.search(
             r"script-src ([^;]*)", api.get(path).headers["content-security-policy"]
         ).group(1)

@@ -169,6 +169,81 @@ def test_bad_judging_requests_change_nothing(kb):
         assert_problem(kb.request(method, path, json=json), 404)
 
 
+def test_next_with_a_query_scores_that_query_whatever_its_state(kb):
+    _feedback(kb, QUERIES["paris"], "paris")
+    body = _next(kb, query=QUERIES["paris"], k=2)  # judged already: asked for anyway
+    assert body["query"] == QUERIES["paris"] and body["hits"][0]["id"] == "paris"
+    assert body["source"] == "uploaded" and len(body["hits"]) == 2
+    assert body["progress"]["judged_queries"] == 1
+    assert _next(kb)["query"] is None  # nothing was queued by asking
+    too_long = "x" * (Settings().limits.max_text_chars + 1)
+    assert_problem(kb.get("/v1/collections/kb/judging/next", params={"query": " "}))
+    body = assert_problem(
+        kb.get("/v1/collections/kb/judging/next", params={"query": too_long})
+    )
+    assert body["errors"][0]["loc"] == ["query"]
+
+
+def test_undo_deletes_one_judgment_and_a_skip(kb):
+    _feedback(kb, QUERIES["paris"], "paris")
+    _feedback(kb, QUERIES["paris"], "aspirin", relevance=0)
+    url = "/v1/collections/kb/feedback"
+    # One (query, document) pair: the page's undo of its last judgment.
+    params = {"query": QUERIES["paris"], "document_id": "aspirin"}
+    assert kb.delete(url, params=params).json() == {"deleted": 1}
+    left = kb.get(url).json()["data"]
+    assert [(j["query"], j["document_id"]) for j in left] == [
+        (QUERIES["paris"], "paris")
+    ]
+    body = assert_problem(kb.delete(url, params={"document_id": "paris"}))
+    assert body["errors"][0]["loc"] == ["document_id"]
+    assert kb.get(url).json()["count"] == 1  # nothing deleted
+    # A skip taken back: the query is offered again.
+    kb.post("/v1/collections/kb/judging/queries", json={"queries": ["a query"]})
+    skip = "/v1/collections/kb/judging/skip"
+    assert kb.post(skip, json={"query": "a query"}).status_code == 204
+    assert _next(kb)["query"] is None
+    assert kb.delete(skip, params={"query": "a query"}).status_code == 204
+    body = _next(kb)
+    assert body["query"] == "a query" and body["progress"]["skipped"] == 0
+    assert_problem(kb.delete(skip, params={"query": "a query"}), 404)  # not skipped
+    assert_problem(kb.delete(skip))  # which query?
+    assert_problem(kb.delete("/v1/collections/nope/judging/skip?query=x"), 404)
+
+
+def test_suggestions_are_distinctive_words_of_the_documents(kb):
+    r = kb.get("/v1/collections/kb/judging/suggestions", params={"n": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["data"]) == 3
+    for s in body["data"]:
+        words = s["query"].split()
+        text = CORPUS[s["document_id"]].lower()
+        assert 2 <= len(words) <= 3 and all(w in text for w in words)
+    assert len({s["document_id"] for s in body["data"]}) == 3  # spread over documents
+    again = kb.get("/v1/collections/kb/judging/suggestions", params={"n": 3}).json()
+    assert again == body  # deterministic
+    # Queued (or judged) queries are not suggested again.
+    first = body["data"][0]["query"]
+    kb.post("/v1/collections/kb/judging/queries", json={"queries": [first]})
+    later = kb.get("/v1/collections/kb/judging/suggestions", params={"n": 5}).json()
+    assert first not in [s["query"] for s in later["data"]]
+
+
+def test_suggestions_limit_at_the_bound_and_past_it(kb):
+    url = "/v1/collections/kb/judging/suggestions"
+    assert kb.get(url, params={"n": 20}).json()["count"] == len(
+        CORPUS
+    )  # at most one each
+    body = assert_problem(kb.get(url, params={"n": 21}))
+    assert "n: 21 exceeds the limit of 20" in body["detail"]
+    assert_problem(kb.get(url, params={"n": 0}))
+    assert_problem(kb.get("/v1/collections/nope/judging/suggestions"), 404)
+    kb.post("/v1/collections", json={"name": "empty"})
+    r = kb.get("/v1/collections/empty/judging/suggestions")
+    assert r.json() == {"count": 0, "data": []}
+
+
 def test_a_collection_file_from_before_the_judging_tables_still_opens(
     settings, embedder
 ):

@@ -10,11 +10,10 @@ from app.settings import Settings
 from tests.support.browser import Browser
 from tests.support.corpus import CORPUS, QUERIES
 from tests.support.live import ThreadServer
+from tests.ui.pages import SEQ, STATE, press, served_kb
 
 KEY = "judge-secret"
 OFF_TOPIC = "weather forecast for tomorrow in Oslo"  # skipped on the page
-STATE = "document.body.dataset.state"
-SEQ = "Number(document.body.dataset.seq)"
 
 
 def _prepare(api: httpx.Client) -> None:
@@ -29,13 +28,6 @@ def _prepare(api: httpx.Client) -> None:
         r.raise_for_status()
         before = r.json()["calibrator"]
         assert before["status"] == "default" and before["guarantee"] is None
-
-
-def _press(browser: Browser, key: str) -> None:
-    """Press a key and wait until the page has rendered its outcome."""
-    before = browser.evaluate(SEQ)
-    browser.press(key)
-    browser.wait_for(f"{SEQ} > {before} && {STATE} !== 'fitting' && {STATE}")
 
 
 def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
@@ -67,13 +59,13 @@ def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
                 break
             query = browser.evaluate("document.getElementById('query').textContent")
             if query == OFF_TOPIC:
-                _press(browser, "s")
+                press(browser, "s")
                 continue
             doc = browser.evaluate("document.getElementById('hit').dataset.docId")
             if doc != key_of[query]:
-                _press(browser, "k")  # not relevant; the next hit follows
+                press(browser, "k")  # not relevant; the next hit follows
                 continue
-            _press(browser, "j" if len(judged) % 2 else "1")
+            press(browser, "j" if len(judged) % 2 else "1")
             judged.append(query)
             # The rest of the hits count as not relevant: on to the next query.
             if (
@@ -81,12 +73,12 @@ def test_judge_by_keyboard_then_fit_now(chromium, tmp_path, embedder):
                 and browser.evaluate("document.getElementById('query').textContent")
                 == query
             ):
-                _press(browser, "Enter" if len(judged) % 2 else "n")
+                press(browser, "Enter" if len(judged) % 2 else "n")
         assert len(judged) == next_query.FIT_MIN_QUERIES
         progress = browser.evaluate("document.getElementById('progress').textContent")
         assert progress.startswith(f"{next_query.FIT_MIN_QUERIES} of ")
 
-        _press(browser, "f")
+        press(browser, "f")
         assert browser.wait_for(f"{STATE} === 'fitted'")
         report = browser.evaluate("document.getElementById('report').href")
         calibrator = browser.evaluate(
@@ -129,15 +121,7 @@ def _shown(element: str) -> str:
 
 def test_loading_then_empty_says_how_to_add_queries(chromium, tmp_path, embedder):
     """While a query loads the page says so; with none, it says how to get some."""
-    settings = Settings(data_dir=tmp_path / "data")
-    with (
-        ThreadServer(create_app(settings, embedder=embedder)) as server,
-        httpx.Client(base_url=server.url) as api,
-        Browser(chromium, tmp_path / "profile") as browser,
-    ):
-        api.post("/v1/collections", json={"name": "kb"}).raise_for_status()
-        docs = [{"id": key, "text": text} for key, text in CORPUS.items()]
-        api.put("/v1/collections/kb/documents", json={"documents": docs})
+    with served_kb(chromium, tmp_path, embedder) as (server, api, browser):
         browser.goto(f"{server.url}/ui/collections/kb/judge")
         empty = browser.wait_for(f"{STATE} === 'empty' && {_shown('empty')}")
         assert empty.startswith("No query to judge yet.")
@@ -146,7 +130,7 @@ def test_loading_then_empty_says_how_to_add_queries(chromium, tmp_path, embedder
         assert not browser.evaluate(_shown("card"))
 
         api.put("/v1/collections/kb/query-log", json={"enabled": True})
-        _press(browser, "n")
+        press(browser, "n")
         assert "The query log is on (0 logged)" in browser.evaluate(_shown("empty"))
 
         # Hold the next request, to see the page while it waits for the answer.

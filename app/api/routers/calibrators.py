@@ -175,6 +175,10 @@ def delete_feedback(
     query: Annotated[
         str | None, Query(description="only this query's judgments; all if absent")
     ] = None,
+    document_id: Annotated[
+        str | None,
+        Query(description="with query: only the judgments of this document for it"),
+    ] = None,
 ) -> FeedbackDeleted:
     """Delete stored judgments; answers how many were deleted."""
-    return service.calibrators.delete_feedback(name, query)
+    return service.calibrators.delete_feedback(name, query, document_id)

@@ -13,16 +13,21 @@ from app.api.auth import ADMIN, JUDGE, READ
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
+from app.schemas.calibrators import FeedbackDeleted
+from app.schemas.common import Text
 from app.schemas.judging import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
+    JudgingSuggestion,
+    JudgingSuggestions,
     QueryLogInfo,
     QueryLogSettings,
     SkipRequest,
 )
 
 DEFAULT_JUDGING_K = 10
+DEFAULT_SUGGESTIONS = 5
 
 router = APIRouter(
     prefix="/collections/{name}", tags=["judging"], responses=PROBLEM_RESPONSES
@@ -63,9 +68,33 @@ async def read_next_to_judge(
     k: Annotated[int, Query(ge=1, description="hits shown; at most max_k")] = (
         DEFAULT_JUDGING_K
     ),
+    query: Annotated[
+        Text | None,
+        Query(
+            description="this query instead of the next one, whatever its state "
+            "(a query the judge just typed)"
+        ),
+    ] = None,
 ) -> JudgingNext:
     """The next query to judge, its top hits, and the progress towards a fit."""
-    return await service.judging.next_to_judge(name, k)
+    return await service.judging.next_to_judge(name, k, query)
+
+
+@router.get("/judging/suggestions", dependencies=[JUDGE])
+def read_judging_suggestions(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    n: Annotated[
+        int, Query(ge=1, description="suggestions wanted; at most 20")
+    ] = DEFAULT_SUGGESTIONS,
+) -> JudgingSuggestions:
+    """Keyword queries drawn from the documents, to start judging a new collection."""
+    data = [
+        JudgingSuggestion(query=s.query, document_id=s.document_id)
+        for s in service.judging.suggestions(name, n)
+    ]
+    return JudgingSuggestions(data=data, count=len(data))
 
 
 @router.post(
@@ -77,3 +106,32 @@ def create_skip(
     """Never offer this queued or logged query again."""
     service.judging.skip_judging(name, body.query)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.delete(
+    "/judging/skip", dependencies=[JUDGE], status_code=status.HTTP_204_NO_CONTENT
+)
+def delete_skip(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    query: Annotated[Text, Query(description="the skipped query to offer again")],
+) -> Response:
+    """Offer a skipped query again (undo a skip)."""
+    service.judging.unskip_judging(name, query)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.delete("/judging/judgment", dependencies=[JUDGE])
+def delete_judgment(
+    *,
+    name: CollectionName,
+    service: ServiceDep,
+    query: Annotated[Text, Query(description="the judged query")],
+    document_id: Annotated[Text, Query(description="the judged document")],
+) -> FeedbackDeleted:
+    """Take back one judgment (the judging page's undo), as a judge key may.
+
+    Deleting any other stored feedback (``DELETE …/feedback``) needs a write key.
+    """
+    return service.calibrators.delete_feedback(name, query, document_id)

@@ -1,10 +1,10 @@
-"""The judging page and the report viewer: static files shipped in ``app.ui``.
+"""The pages: home (``/``), judging and the report viewer, static files of ``app.ui``.
 
 The HTML, JS and CSS hold no data.
 
-The page reads the collection name from its own URL and fetches everything else from
-the ``/v1`` API with the bearer key the user typed into it, so the files can be
-public (``public_ui``) while every data call still needs the key.
+A page reads the collection name from its own URL and fetches everything else from
+the ``/v1`` API with the bearer key the user typed into it (``key.js``), so the files
+can be public (``public_ui``) while every data call still needs the key.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import resources
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.auth import READ
 from app.api.errors import PROBLEM_RESPONSES
@@ -20,21 +20,36 @@ from app.api.routers.params import CollectionName
 from app.exceptions import NotFoundError
 
 _ASSETS = {
+    "key.js": "text/javascript",
+    "home.js": "text/javascript",
+    "home.css": "text/css",
     "judge.js": "text/javascript",
     "judge.css": "text/css",
     "report.js": "text/javascript",
     "report.css": "text/css",
 }
 
-router = APIRouter(prefix="/ui", include_in_schema=False, responses=PROBLEM_RESPONSES)
+router = APIRouter(include_in_schema=False, responses=PROBLEM_RESPONSES)
 
 
 def _asset(file: str) -> bytes:
     return resources.files("app.ui").joinpath(file).read_bytes()
 
 
+@router.get("/", dependencies=[READ], response_class=HTMLResponse)
+def home_page() -> HTMLResponse:
+    """The collections, with links to their judging pages and reports."""
+    return HTMLResponse(_asset("home.html"), headers={"cache-control": "no-cache"})
+
+
+@router.get("/ui/", dependencies=[READ])
+def ui_root() -> RedirectResponse:
+    """``/ui/`` is the home page too (relative, so a path prefix is kept)."""
+    return RedirectResponse("../")
+
+
 @router.get(
-    "/collections/{name}/judge", dependencies=[READ], response_class=HTMLResponse
+    "/ui/collections/{name}/judge", dependencies=[READ], response_class=HTMLResponse
 )
 def judge_page(name: CollectionName) -> HTMLResponse:  # noqa: ARG001 (read by the JS)
     """The keyboard-first judging page of a collection."""
@@ -42,7 +57,7 @@ def judge_page(name: CollectionName) -> HTMLResponse:  # noqa: ARG001 (read by t
 
 
 @router.get(
-    "/collections/{name}/calibrators/{calibrator_id}/report",
+    "/ui/collections/{name}/calibrators/{calibrator_id}/report",
     dependencies=[READ],
     response_class=HTMLResponse,
 )
@@ -55,7 +70,7 @@ def report_page(name: CollectionName, calibrator_id: str) -> HTMLResponse:  # no
     return HTMLResponse(_asset("report.html"), headers={"cache-control": "no-cache"})
 
 
-@router.get("/static/{file}", dependencies=[READ])
+@router.get("/ui/static/{file}", dependencies=[READ])
 def static_asset(file: str) -> Response:
     """The page's script and style sheet."""
     media_type = _ASSETS.get(file)

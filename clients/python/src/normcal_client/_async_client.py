@@ -51,6 +51,7 @@ from normcal_client._models import (
     InputType,
     JudgingNext,
     JudgingQueriesResponse,
+    JudgingSuggestions,
     KeyInfo,
     MetadataMode,
     QueryLogInfo,
@@ -723,10 +724,14 @@ class AsyncNormcalClient(ClientBase):
         return await self._drive(op.list_feedback(collection, limit, cursor))
 
     async def delete_feedback(
-        self, collection: str, *, query: str | None = None
+        self,
+        collection: str,
+        *,
+        query: str | None = None,
+        document_id: str | None = None,
     ) -> FeedbackDeleted:
-        """Delete stored feedback (all, or one query's); returns how many."""
-        return await self._drive(op.delete_feedback(collection, query))
+        """Delete stored feedback (all, one query's, or one pair's); returns how many."""
+        return await self._drive(op.delete_feedback(collection, query, document_id))
 
     # -- judging
     async def query_log(self, collection: str) -> QueryLogInfo:
@@ -746,11 +751,21 @@ class AsyncNormcalClient(ClientBase):
         return await self._drive(op.add_judging_queries(collection, queries))
 
     async def next_to_judge(
-        self, collection: str, *, k: int | None = None
+        self, collection: str, *, k: int | None = None, query: str | None = None
     ) -> JudgingNext:
-        """The next query to judge, its top hits and the judging progress."""
-        return await self._drive(op.next_to_judge(collection, k))
+        """The next query to judge (or ``query``), its top hits and the progress."""
+        return await self._drive(op.next_to_judge(collection, k, query))
 
     async def skip_query(self, collection: str, query: str) -> None:
         """Do not offer ``query`` for judging again."""
         await self._drive(op.skip_query(collection, query))
+
+    async def unskip_query(self, collection: str, query: str) -> None:
+        """Offer a skipped ``query`` for judging again."""
+        await self._drive(op.unskip_query(collection, query))
+
+    async def judging_suggestions(
+        self, collection: str, *, n: int | None = None
+    ) -> JudgingSuggestions:
+        """Keyword queries drawn from the documents, to start judging with."""
+        return await self._drive(op.judging_suggestions(collection, n))

@@ -138,6 +138,8 @@ ADD_JUDGING_QUERIES = Endpoint(
 )
 NEXT_TO_JUDGE = Endpoint("GET", _C + "/judging/next", m.JudgingNext)
 SKIP_QUERY = Endpoint("POST", _C + "/judging/skip", NoBody, m.SkipRequest)
+UNSKIP_QUERY = Endpoint("DELETE", _C + "/judging/skip", NoBody)
+JUDGING_SUGGESTIONS = Endpoint("GET", _C + "/judging/suggestions", m.JudgingSuggestions)
 _SNAP = _C + "/snapshots/{snapshot_id}"
 CREATE_SNAPSHOT = Endpoint("POST", _C + "/snapshots", m.SnapshotInfo)
 LIST_SNAPSHOTS = Endpoint("GET", _C + "/snapshots", m.SnapshotList)
@@ -197,6 +199,8 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     ADD_JUDGING_QUERIES,
     NEXT_TO_JUDGE,
     SKIP_QUERY,
+    UNSKIP_QUERY,
+    JUDGING_SUGGESTIONS,
     CREATE_SNAPSHOT,
     LIST_SNAPSHOTS,
     DOWNLOAD_SNAPSHOT,

@@ -540,6 +540,17 @@ class CalibratorSelection(ResponseModel):
     recalibrated_cv: dict[str, MethodMetrics]
 
 
+class FitJudgments(ResponseModel):
+    """What a fit ran on: judgments sent, stored feedback included, those dropped."""
+
+    sent: int
+    sent_queries: int
+    feedback: int
+    feedback_queries: int
+    dropped: int
+    queries: int
+
+
 class CalibratorSummary(ResponseModel):
     """A calibrator in a listing; ``get_calibrator`` has its report."""
 
@@ -564,6 +575,8 @@ class CalibratorInfo(CalibratorSummary):
     # Judgments the fit that made it left out (unknown_documents="skip"); only set
     # in that fit's answer.
     dropped_judgments: int | None = None
+    # What the fit that made it ran on; only set in that fit's answer (and its job).
+    judgments: FitJudgments | None = None
 
 
 class FeatureDrift(ResponseModel):
@@ -722,6 +735,20 @@ class JudgingQueriesResponse(ResponseModel):
     """How many queries were new to the judging queue."""
 
     added: int
+
+
+class JudgingSuggestion(ResponseModel):
+    """A keyword query made of one document's most distinctive words."""
+
+    query: str
+    document_id: str
+
+
+class JudgingSuggestions(ResponseModel):
+    """``GET …/judging/suggestions``: queries to start judging a new collection."""
+
+    data: list[JudgingSuggestion]
+    count: int
 
 
 class JudgingHit(ResponseModel):

@@ -66,6 +66,7 @@ from normcal_client._models import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
+    JudgingSuggestions,
     Judgment,
     MetadataMode,
     OwnEmbedding,
@@ -465,9 +466,12 @@ def list_feedback(
     return one(_with_query(call, limit=limit, cursor=cursor))
 
 
-def delete_feedback(collection: str, query: str | None) -> Plan[FeedbackDeleted]:
-    """Delete stored feedback: all of it, or ``query``'s judgments."""
-    return one(_with_query(ep.DELETE_FEEDBACK(name=collection), query=query))
+def delete_feedback(
+    collection: str, query: str | None, document_id: str | None = None
+) -> Plan[FeedbackDeleted]:
+    """Delete stored feedback: all of it, ``query``'s, or its ``document_id``'s."""
+    call = ep.DELETE_FEEDBACK(name=collection)
+    return one(_with_query(call, query=query, document_id=document_id))
 
 
 def _with_query(call: ep.Call[R], **params: str | int | None) -> ep.Call[R]:
@@ -484,12 +488,23 @@ def set_query_log(
     return one(ep.SET_QUERY_LOG(body, name=collection))
 
 
-def next_to_judge(collection: str, k: int | None) -> Plan[JudgingNext]:
-    """The next query to judge, with its top ``k`` hits (server default 10)."""
+def next_to_judge(
+    collection: str, k: int | None, query: str | None = None
+) -> Plan[JudgingNext]:
+    """The next query to judge (or ``query``), with its top ``k`` hits (default 10)."""
     call = ep.NEXT_TO_JUDGE(name=collection)
-    if k is not None:
-        call = replace(call, path=f"{call.path}?k={int(k)}")
-    return one(call)
+    return one(_with_query(call, k=None if k is None else int(k), query=query))
+
+
+def unskip_query(collection: str, query: str) -> Plan[None]:
+    """Offer a skipped query for judging again."""
+    return one(_with_query(ep.UNSKIP_QUERY(name=collection), query=query))
+
+
+def judging_suggestions(collection: str, n: int | None) -> Plan[JudgingSuggestions]:
+    """Keyword queries drawn from the documents (server default 5)."""
+    call = ep.JUDGING_SUGGESTIONS(name=collection)
+    return one(_with_query(call, n=None if n is None else int(n)))
 
 
 def _given(**fields: Any) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from normcal_client._models import (
     InputType,
     JudgingNext,
     JudgingQueriesResponse,
+    JudgingSuggestions,
     KeyInfo,
     MetadataMode,
     QueryLogInfo,
@@ -703,10 +704,14 @@ class NormcalClient(ClientBase):
         return self._drive(op.list_feedback(collection, limit, cursor))
 
     def delete_feedback(
-        self, collection: str, *, query: str | None = None
+        self,
+        collection: str,
+        *,
+        query: str | None = None,
+        document_id: str | None = None,
     ) -> FeedbackDeleted:
-        """Delete stored feedback (all, or one query's); returns how many."""
-        return self._drive(op.delete_feedback(collection, query))
+        """Delete stored feedback (all, one query's, or one pair's); returns how many."""
+        return self._drive(op.delete_feedback(collection, query, document_id))
 
     # -- judging
     def query_log(self, collection: str) -> QueryLogInfo:
@@ -725,10 +730,22 @@ class NormcalClient(ClientBase):
         """Queue queries to judge before any logged one."""
         return self._drive(op.add_judging_queries(collection, queries))
 
-    def next_to_judge(self, collection: str, *, k: int | None = None) -> JudgingNext:
-        """The next query to judge, its top hits and the judging progress."""
-        return self._drive(op.next_to_judge(collection, k))
+    def next_to_judge(
+        self, collection: str, *, k: int | None = None, query: str | None = None
+    ) -> JudgingNext:
+        """The next query to judge (or ``query``), its top hits and the progress."""
+        return self._drive(op.next_to_judge(collection, k, query))
 
     def skip_query(self, collection: str, query: str) -> None:
         """Do not offer ``query`` for judging again."""
         self._drive(op.skip_query(collection, query))
+
+    def unskip_query(self, collection: str, query: str) -> None:
+        """Offer a skipped ``query`` for judging again."""
+        self._drive(op.unskip_query(collection, query))
+
+    def judging_suggestions(
+        self, collection: str, *, n: int | None = None
+    ) -> JudgingSuggestions:
+        """Keyword queries drawn from the documents, to start judging with."""
+        return self._drive(op.judging_suggestions(collection, n))
