@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from app.exceptions import InvalidRequestError, NotFoundError
+from app.schemas.calibrators import FeedbackDeleted
 from app.schemas.judging import (
     JudgingHit,
     JudgingNext,
@@ -87,6 +88,11 @@ class JudgingService(Part):
         """Offer a skipped ``query`` again (404 if it was not skipped): the page's undo."""
         if not self.registry.get(name).state.unskip_judging(query):
             raise NotFoundError("skipped judging query", query)
+
+    def take_back(self, name: str, query: str, document_id: str) -> FeedbackDeleted:
+        """Delete one (query, document) judgment: the judging page's undo."""
+        deleted = self.registry.get(name).state.delete_judgments(query, document_id)
+        return FeedbackDeleted(deleted=deleted)
 
     def suggestions(self, name: str, n: int) -> list[Suggestion]:
         """Keyword queries drawn from the collection's documents (``app.services.suggestions``).

@@ -134,4 +134,4 @@ def delete_judgment(
 
     Deleting any other stored feedback (``DELETE …/feedback``) needs a write key.
     """
-    return service.calibrators.delete_feedback(name, query, document_id)
+    return service.judging.take_back(name, query, document_id)

@@ -139,6 +139,7 @@ ADD_JUDGING_QUERIES = Endpoint(
 NEXT_TO_JUDGE = Endpoint("GET", _C + "/judging/next", m.JudgingNext)
 SKIP_QUERY = Endpoint("POST", _C + "/judging/skip", NoBody, m.SkipRequest)
 UNSKIP_QUERY = Endpoint("DELETE", _C + "/judging/skip", NoBody)
+UNDO_JUDGMENT = Endpoint("DELETE", _C + "/judging/judgment", m.FeedbackDeleted)
 JUDGING_SUGGESTIONS = Endpoint("GET", _C + "/judging/suggestions", m.JudgingSuggestions)
 _SNAP = _C + "/snapshots/{snapshot_id}"
 CREATE_SNAPSHOT = Endpoint("POST", _C + "/snapshots", m.SnapshotInfo)
@@ -200,6 +201,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     NEXT_TO_JUDGE,
     SKIP_QUERY,
     UNSKIP_QUERY,
+    UNDO_JUDGMENT,
     JUDGING_SUGGESTIONS,
     CREATE_SNAPSHOT,
     LIST_SNAPSHOTS,

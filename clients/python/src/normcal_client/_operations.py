@@ -501,6 +501,14 @@ def unskip_query(collection: str, query: str) -> Plan[None]:
     return one(_with_query(ep.UNSKIP_QUERY(name=collection), query=query))
 
 
+def undo_judgment(
+    collection: str, query: str, document_id: str
+) -> Plan[FeedbackDeleted]:
+    """Take back one (query, document) judgment (a judge key may)."""
+    call = ep.UNDO_JUDGMENT(name=collection)
+    return one(_with_query(call, query=query, document_id=document_id))
+
+
 def judging_suggestions(collection: str, n: int | None) -> Plan[JudgingSuggestions]:
     """Keyword queries drawn from the documents (server default 5)."""
     call = ep.JUDGING_SUGGESTIONS(name=collection)

@@ -740,6 +740,12 @@ class NormcalClient(ClientBase):
         """Do not offer ``query`` for judging again."""
         self._drive(op.skip_query(collection, query))
 
+    def undo_judgment(
+        self, collection: str, query: str, document_id: str
+    ) -> FeedbackDeleted:
+        """Take back one judgment of ``query`` (the judging page's undo; a judge key may)."""
+        return self._drive(op.undo_judgment(collection, query, document_id))
+
     def unskip_query(self, collection: str, query: str) -> None:
         """Offer a skipped ``query`` for judging again."""
         self._drive(op.unskip_query(collection, query))
