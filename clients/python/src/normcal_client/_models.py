@@ -234,6 +234,7 @@ class Readiness(ResponseModel):
     reasons: list[str] = []
     collections: int | None = None
     unavailable: list[UnavailableCollection] | None = None
+    loading: list[str] | None = None
     embedding: EmbeddingInfo | None = None
 
 
@@ -336,11 +337,12 @@ class CollectionInfo(ResponseModel):
     """A collection's description.
 
     A quarantined collection (its files could not be opened when the server started)
-    is listed with ``status="unavailable"``, a ``reason`` and no other fields.
+    is listed with ``status="unavailable"``, a ``reason`` and no other fields; one
+    still loading (Milvus after a restart) with ``status="loading"`` likewise.
     """
 
     name: str
-    status: Literal["ready", "unavailable"] = "ready"
+    status: Literal["ready", "unavailable", "loading"] = "ready"
     reason: str | None = None
     description: str | None = None
     model: str | None = None
