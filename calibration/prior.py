@@ -578,9 +578,14 @@ def lodo_calibrate(
     held: dict[str, CrossDomainPrior] = {}
     ratio = np.zeros((len(sets), len(OFFSET_GRID)))
     dataset = dataset_of or {n: n for n in sets}
+    without: dict[str, CrossDomainPrior] = {}  # one fit per held-out dataset
     for i, name in enumerate(sets):
-        others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
-        held[name] = fit_prior(others, features=features, level_df=level_df)
+        if dataset[name] not in without:
+            others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
+            without[dataset[name]] = fit_prior(
+                others, features=features, level_df=level_df
+            )
+        held[name] = without[dataset[name]]
         X, y = sets[name]
         yv = as_labels(y, np.shape(y)[0])
         constant = float(yv.mean() * (1.0 - yv.mean()))

@@ -172,6 +172,7 @@ class JudgingService(Part):
             source="uploaded" if source == "uploaded" else "log",
             confidence=confidence,
             hits=hits,
+            rerank=chosen in lists,
             calibrator=ref,
             progress=progress,
         )

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
+from app.collections.store_files import SCHEMA_VERSION
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
@@ -118,7 +119,11 @@ def test_logged_rerank_requests_are_judged_and_fitted(ns):
         assert {h["id"] for h in nxt["hits"]} <= set(NAMES)
         relevant = next(n for n in NAMES if QUERIES[n] == query)
         judgments = [
-            {"query": query, "document_id": h["id"], "relevance": int(h["id"] == relevant)}
+            {
+                "query": query,
+                "document_id": h["id"],
+                "relevance": int(h["id"] == relevant),
+            }
             for h in nxt["hits"]
         ]
         if relevant not in {h["id"] for h in nxt["hits"]}:
@@ -157,3 +162,22 @@ def test_the_log_keeps_its_retention_for_rerank_requests(ns, settings):
     with sqlite3.connect(settings.data_dir / "ns.sqlite3") as conn:
         kept = [r[0] for r in conn.execute("SELECT query FROM rerank_log")]
     assert sorted(kept) == sorted(QUERIES[NAMES[i]] for i in (2, 3))
+
+
+def test_a_version_3_file_gains_the_rerank_log(settings, embedder):
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        assert client.post("/v1/collections", json={"name": "old"}).status_code == 201
+    path = settings.data_dir / "old.sqlite3"
+    with sqlite3.connect(path) as conn:  # what schema version 3 wrote
+        conn.execute("DROP TABLE rerank_log")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.close()
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        assert client.get("/v1/collections/old").json()["status"] == "ready"
+        client.put("/v1/collections/old/query-log", json={"enabled": True})
+        _rerank(client, _list(0, judged=False), collection="old")
+        assert client.get("/v1/collections/old/judging/next").json()["rerank"]
+    with sqlite3.connect(path) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+        assert row.fetchone() == (str(SCHEMA_VERSION),)
+    conn.close()
