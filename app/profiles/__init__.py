@@ -105,10 +105,9 @@ def load_external_profile(model_name: str, model_id: str) -> Profile | str:
 
 
 def shipped_profiles() -> list[ShippedProfile]:
-    """Every profile that ships with the service, by file name."""
-    return [
-        ShippedProfile.of(_read(path)) for path in sorted(PROFILES_DIR.glob("*.json"))
-    ]
+    """Every profile that ships with the service, by file name (external lists' last)."""
+    paths = [*sorted(PROFILES_DIR.glob("*.json")), *sorted(EXTERNAL_DIR.glob("*.json"))]
+    return [ShippedProfile.of(_read(path)) for path in paths]
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,17 @@ def test_a_version_3_file_gains_the_rerank_log(settings, embedder):
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")
         assert row.fetchone() == (str(SCHEMA_VERSION),)
     conn.close()
+
+
+def test_a_fit_job_fits_judged_lists_too(ns):
+    body = {"lists": [_list(i) for i in range(5)], "method": "platt"}
+    r = ns.post("/v1/collections/ns/fit-jobs", json=body)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    for _ in range(600):  # polled, bounded: the job runs in the app's own loop
+        job = ns.get(f"/v1/collections/ns/fit-jobs/{job_id}").json()
+        if job["status"] in {"succeeded", "failed"}:
+            break
+    assert job["status"] == "succeeded", job
+    assert job["calibrator"]["method"] == "platt"
+    assert _rerank(ns, _list(2, judged=False))["calibrator"]["status"] == "fitted"
