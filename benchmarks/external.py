@@ -134,10 +134,8 @@ def _top(
 
 
 def _lead_index(data_dir: Path, ids: list[str]) -> sqlite3.Connection:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE documents(seq INTEGER PRIMARY KEY, text TEXT NOT NULL)")
-    for statement in lexical.schema("porter"):
-        conn.execute(statement)
+    """An FTS5 index of each document's first :data:`LEAD_WORDS` words (``seq`` = row)."""
+    conn = lexical.list_index("porter")
     docs = list(read_corpus(data_dir))
     if [d["id"] for d in docs] != ids:
         raise ValueError(f"{data_dir}: corpus changed since it was embedded")
@@ -145,7 +143,6 @@ def _lead_index(data_dir: Path, ids: list[str]) -> sqlite3.Connection:
         "INSERT INTO documents(seq, text) VALUES (?, ?)",
         ((row, " ".join(d["text"].split()[:LEAD_WORDS])) for row, d in enumerate(docs)),
     )
-    conn.commit()
     return conn
 
 
