@@ -123,7 +123,7 @@ def _hybrid(
 
 
 def _top(
-    rows: Sequence[int], scores: Sequence[float], n: int
+    rows: Sequence[int], scores: Sequence[float], n: int = DEPTH
 ) -> tuple[IntArray, FloatArray]:
     r = np.full(n, -1, dtype=np.int64)
     s = np.zeros(n)
@@ -147,91 +147,123 @@ def _lead_index(data_dir: Path, ids: list[str]) -> sqlite3.Connection:
 
 
 def set_lists(
-    name: str, embedders: dict[str, Any], data: Path, cache: Path
+    name: str, embedders: dict[str, Any], data: Path, cache: Path, *, mpnet: str
 ) -> tuple[SetLists, EmbeddedCorpus]:
-    """Every retriever's lists of one set (cached), and its MiniLM corpus."""
+    """Every retriever's lists of one set, and its MiniLM corpus.
+
+    ``mpnet``: ``"embed"`` embeds what the mpnet lists need when it is not cached,
+    ``"cached"`` leaves the ``mpnet`` and ``rrf`` lists out unless it is.
+    """
     data_dir = data / name
     corpus, minilm = _hybrid(embedders["minilm"], data_dir, cache)
     qids, pick, _ = sampled_queries(data_dir)
-    key = _key(name, len(corpus.ids), ",".join(pick))
+    base = ("bm25", "minilm", "l3", "lead")
+    key = _key(name, len(corpus.ids), ",".join(pick), UNION_DEPTH)
     path = EXTERNAL_CACHE / f"{name}-lists-{key}.npz"
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
-            return (
-                SetLists(
-                    name,
-                    pick,
-                    {r: z[f"rows_{r}"] for r in RETRIEVERS},
-                    {r: z[f"scores_{r}"] for r in RETRIEVERS},
-                ),
-                corpus,
-            )
+            rows = {r: z[f"rows_{r}"] for r in base}
+            scores = {r: z[f"scores_{r}"] for r in base}
+            unions = [u[u >= 0] for u in z["unions"]]
+    else:
+        rows, scores, unions = _base_lists(embedders, data_dir, cache, corpus, minilm)
+        width = max(len(u) for u in unions)
+        padded = np.full((len(unions), width), -1, dtype=np.int64)
+        for i, u in enumerate(unions):
+            padded[i, : len(u)] = u
+        save_npz(
+            path,
+            unions=padded,
+            **{f"rows_{r}": rows[r] for r in base},
+            **{f"scores_{r}": scores[r] for r in base},
+        )
+    vectors = _mpnet(name, embedders, data_dir, corpus, pick, unions, mpnet)
+    if vectors is not None:
+        at = {q: i for i, q in enumerate(qids)}
+        bm25_lists = [minilm.lists(at[q])[1] for q in pick]
+        for retriever, made in _mpnet_lists(vectors, unions, bm25_lists).items():
+            rows[retriever], scores[retriever] = made
+    return SetLists(name, pick, rows, scores), corpus
+
+
+def _base_lists(
+    embedders: dict[str, Any],
+    data_dir: Path,
+    cache: Path,
+    corpus: EmbeddedCorpus,
+    minilm: HybridRetrieval,
+) -> tuple[dict[str, IntArray], dict[str, FloatArray], list[IntArray]]:
+    """The BM25, MiniLM, L3 and lead lists, and each query's mpnet union."""
+    qids, pick, _ = sampled_queries(data_dir)
     _, l3 = _hybrid(embedders["l3"], data_dir, cache)
     queries = read_queries(data_dir)
     at = {q: i for i, q in enumerate(qids)}
     lead = _lead_index(data_dir, corpus.ids)
-    rows: dict[str, list[IntArray]] = {r: [] for r in RETRIEVERS}
-    scores: dict[str, list[FloatArray]] = {r: [] for r in RETRIEVERS}
+    rows: dict[str, list[IntArray]] = {r: [] for r in ("bm25", "minilm", "l3", "lead")}
+    scores: dict[str, list[FloatArray]] = {r: [] for r in rows}
     unions: list[IntArray] = []
     for qid in pick:
         i = at[qid]
         dense, bm25 = minilm.lists(i)
         slot = {int(r): j for j, r in enumerate(minilm.pool[i]) if r >= 0}
-        bm25_scores = [float(minilm.pool_bm25[i, slot[r]]) for r in bm25]
-        for retriever, (r, s) in {
-            "bm25": _top(bm25, bm25_scores, DEPTH),
-            "minilm": _top(
-                dense, [float(minilm.pool_cosine[i, slot[r]]) for r in dense], DEPTH
-            ),
-        }.items():
-            rows[retriever].append(r)
-            scores[retriever].append(s)
         l3_dense, _ = l3.lists(i)
         l3_slot = {int(r): j for j, r in enumerate(l3.pool[i]) if r >= 0}
-        r, s = _top(
-            l3_dense, [float(l3.pool_cosine[i, l3_slot[x]]) for x in l3_dense], DEPTH
-        )
-        rows["l3"].append(r)
-        scores["l3"].append(s)
         hits = lexical.search(lead, queries[qid], DEPTH)
-        r, s = _top(hits.seqs.tolist(), hits.scores.tolist(), DEPTH)
-        rows["lead"].append(r)
-        scores["lead"].append(s)
+        made = {
+            "bm25": _top(bm25, [float(minilm.pool_bm25[i, slot[r]]) for r in bm25]),
+            "minilm": _top(
+                dense, [float(minilm.pool_cosine[i, slot[r]]) for r in dense]
+            ),
+            "l3": _top(
+                l3_dense, [float(l3.pool_cosine[i, l3_slot[r]]) for r in l3_dense]
+            ),
+            "lead": _top(hits.seqs.tolist(), hits.scores.tolist()),
+        }
+        for retriever, (r, s) in made.items():
+            rows[retriever].append(r)
+            scores[retriever].append(s)
         union = dict.fromkeys(
             [*dense[:UNION_DEPTH], *bm25[:UNION_DEPTH], *l3_dense[:UNION_DEPTH]]
         )
         unions.append(np.array(list(union), dtype=np.int64))
     lead.close()
-    vectors, qvec = _mpnet(name, embedders, data_dir, corpus, pick, queries, unions)
-    for n, (qid, union) in enumerate(zip(pick, unions, strict=True)):
-        cos = vectors[union] @ qvec[n]
+    return (
+        {r: np.vstack(v) for r, v in rows.items()},
+        {r: np.vstack(v) for r, v in scores.items()},
+        unions,
+    )
+
+
+def _mpnet_lists(
+    vectors: tuple[NDArray[np.float32], NDArray[np.float32]],
+    unions: list[IntArray],
+    bm25_lists: list[list[int]],
+) -> dict[str, tuple[IntArray, FloatArray]]:
+    """mpnet's order of each union, and its RRF with the BM25 list (k = 60)."""
+    docs, qvec = vectors
+    made: dict[str, tuple[list[IntArray], list[FloatArray]]] = {
+        "mpnet": ([], []),
+        "rrf": ([], []),
+    }
+    for n, (union, bm25) in enumerate(zip(unions, bm25_lists, strict=True)):
+        cos = docs[union] @ qvec[n]
         order = np.argsort(-cos, kind="stable")
-        r, s = _top(union[order].tolist(), cos[order].tolist(), DEPTH)
-        rows["mpnet"].append(r)
-        scores["mpnet"].append(s)
+        ranked_mpnet = union[order].tolist()
+        r, s = _top(ranked_mpnet, cos[order].tolist())
+        made["mpnet"][0].append(r)
+        made["mpnet"][1].append(s)
         # Each member's true BM25 rank (the BM25 list runs to depth 100).
-        bm25_rank = {x: r for r, x in enumerate(minilm.lists(at[qid])[1], start=1)}
+        bm25_rank = {x: rank for rank, x in enumerate(bm25, start=1)}
         fused = {
             x: 1.0 / (RRF_K + rank)
             + (1.0 / (RRF_K + bm25_rank[x]) if x in bm25_rank else 0.0)
-            for rank, x in enumerate(union[order].tolist(), start=1)
+            for rank, x in enumerate(ranked_mpnet, start=1)
         }
         ranked = sorted(fused, key=lambda x: -fused[x])  # stable: mpnet order on ties
-        r, s = _top(ranked, [fused[x] for x in ranked], DEPTH)
-        rows["rrf"].append(r)
-        scores["rrf"].append(s)
-    out = SetLists(
-        name,
-        pick,
-        {r: np.vstack(v) for r, v in rows.items()},
-        {r: np.vstack(v) for r, v in scores.items()},
-    )
-    save_npz(
-        path,
-        **{f"rows_{r}": out.rows[r] for r in RETRIEVERS},
-        **{f"scores_{r}": out.scores[r] for r in RETRIEVERS},
-    )
-    return out, corpus
+        r, s = _top(ranked, [fused[x] for x in ranked])
+        made["rrf"][0].append(r)
+        made["rrf"][1].append(s)
+    return {k: (np.vstack(r), np.vstack(s)) for k, (r, s) in made.items()}
 
 
 def _mpnet(
@@ -240,20 +272,24 @@ def _mpnet(
     data_dir: Path,
     corpus: EmbeddedCorpus,
     pick: list[str],
-    queries: dict[str, str],
     unions: list[IntArray],
-) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-    """mpnet vectors of every union member (by corpus row) and of the queries (cached)."""
+    mode: str,
+) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
+    """mpnet vectors of every union member (by corpus row) and of the queries.
+
+    Cached; ``mode`` ``"cached"``: None when they are not.
+    """
     needed = np.unique(np.concatenate(unions))
-    key = _key(
-        name, len(corpus.ids), ",".join(pick), needed.tobytes().hex()[:64], needed.size
-    )
+    key = _key(name, len(corpus.ids), ",".join(pick), needed.tolist(), MPNET_CHARS)
     path = EXTERNAL_CACHE / f"{name}-mpnet-{key}.npz"
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
             rows, docs, qvec = z["rows"], z["docs"], z["queries"]
+    elif mode == "cached":
+        return None
     else:
         texts = {i: d["text"] for i, d in enumerate(read_corpus(data_dir))}
+        queries = read_queries(data_dir)
         embedder = embedders["mpnet"]()  # loaded once, on first use
         docs = embedder.embed(
             [texts[int(r)][:MPNET_CHARS] for r in needed], "document"
@@ -363,7 +399,7 @@ def list_sets(
     store: dict[str, Any] = {}
     conn = lexical.list_index("porter")
     tokenizer = Tokenizer("porter")
-    for retriever in RETRIEVERS:
+    for retriever in [r for r in RETRIEVERS if r in lists.rows]:
         evidence, gains, ideal, bgs = [], [], [], []
         for i, qid in enumerate(lists.qids):
             rows = lists.rows[retriever][i]
@@ -413,8 +449,8 @@ def list_sets(
             bgs.append(bg)
         out[retriever] = ListSet(lists.name, retriever, evidence, gains, ideal, bgs)
     conn.close()
-    if cached is None:
-        save_npz(path, **store)
+    if store:  # what was computed now joins what was cached
+        save_npz(path, **(cached or {}), **store)
     return out
 
 
@@ -458,9 +494,13 @@ def _query_batch(name: str, minilm: Any, texts: list[str], key: str) -> _Queries
 
 
 def load_all(
-    names: Sequence[str], data: Path, cache: Path
+    names: Sequence[str], data: Path, cache: Path, *, mpnet: str = "embed"
 ) -> dict[tuple[str, str], ListSet]:
-    """Every (set, retriever) domain of ``names`` (embedding what is missing)."""
+    """Every (set, retriever) domain of ``names`` (embedding what is missing).
+
+    ``mpnet="cached"``: the mpnet and RRF domains of the sets whose mpnet vectors are
+    cached only (see :func:`set_lists`).
+    """
     from app.api.lifespan import load_embedder
     from app.settings import Settings
     from benchmarks.models import all_mpnet_base_v2, paraphrase_minilm_l3
@@ -475,7 +515,7 @@ def load_all(
     out: dict[tuple[str, str], ListSet] = {}
     for name in names:
         print(f"lists: {name}", file=sys.stderr, flush=True)
-        lists, corpus = set_lists(name, embedders, data, cache)
+        lists, corpus = set_lists(name, embedders, data, cache, mpnet=mpnet)
         df: dict[str, int] = {}
         n_bg = 0
         for other, (counts, n) in frequencies.items():
@@ -496,7 +536,7 @@ if __name__ == "__main__":
     from benchmarks.transfer import SETS
 
     names = sys.argv[1:] or list(SETS)
-    domains = load_all(names, DATA, CACHE)
+    domains = load_all(names, DATA, CACHE)  # embeds every missing piece
     for (name, retriever), d in domains.items():
         y = np.concatenate([e.labels for e in d.evidence if e.labels is not None])
         print(name, retriever, len(d.evidence), f"base rate {y.mean():.3f}")

@@ -454,8 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", nargs="+", default=list(SETS))
     parser.add_argument("--draws", type=int, default=10)
     parser.add_argument("--features", nargs="+", help="skip the ladder: use these")
+    parser.add_argument(
+        "--mpnet",
+        choices=("embed", "cached"),
+        default="embed",
+        help="cached: the mpnet and RRF lists of the sets already embedded only",
+    )
     args = parser.parse_args(argv)
-    lists = load_all(args.sets, args.data, args.cache)
+    lists = load_all(args.sets, args.data, args.cache, mpnet=args.mpnet)
     query_ref, doc_ref = references(lists)
     domains = {cell: as_domain(d, query_ref, doc_ref) for cell, d in lists.items()}
     payload: dict[str, Any] = {"sets": args.sets, "retrievers": list(RETRIEVERS)}

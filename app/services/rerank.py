@@ -165,6 +165,8 @@ class RerankService(Part):
         kept = logged_documents(
             request.documents, self.settings.limits.max_logged_rerank_chars
         )
+        if not kept:  # not even the first document fits: nothing to judge
+            return
         try:
             await self.pool.run(
                 collection.state.log_rerank,

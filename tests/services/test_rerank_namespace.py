@@ -195,3 +195,15 @@ def test_a_fit_job_fits_judged_lists_too(ns):
     assert job["status"] == "succeeded", job
     assert job["calibrator"]["method"] == "platt"
     assert _rerank(ns, _list(2, judged=False))["calibrator"]["status"] == "fitted"
+
+
+def test_a_request_whose_first_document_is_too_long_to_keep_is_not_logged(ns):
+    ns.put("/v1/collections/ns/query-log", json={"enabled": True})
+    long = {"query": "q", "documents": ["x" * 151, "short"], "collection": "ns"}
+    assert ns.post("/v1/rerank", json=long).status_code == 200  # answered
+    assert ns.get("/v1/collections/ns/query-log").json()["entries"] == 0
+    fits = {"query": "q", "documents": ["x" * 150, "short"], "collection": "ns"}
+    assert ns.post("/v1/rerank", json=fits).status_code == 200  # at the bound
+    assert ns.get("/v1/collections/ns/query-log").json()["entries"] == 1
+    nxt = ns.get("/v1/collections/ns/judging/next").json()
+    assert [h["text"] for h in nxt["hits"]] == ["x" * 150]
