@@ -310,7 +310,9 @@ class ListSet:
     ``evidence`` per query (rows in the retriever's order, labels relevance > 0);
     ``gains`` the graded relevance of each row; ``ideal`` each query's judged
     relevances (the ideal DCG); ``raw`` the retriever's raw scores per row;
-    ``background`` the BM25 columns from the background table, per row.
+    ``background`` the BM25 columns from the background table, per row;
+    ``queries`` each list's query (its position in the set's sample), the same
+    query under every retriever.
     """
 
     name: str
@@ -319,6 +321,7 @@ class ListSet:
     gains: list[FloatArray]
     ideal: list[FloatArray]
     background: list[LexicalEvidence]
+    queries: list[int]
 
 
 def _tokens_bm25(
@@ -400,7 +403,7 @@ def list_sets(
     conn = lexical.list_index("porter")
     tokenizer = Tokenizer("porter")
     for retriever in [r for r in RETRIEVERS if r in lists.rows]:
-        evidence, gains, ideal, bgs = [], [], [], []
+        evidence, gains, ideal, bgs, asked = [], [], [], [], []
         for i, qid in enumerate(lists.qids):
             rows = lists.rows[retriever][i]
             keep = rows >= 0
@@ -445,9 +448,12 @@ def list_sets(
                 )
             )
             gains.append(grade)
+            asked.append(i)
             ideal.append(np.array([float(g) for g in judged.values()]))
             bgs.append(bg)
-        out[retriever] = ListSet(lists.name, retriever, evidence, gains, ideal, bgs)
+        out[retriever] = ListSet(
+            lists.name, retriever, evidence, gains, ideal, bgs, asked
+        )
     conn.close()
     if store:  # what was computed now joins what was cached
         save_npz(path, **(cached or {}), **store)

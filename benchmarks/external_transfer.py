@@ -95,6 +95,7 @@ class Domain:
     offsets: NDArray[np.int64]
     gains: list[FloatArray]
     ideal: list[FloatArray]
+    queries: NDArray[np.int64]  # each row's query in its set's sample
 
 
 def references(domains: Mapping[Cell, ListSet]) -> tuple[NormReference, NormReference]:
@@ -122,7 +123,10 @@ def as_domain(d: ListSet, query_ref: NormReference, doc_ref: NormReference) -> D
         [e.input_scores for e in d.evidence if e.input_scores is not None]
     )
     offsets = np.concatenate([[0], np.cumsum([len(e.scores) for e in d.evidence])])
-    return Domain(X, X_bg, y, groups, raw, offsets.astype(np.int64), d.gains, d.ideal)
+    queries = np.repeat(d.queries, [len(e.scores) for e in d.evidence])
+    return Domain(
+        X, X_bg, y, groups, raw, offsets.astype(np.int64), d.gains, d.ideal, queries
+    )
 
 
 # -- fitting, held out ---------------------------------------------------------------
@@ -284,6 +288,19 @@ def held_out_twice(fits: Fits) -> dict[Cell, dict[str, Any]]:
 
 
 # -- the ladder ----------------------------------------------------------------------
+def query_codes(domains: Mapping[Cell, Domain]) -> NDArray[np.int64]:
+    """Each row's query, one code per (set, query) whatever the retriever.
+
+    A query's lists under the six retrievers share the query (and most documents):
+    one unit of the paired comparison, not six.
+    """
+    keys = np.concatenate(
+        [np.array([f"{s}\t{q}" for q in d.queries]) for (s, _), d in domains.items()]
+    )
+    _, codes = np.unique(keys, return_inverse=True)
+    return codes.astype(np.int64)
+
+
 def lodo_predictions(fits: Fits) -> FloatArray:
     """Held-out probabilities of every domain from a prior fitted without its set."""
     return np.concatenate(
@@ -297,10 +314,7 @@ def lodo_predictions(fits: Fits) -> FloatArray:
 def ladder(domains: Mapping[Cell, Domain]) -> dict[str, Any]:
     """Evidence groups added in turn, each kept by the one-SE rule (LODO by set)."""
     y = np.concatenate([d.y for d in domains.values()])
-    offsets = np.cumsum([0] + [int(d.groups.max()) + 1 for d in domains.values()])
-    codes = np.concatenate(
-        [d.groups + o for d, o in zip(domains.values(), offsets, strict=False)]
-    )
+    codes = query_codes(domains)
     kept = BASE
     p_kept = lodo_predictions(Fits(domains, kept))
     steps = []

@@ -77,7 +77,7 @@ def main() -> int:
         )
     y = np.concatenate([d.y for d in domains.values()])
     offsets = np.cumsum([0] + [int(d.groups.max()) + 1 for d in domains.values()])
-    groups = np.concatenate(
+    groups = np.concatenate(  # one list one group (the confidence's unit)
         [d.groups + o for d, o in zip(domains.values(), offsets, strict=False)]
     )
     held = np.concatenate(

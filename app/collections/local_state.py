@@ -217,7 +217,12 @@ class LocalState(Generic[C]):
         """Count searched query texts, keeping the ``retention`` most recent ones."""
         now = time.time()
         with self._writing() as conn:
-            conn.executemany(_LOG_QUERY, [(q, now, now) for q in queries])
+            conn.executemany(
+                "INSERT INTO query_log(query, first_seen, last_seen, count)"
+                " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
+                " last_seen = excluded.last_seen, count = count + 1",
+                [(q, now, now) for q in queries],
+            )
             _trim_query_log(conn, retention)
 
     def log_rerank(
@@ -230,7 +235,12 @@ class LocalState(Generic[C]):
         """
         now = time.time()
         with self._writing() as conn:
-            conn.execute(_LOG_QUERY, (query, now, now))
+            conn.execute(  # counted as a searched query (log_queries)
+                "INSERT INTO query_log(query, first_seen, last_seen, count)"
+                " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
+                " last_seen = excluded.last_seen, count = count + 1",
+                (query, now, now),
+            )
             conn.execute(
                 "INSERT OR REPLACE INTO rerank_log(query, documents, confidence,"
                 " logged_at) VALUES (?, ?, ?, ?)",
@@ -334,13 +344,6 @@ class LocalState(Generic[C]):
             ).fetchone()
             skipped = conn.execute("SELECT COUNT(*) FROM judging_skips").fetchone()[0]
         return int(judged), int(relevant), int(skipped)
-
-
-_LOG_QUERY = (
-    "INSERT INTO query_log(query, first_seen, last_seen, count)"
-    " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
-    " last_seen = excluded.last_seen, count = count + 1"
-)
 
 
 def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
