@@ -208,6 +208,20 @@ class Settings(BaseSettings):
         description="ms a pass that follows another waits for more requests to join "
         "(never when idle)",
     )
+    embed_cache_entries: int = Field(
+        50_000,
+        ge=0,
+        le=10_000_000,
+        description="texts whose embeddings are kept in memory, so a text embedded "
+        "before (a reranked passage, a repeated query) costs no forward pass; "
+        "least recently used first out; 0 turns the cache off",
+    )
+    embed_cache_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="bytes the embedding cache may hold (vectors, keys and a fixed "
+        "per-entry overhead; ~1.9 KB a text at 384 dimensions); 0 turns it off",
+    )
     storage: Literal["local", "milvus"] = Field(
         "local",
         description="local: SQLite file + FAISS per collection; milvus: NORMCAL_MILVUS_URI",
