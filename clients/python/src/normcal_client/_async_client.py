@@ -43,6 +43,7 @@ from normcal_client._models import (
     DocumentsUpdateRequest,
     DocumentUpdate,
     DriftReport,
+    EmbeddingsResponse,
     EmbedResponse,
     FeedbackDeleted,
     FeedbackPage,
@@ -200,6 +201,22 @@ class AsyncNormcalClient(ClientBase):
     ) -> EmbedResponse:
         """Unit vectors, raw norms and token counts of ``texts``."""
         return await self._drive(op.embed(texts, input_type))
+
+    async def embeddings(
+        self,
+        texts: str | Sequence[str],
+        *,
+        model: str | None = None,
+        input_type: InputType | None = None,
+        encoding_format: Literal["float", "base64"] | None = None,
+    ) -> EmbeddingsResponse:
+        """``POST /v1/embeddings``: OpenAI's shape (``data[i].embedding``, ``usage``).
+
+        ``model`` must be the serving model's name or identity, or None.
+        """
+        return await self._drive(
+            op.embeddings(texts, model, input_type, encoding_format)
+        )
 
     # -- collections
     async def create_collection(

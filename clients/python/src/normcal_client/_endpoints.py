@@ -77,6 +77,9 @@ HEALTH = Endpoint("GET", "/healthz", m.Health)
 READY = Endpoint("GET", "/readyz", m.Readiness)
 VERSION = Endpoint("GET", "/version", m.VersionInfo)
 EMBED = Endpoint("POST", "/v1/embed", m.EmbedResponse, m.EmbedRequest)
+EMBEDDINGS = Endpoint(
+    "POST", "/v1/embeddings", m.EmbeddingsResponse, m.EmbeddingsRequest
+)
 LIST_COLLECTIONS = Endpoint("GET", "/v1/collections", m.CollectionList)
 CREATE_COLLECTION = Endpoint(
     "POST", "/v1/collections", m.CollectionInfo, m.CollectionCreate
@@ -141,6 +144,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     READY,
     VERSION,
     EMBED,
+    EMBEDDINGS,
     LIST_COLLECTIONS,
     CREATE_COLLECTION,
     GET_COLLECTION,

@@ -122,6 +122,17 @@ class EmbedRequest(RequestModel):
     input_type: InputType = "document"
 
 
+class EmbeddingsRequest(RequestModel):
+    """``POST /v1/embeddings``: OpenAI's request shape (``input_type`` is normcal's)."""
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    input_type: InputType = "document"
+
+
 class SearchRequest(RequestModel):
     """``POST /v1/collections/{name}/search``: ``query``/``queries`` or own vectors.
 
@@ -277,6 +288,32 @@ class EmbedResponse(ResponseModel):
     data: list[Embedding]
     model: str
     dim: int
+
+
+class EmbeddingsItem(ResponseModel):
+    """One text's embedding in OpenAI's shape, with the raw norm."""
+
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str
+    index: int
+    norm: float
+    truncated: bool
+
+
+class EmbeddingsUsage(ResponseModel):
+    """Tokens the model read."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(ResponseModel):
+    """``POST /v1/embeddings``: embeddings in input order, OpenAI's shape."""
+
+    object: Literal["list"] = "list"
+    data: list[EmbeddingsItem]
+    model: str
+    usage: EmbeddingsUsage
 
 
 class Guarantee(ResponseModel):

@@ -39,6 +39,8 @@ from normcal_client._models import (
     DocumentsDeleteRequest,
     DocumentsFound,
     DocumentsGetRequest,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     EmbedRequest,
     EmbedResponse,
     FeedbackDeleted,
@@ -112,6 +114,20 @@ def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedRespo
         raise TypeError("texts must be a sequence of strings, not one string")
     body = EmbedRequest(texts=list(texts), **_given(input_type=input_type))
     return one(ep.EMBED(body))
+
+
+def embeddings(
+    texts: str | Sequence[str],
+    model: str | None,
+    input_type: InputType | None,
+    encoding_format: Literal["float", "base64"] | None,
+) -> Plan[EmbeddingsResponse]:
+    """Embed texts in OpenAI's shape."""
+    body = EmbeddingsRequest(
+        input=texts if isinstance(texts, str) else list(texts),
+        **_given(model=model, input_type=input_type, encoding_format=encoding_format),
+    )
+    return one(ep.EMBEDDINGS(body))
 
 
 def create_collection(
