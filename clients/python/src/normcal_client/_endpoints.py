@@ -107,6 +107,7 @@ UPDATE_DOCUMENTS = Endpoint(
 )
 SEARCH = Endpoint("POST", _C + "/search", m.SearchResult, m.SearchRequest)
 SEARCH_BATCH = Endpoint("POST", _C + "/search", m.BatchSearchResponse, m.SearchRequest)
+RERANK = Endpoint("POST", "/v1/rerank", m.RerankResponse, m.RerankRequest)
 FIT_CALIBRATOR = Endpoint("POST", _C + "/calibrators", m.CalibratorInfo, m.FitRequest)
 LIST_CALIBRATORS = Endpoint("GET", _C + "/calibrators", m.CalibratorList)
 START_FIT_JOB = Endpoint("POST", _C + "/fit-jobs", m.FitJob, m.FitRequest)
@@ -160,6 +161,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     EXPORT_DOCUMENTS,
     SEARCH,
     SEARCH_BATCH,
+    RERANK,
     FIT_CALIBRATOR,
     LIST_CALIBRATORS,
     START_FIT_JOB,

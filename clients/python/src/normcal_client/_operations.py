@@ -56,6 +56,9 @@ from normcal_client._models import (
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
     SearchMode,
     SearchRequest,
     SearchResult,
@@ -71,6 +74,8 @@ R = TypeVar("R")
 DocumentLike = DocumentIn | Mapping[str, Any]
 OwnEmbeddingLike = OwnEmbedding | Mapping[str, Any]
 JudgmentLike = Judgment | Mapping[str, Any]
+# A candidate: its text, or {"text", "id"?, "score"?, "metadata"?}.
+RerankDocumentLike = str | RerankDocument | Mapping[str, Any]
 Filter = Mapping[str, Any]  # the server's filter language (see _models.FilterJSON)
 Progress = Callable[[int], None]
 DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
@@ -128,6 +133,29 @@ def embeddings(
         **_given(model=model, input_type=input_type, encoding_format=encoding_format),
     )
     return one(ep.EMBEDDINGS(body))
+
+
+def rerank(
+    query: str,
+    documents: Sequence[RerankDocumentLike],
+    top_n: int | None,
+    collection: str | None,
+    return_documents: bool | None,
+) -> Plan[RerankResponse]:
+    """Calibrate another retriever's candidates for ``query``."""
+    if isinstance(documents, str):
+        raise TypeError("documents must be a sequence, not one string")
+    body = RerankRequest(
+        query=query,
+        documents=[
+            RerankDocument(text=d)
+            if isinstance(d, str)
+            else RerankDocument.model_validate(d)
+            for d in documents
+        ],
+        **_given(top_n=top_n, collection=collection, return_documents=return_documents),
+    )
+    return one(ep.RERANK(body))
 
 
 def create_collection(

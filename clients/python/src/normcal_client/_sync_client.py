@@ -53,6 +53,7 @@ from normcal_client._models import (
     MetadataMode,
     QueryLogInfo,
     Readiness,
+    RerankResponse,
     SearchMode,
     SearchResult,
     SkipRequest,
@@ -490,6 +491,28 @@ class NormcalClient(ClientBase):
             candidates=candidates,
         )
         return self._drive(plan)
+
+    # -- rerank
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[op.RerankDocumentLike],
+        *,
+        top_n: int | None = None,
+        collection: str | None = None,
+        return_documents: bool | None = None,
+    ) -> RerankResponse:
+        """Probabilities for another retriever's candidates, most probable first.
+
+        ``documents`` in the order the retriever returned them: texts, or
+        ``{"text", "id"?, "score"?, "metadata"?}`` (``score``: the retriever's own,
+        any scale, for every document or none). ``collection``: calibrate with its
+        active calibrator (and log the request for judging when its query log is
+        on); without it, the shipped default for external lists.
+        """
+        return self._drive(
+            op.rerank(query, documents, top_n, collection, return_documents)
+        )
 
     # -- calibrators
     def fit_calibrator(
