@@ -44,7 +44,7 @@ class Limits(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="NORMCAL_", extra="ignore")
 
     max_texts_per_request: int = Field(
-        256, ge=1, description="texts per /v1/embed call"
+        256, ge=1, description="texts per /v1/embed or /v1/embeddings call"
     )
     max_text_chars: int = Field(
         32_768, ge=1, description="characters per text or query"
