@@ -53,9 +53,9 @@ __all__ = [
     "vector_identity",
 ]
 
-# Bytes one entry costs beyond its vector and key: the ndarray object, the tuple,
-# the norm's float, the key's bytes object and the ordered dict's node. Measured
-# with tracemalloc (tests/embedding/test_cache.py checks the bound holds).
+# Bytes one entry costs beyond its vector's data and its key's digest: the ndarray
+# object, the row, the key's bytes object and the ordered dict's node. Measured with
+# tracemalloc (~350 here; tests/embedding/test_cache.py checks the bound holds).
 ENTRY_OVERHEAD = 400
 _KEY_BYTES = 16  # blake2b digest: 128 bits
 
