@@ -402,7 +402,9 @@ def test_a_cache_bound_of_zero_turns_it_off(real_embedder, tmp_path):
         settings = Settings(data_dir=tmp_path / "data", **off)
         with TestClient(create_app(settings, embedder=real_embedder)) as client:
             for _ in range(2):
-                assert client.post("/v1/embed", json={"texts": ["x"]}).status_code == 200
+                assert (
+                    client.post("/v1/embed", json={"texts": ["x"]}).status_code == 200
+                )
             s = _samples(client.get("/metrics").text)
             context = client.app_state["service"].context
         assert not isinstance(context.embedder, CachedEmbedder)
