@@ -121,6 +121,23 @@ class Limits(BaseSettings):
         le=32_768,  # Milvus's largest FLOAT_VECTOR dimension
         description="dimension of a collection that brings its own vectors",
     )
+    max_rerank_documents: int = Field(
+        256, ge=1, description="documents per rerank request (POST /v1/rerank)"
+    )
+    max_rerank_document_chars: int = Field(
+        32_768, ge=1, description="characters of one rerank document's text"
+    )
+    max_rerank_total_chars: int = Field(
+        1_048_576,
+        ge=1,
+        description="characters of all the documents' texts of one rerank request",
+    )
+    max_logged_rerank_chars: int = Field(
+        65_536,
+        ge=1,
+        description="characters of documents' texts a logged rerank request keeps "
+        "(the first documents that fit, in the request's order)",
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):

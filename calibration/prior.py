@@ -57,7 +57,7 @@ from calibration.exceptions import (
     NotFittedCalibratorError,
     UnsupportedFormatError,
 )
-from calibration.features import FEATURES, LEXICAL_FEATURES
+from calibration.features import FEATURES, LEXICAL_FEATURES, ORDER_FEATURES
 from calibration.metrics import (
     brier_score,
     clear_nll_gain,
@@ -101,7 +101,8 @@ NORM_FEATURES: tuple[str, ...] = ("ell_q", "ell_d")
 
 # Within one query rank and gap fall as the cosine rises: with these signs the logit is
 # non-decreasing in the cosine, so the prior never reorders a query's hits. Lexical
-# evidence can only raise a hit (more of the query's terms, a better BM25 rank).
+# evidence can only raise a hit (more of the query's terms, a better BM25 rank), and
+# so can a better place in the handing-over retriever's list (order features).
 _SIGN: dict[str, int] = {
     "cosine": +1,
     "rank": -1,
@@ -109,9 +110,11 @@ _SIGN: dict[str, int] = {
     "lex": +1,
     "lex_rel": +1,
     "lex_rank": -1,
+    "in_rank": -1,
+    "in_gap": -1,
 }
-_LOG_COLUMNS = frozenset({"rank", "lex_rank"})
-_DOC_SIDE = frozenset({"ell_d", "len_d", *LEXICAL_FEATURES})
+_LOG_COLUMNS = frozenset({"rank", "lex_rank", "in_rank"})
+_DOC_SIDE = frozenset({"ell_d", "len_d", *LEXICAL_FEATURES, *ORDER_FEATURES})
 _SLOPE_PRIOR_SD = 10.0  # weak ridge of the pooled fit (standardised units)
 _PER_SET_SD = 1.0  # per-set refits shrink toward the shared slope with this SD
 _MIN_SLOPE_SD = 0.05  # floor of the across-domain slope spread
@@ -126,6 +129,11 @@ OFFSET_GRID = np.round(np.arange(-3.0, 1.0001, 0.125), 3)
 """Served level offsets :func:`lodo_calibrate` tries."""
 WIDTH_GRID = np.round(np.arange(0.5, 6.0001, 0.05), 2)
 """Half-width multipliers :func:`lodo_calibrate` tries."""
+
+
+def _columns(features: Sequence[str]) -> int:
+    """Columns of ``X`` a prior over ``features`` reads."""
+    return max(FEATURES.index(name) for name in features) + 1
 
 
 def _design(X: FloatArray, features: Sequence[str]) -> FloatArray:
@@ -288,7 +296,7 @@ class CrossDomainPrior:
 
     def standardise(self, X: ArrayLike) -> FloatArray:
         """``[1, (phi(X) - center) / scale]``: the design of the level and slopes."""
-        Xa = as_float_2d(X, "X", min_columns=len(FEATURES))
+        Xa = as_float_2d(X, "X", min_columns=_columns(self.features))
         Z = (_design(Xa, self.features) - np.array(self.center)) / np.array(self.scale)
         return np.column_stack([np.ones(Xa.shape[0]), Z])
 
@@ -441,7 +449,7 @@ def fit_prior(
     raw, ys = [], []
     for name in names:
         X, y = sets[name]
-        Xa = as_float_2d(X, "X", min_columns=len(FEATURES))
+        Xa = as_float_2d(X, "X", min_columns=_columns(feats))
         raw.append(_design(Xa, feats))
         ys.append(as_labels(y, Xa.shape[0]))
     center = np.mean([r.mean(axis=0) for r in raw], axis=0)
@@ -570,9 +578,14 @@ def lodo_calibrate(
     held: dict[str, CrossDomainPrior] = {}
     ratio = np.zeros((len(sets), len(OFFSET_GRID)))
     dataset = dataset_of or {n: n for n in sets}
+    without: dict[str, CrossDomainPrior] = {}  # one fit per held-out dataset
     for i, name in enumerate(sets):
-        others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
-        held[name] = fit_prior(others, features=features, level_df=level_df)
+        if dataset[name] not in without:
+            others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
+            without[dataset[name]] = fit_prior(
+                others, features=features, level_df=level_df
+            )
+        held[name] = without[dataset[name]]
         X, y = sets[name]
         yv = as_labels(y, np.shape(y)[0])
         constant = float(yv.mean() * (1.0 - yv.mean()))
@@ -657,7 +670,7 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
 
         Parameters
         ----------
-        X : array-like of shape (n_pairs, 10)
+        X : array-like of shape (n_pairs, 12)
             Pair features in ``FEATURES`` order.
         y : array-like of shape (n_pairs,)
             Binary labels.

@@ -75,6 +75,7 @@ ROUTER_PARTS = {
     "snapshots.py": "collections",
     "documents.py": "documents",
     "search.py": "search",
+    "rerank.py": "rerank",
     "judging.py": "judging",
     "embed.py": "system",
     "health.py": "system",

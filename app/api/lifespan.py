@@ -17,7 +17,7 @@ from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
 from app.embedding.cache import CachedEmbedder, EmbeddingCache
 from app.observability import Metrics
-from app.profiles import load_default_profile
+from app.profiles import load_default_profile, load_external_profile
 from app.services import NO_DEFAULT_REASON, Context, Service
 from app.settings import Settings
 from calibration.profile import Profile
@@ -86,6 +86,9 @@ def make_lifespan(
             initializer=partial(limit_threads, settings.embed_threads),
         )
         default = load_default_profile(model.model_name, model.model_id)
+        external = load_external_profile(model.model_name, model.model_id)
+        if isinstance(external, str):
+            logger.warning("rerank serves the search default: %s", external)
         no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
         if isinstance(default, str):
             logger.warning("search is uncalibrated until a fit: %s", default)
@@ -123,6 +126,8 @@ def make_lifespan(
             default_note=None
             if isinstance(default, str) or default.agnostic_because is None
             else f"model-agnostic default ({default.agnostic_because})",
+            rerank_profile=None if isinstance(external, str) else external,
+            no_rerank_reason=external if isinstance(external, str) else None,
             metrics=metrics,
             job_error=job_error,
         )

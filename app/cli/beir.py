@@ -16,6 +16,7 @@ import csv
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -128,8 +129,7 @@ def embed_corpus(
         [d["id"] for d in docs], batch.vectors, batch.norms, batch.n_tokens
     )
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
+        save_npz(
             cache,
             ids=np.array(out.ids),
             vectors=out.vectors,
@@ -137,6 +137,21 @@ def embed_corpus(
             n_tokens=out.n_tokens,
         )
     return out
+
+
+def save_npz(path: Path, **arrays: Any) -> None:
+    """Write ``arrays`` to ``path`` atomically (a temporary file, then a rename).
+
+    Caches are shared between processes: a reader never sees half a file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -337,8 +352,7 @@ def hybrid_retrieve(
             )
     out = _hybrid_retrieve(embedder, data_dir, corpus, queries, query_ids, depth)
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
+        save_npz(
             cache,
             query_ids=np.array(out.query_ids),
             **{f: getattr(out, f) for f in _HYBRID_ARRAYS},

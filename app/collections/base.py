@@ -232,6 +232,18 @@ class CollectionState(Protocol[C]):
         """Count searched query texts in the opt-in query log."""
         ...
 
+    def log_rerank(
+        self, query: str, documents: str, confidence: float | None, retention: int
+    ) -> None:
+        """Log a rerank request: its query in the query log, its documents (JSON)."""
+        ...
+
+    def rerank_lists(
+        self, queries: Sequence[str]
+    ) -> dict[str, tuple[str, float | None]]:
+        """The logged documents (JSON) and confidence of each query that has them."""
+        ...
+
     def trim_query_log(self, retention: int) -> int:
         """Apply a new retention now; return how many log entries remain."""
         ...

@@ -195,7 +195,13 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
     return schema
 
 
-SHAPES = ("current", "no judging tables", "no lexical index", "neither")
+SHAPES = (
+    "current",
+    "no rerank log",  # version 3
+    "no judging tables",
+    "no lexical index",
+    "neither",
+)
 
 
 @cache
@@ -204,7 +210,7 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
 
     The current one is a collection made by :func:`build_store` in a temporary
     directory; the older ones (which ``_upgrade`` brings up to date) leave out the
-    judging tables, the lexical index or both.
+    rerank log, and the judging tables, the lexical index or both.
     """
     if shape == "current":
         with tempfile.TemporaryDirectory(prefix="normcal-schema-") as tmp:
@@ -217,9 +223,9 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
             finally:
                 conn.close()
     statements = list(SCHEMA)
-    if shape == "no lexical index":
+    if shape in ("no lexical index", "no rerank log"):
         statements += ADDED_SCHEMA
-    if shape == "no judging tables":
+    if shape in ("no judging tables", "no rerank log"):
         statements += lexical.schema(stemmer)
     conn = sqlite3.connect(":memory:")
     try:

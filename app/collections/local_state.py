@@ -217,13 +217,44 @@ class LocalState(Generic[C]):
         """Count searched query texts, keeping the ``retention`` most recent ones."""
         now = time.time()
         with self._writing() as conn:
-            conn.executemany(
-                "INSERT INTO query_log(query, first_seen, last_seen, count)"
-                " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
-                " last_seen = excluded.last_seen, count = count + 1",
-                [(q, now, now) for q in queries],
+            conn.executemany(_LOG_QUERY, [(q, now, now) for q in queries])
+            _trim_query_log(conn, retention)
+
+    def log_rerank(
+        self, query: str, documents: str, confidence: float | None, retention: int
+    ) -> None:
+        """Log a rerank request: its query as a searched one, its documents (JSON).
+
+        The documents replace those an earlier request of the same query logged;
+        they are dropped with the query when the log trims it.
+        """
+        now = time.time()
+        with self._writing() as conn:
+            conn.execute(_LOG_QUERY, (query, now, now))
+            conn.execute(
+                "INSERT OR REPLACE INTO rerank_log(query, documents, confidence,"
+                " logged_at) VALUES (?, ?, ?, ?)",
+                (query, documents, confidence, now),
             )
             _trim_query_log(conn, retention)
+
+    def rerank_lists(
+        self, queries: Sequence[str]
+    ) -> dict[str, tuple[str, float | None]]:
+        """The logged documents (JSON) and confidence of each query that has them."""
+        out: dict[str, tuple[str, float | None]] = {}
+        with self._reading() as conn:
+            for query in dict.fromkeys(queries):
+                row = conn.execute(
+                    "SELECT documents, confidence FROM rerank_log WHERE query = ?",
+                    (query,),
+                ).fetchone()
+                if row is not None:
+                    out[query] = (
+                        str(row[0]),
+                        None if row[1] is None else float(row[1]),
+                    )
+        return out
 
     def trim_query_log(self, retention: int) -> int:
         """Drop all but the ``retention`` most recent entries; return how many remain."""
@@ -305,11 +336,21 @@ class LocalState(Generic[C]):
         return int(judged), int(relevant), int(skipped)
 
 
+_LOG_QUERY = (
+    "INSERT INTO query_log(query, first_seen, last_seen, count)"
+    " VALUES (?, ?, ?, 1) ON CONFLICT(query) DO UPDATE SET"
+    " last_seen = excluded.last_seen, count = count + 1"
+)
+
+
 def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
     conn.execute(
         "DELETE FROM query_log WHERE query IN (SELECT query FROM query_log"
         " ORDER BY last_seen DESC, rowid DESC LIMIT -1 OFFSET ?)",
         (retention,),
+    )
+    conn.execute(
+        "DELETE FROM rerank_log WHERE query NOT IN (SELECT query FROM query_log)"
     )
 
 

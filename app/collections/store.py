@@ -34,6 +34,8 @@ from app.collections.store_files import (
     ADDED_SCHEMA,
     ADDED_TABLES,
     DEFAULT_STEMMER,
+    RERANK_SCHEMA,
+    RERANK_TABLE,
     SCHEMA_VERSION,
     Transaction,
     file_uri,
@@ -598,10 +600,10 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     the next open.
     """
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    if all(t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)):
+    if all(t in tables for t in (*ADDED_TABLES, RERANK_TABLE, lexical.FTS_TABLE)):
         return
     with Transaction(conn):
-        for statement in ADDED_SCHEMA:
+        for statement in (*ADDED_SCHEMA, *RERANK_SCHEMA):
             conn.execute(statement)
         if lexical.FTS_TABLE not in tables:
             _build_lexical_index(conn)

@@ -81,5 +81,10 @@ class JudgingNext(BaseModel):
     source: Literal["uploaded", "log", "none"]
     confidence: float | None = Field(description="current P(a relevant hit is shown)")
     hits: list[JudgingHit]
+    rerank: bool = Field(
+        False,
+        description="the query is a logged rerank request: the hits are the "
+        "documents it was sent with (ids: the caller's, else text:<hash>)",
+    )
     calibrator: CalibratorRef | None
     progress: JudgingProgress

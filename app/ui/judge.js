@@ -86,7 +86,10 @@ function render() {
   $("fit").disabled = !canFit();
   const hit = current.hits[hitIndex];
   $("query").textContent = current.query || "";
-  $("source").textContent = current.query ? `(from the ${current.source === "log" ? "query log" : "uploaded list"})` : "";
+  const from = current.rerank
+    ? "a logged rerank request: its own documents"
+    : `the ${current.source === "log" ? "query log" : "uploaded list"}`;
+  $("source").textContent = current.query ? `(from ${from})` : "";
   $("position").textContent = hit ? `${hitIndex + 1} of ${current.hits.length}` : "";
   $("score").textContent = hit
     ? `· cosine ${hit.score.toFixed(3)}` +

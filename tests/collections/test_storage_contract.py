@@ -303,6 +303,24 @@ def test_stored_feedback_and_the_judging_queue_are_capped(kb: TestClient):
     assert r.json()["dropped_judgments"] == 1
 
 
+def test_a_logged_rerank_request_is_judged_and_trimmed(kb: TestClient):
+    """The rerank log is part of the collection's state on every backend."""
+    kb.put(f"{URL}/query-log", json={"enabled": True, "retention": 1})
+    documents = [{"text": CORPUS[n], "id": f"ext-{n}"} for n in ("python", "paris")]
+    for query in (QUERIES["python"], QUERIES["paris"]):
+        body = {"query": query, "documents": documents, "collection": "kb"}
+        assert kb.post("/v1/rerank", json=body).status_code == 200
+    nxt = kb.get(f"{URL}/judging/next", params={"k": 2}).json()
+    assert nxt["rerank"] and nxt["query"] == QUERIES["paris"]  # retention 1
+    assert nxt["hits"][0]["id"] == "ext-paris"
+    judged = [{"query": nxt["query"], "document_id": "ext-paris", "relevance": 1}]
+    assert kb.post(f"{URL}/feedback", json={"judgments": judged}).status_code == 201
+    trimmed = [
+        {"query": QUERIES["python"], "document_id": "ext-python", "relevance": 1}
+    ]
+    assert_problem(kb.post(f"{URL}/feedback", json={"judgments": trimmed}))
+
+
 def fit(client: TestClient, *, activate: bool = True) -> str:
     r = client.post(
         f"{URL}/calibrators",

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
+from app.collections.store_files import SCHEMA_VERSION
 from app.services import next_query
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
@@ -175,7 +176,7 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
         client.post("/v1/collections", json={"name": "old"})
     path = settings.data_dir / "old.sqlite3"
     with sqlite3.connect(path) as conn:  # what schema version 1 wrote
-        for table in ("query_log", "judging_queries", "judging_skips"):
+        for table in ("query_log", "judging_queries", "judging_skips", "rerank_log"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("DELETE FROM meta WHERE key = 'schema_version'")
     conn.close()
@@ -190,7 +191,7 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
             "SELECT value FROM meta WHERE key = 'schema_version'"
         ).fetchone()
     conn.close()
-    assert version == ("3",)
+    assert version == (str(SCHEMA_VERSION),)
 
 
 @pytest.mark.parametrize(
