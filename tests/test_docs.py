@@ -338,7 +338,7 @@ def test_the_client_page_python_examples_run(tmp_path, embedder):
         for lang, b in fenced_blocks((DOCS / "client.md").read_text())
         if lang == "python"
     ]
-    assert len(blocks) == 5
+    assert len(blocks) == 9
     settings = Settings(data_dir=tmp_path / "data")
     with ThreadServer(create_app(settings, embedder=embedder)) as server:
         for n, block in enumerate(blocks):

@@ -21,6 +21,7 @@ from app.api.routers import (
     docs,
     documents,
     embed,
+    embeddings,
     fit_jobs,
     health,
     judging,
@@ -92,6 +93,7 @@ def create_app(
     app.include_router(docs.router)
     for module in (
         embed,
+        embeddings,
         collections,
         documents,
         search,

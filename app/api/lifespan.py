@@ -15,6 +15,7 @@ from app.collections.backends import open_registry
 from app.collections.index import limit_threads
 from app.concurrency import CpuPool
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
+from app.embedding.cache import CachedEmbedder, EmbeddingCache
 from app.observability import Metrics
 from app.profiles import load_default_profile, load_external_profile
 from app.services import NO_DEFAULT_REASON, Context, Service
@@ -106,8 +107,15 @@ def make_lifespan(
             registry.backend,
         )
         if metrics is not None:
-            model = metrics.instrument(model)
+            model = metrics.instrument(model)  # counts forward passes: under the cache
             metrics.watch(registry)
+        if settings.embed_cache_entries and settings.embed_cache_bytes:
+            cache = EmbeddingCache(
+                settings.embed_cache_entries, settings.embed_cache_bytes
+            )
+            model = CachedEmbedder(model, cache)
+            if metrics is not None:
+                metrics.watch_cache(cache.stats)
         context = Context(
             settings,
             model,
@@ -135,6 +143,7 @@ def make_lifespan(
             if metrics is not None:
                 metrics.watch(None)
                 metrics.watch_drift(None)
+                metrics.watch_cache(None)
             pool.shutdown()
             registry.close()
             logger.info("normcal stopped")

@@ -32,6 +32,7 @@ import numpy as np
 
 from app.concurrency import CpuPool
 from app.embedding.base import Embedder, EmbeddingBatch, InputType
+from app.embedding.cache import cached
 from app.exceptions import OverloadedError
 
 
@@ -159,6 +160,9 @@ class EmbedBatcher:
 
     async def embed(self, texts: list[str], input_type: InputType) -> EmbeddingBatch:
         """Embed ``texts`` in order, sharing passes with concurrent requests."""
+        known = cached(self.embedder, texts, input_type)
+        if known is not None:  # every text cached: no pass, no lane, no pool job
+            return known
         if not self.enabled or not texts:
             return await self.pool.run(self.embedder.embed, texts, input_type)
         parts = []

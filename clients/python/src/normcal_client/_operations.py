@@ -39,6 +39,8 @@ from normcal_client._models import (
     DocumentsDeleteRequest,
     DocumentsFound,
     DocumentsGetRequest,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     EmbedRequest,
     EmbedResponse,
     FeedbackDeleted,
@@ -54,6 +56,9 @@ from normcal_client._models import (
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
     SearchMode,
     SearchRequest,
     SearchResult,
@@ -69,6 +74,8 @@ R = TypeVar("R")
 DocumentLike = DocumentIn | Mapping[str, Any]
 OwnEmbeddingLike = OwnEmbedding | Mapping[str, Any]
 JudgmentLike = Judgment | Mapping[str, Any]
+# A candidate: its text, or {"text", "id"?, "score"?, "metadata"?}.
+RerankDocumentLike = str | RerankDocument | Mapping[str, Any]
 Filter = Mapping[str, Any]  # the server's filter language (see _models.FilterJSON)
 Progress = Callable[[int], None]
 DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
@@ -112,6 +119,43 @@ def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedRespo
         raise TypeError("texts must be a sequence of strings, not one string")
     body = EmbedRequest(texts=list(texts), **_given(input_type=input_type))
     return one(ep.EMBED(body))
+
+
+def embeddings(
+    texts: str | Sequence[str],
+    model: str | None,
+    input_type: InputType | None,
+    encoding_format: Literal["float", "base64"] | None,
+) -> Plan[EmbeddingsResponse]:
+    """Embed texts in OpenAI's shape."""
+    body = EmbeddingsRequest(
+        input=texts if isinstance(texts, str) else list(texts),
+        **_given(model=model, input_type=input_type, encoding_format=encoding_format),
+    )
+    return one(ep.EMBEDDINGS(body))
+
+
+def rerank(
+    query: str,
+    documents: Sequence[RerankDocumentLike],
+    top_n: int | None,
+    collection: str | None,
+    return_documents: bool | None,
+) -> Plan[RerankResponse]:
+    """Calibrate another retriever's candidates for ``query``."""
+    if isinstance(documents, str):
+        raise TypeError("documents must be a sequence, not one string")
+    body = RerankRequest(
+        query=query,
+        documents=[
+            RerankDocument(text=d)
+            if isinstance(d, str)
+            else RerankDocument.model_validate(d)
+            for d in documents
+        ],
+        **_given(top_n=top_n, collection=collection, return_documents=return_documents),
+    )
+    return one(ep.RERANK(body))
 
 
 def create_collection(

@@ -39,6 +39,7 @@ from normcal_client._models import (
     DocumentsUpdateRequest,
     DocumentUpdate,
     DriftReport,
+    EmbeddingsResponse,
     EmbedResponse,
     FeedbackDeleted,
     FeedbackPage,
@@ -52,6 +53,7 @@ from normcal_client._models import (
     MetadataMode,
     QueryLogInfo,
     Readiness,
+    RerankResponse,
     SearchMode,
     SearchResult,
     SkipRequest,
@@ -196,6 +198,20 @@ class NormcalClient(ClientBase):
     ) -> EmbedResponse:
         """Unit vectors, raw norms and token counts of ``texts``."""
         return self._drive(op.embed(texts, input_type))
+
+    def embeddings(
+        self,
+        texts: str | Sequence[str],
+        *,
+        model: str | None = None,
+        input_type: InputType | None = None,
+        encoding_format: Literal["float", "base64"] | None = None,
+    ) -> EmbeddingsResponse:
+        """``POST /v1/embeddings``: OpenAI's shape (``data[i].embedding``, ``usage``).
+
+        ``model`` must be the serving model's name or identity, or None.
+        """
+        return self._drive(op.embeddings(texts, model, input_type, encoding_format))
 
     # -- collections
     def create_collection(
@@ -475,6 +491,28 @@ class NormcalClient(ClientBase):
             candidates=candidates,
         )
         return self._drive(plan)
+
+    # -- rerank
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[op.RerankDocumentLike],
+        *,
+        top_n: int | None = None,
+        collection: str | None = None,
+        return_documents: bool | None = None,
+    ) -> RerankResponse:
+        """Probabilities for another retriever's candidates, most probable first.
+
+        ``documents`` in the order the retriever returned them: texts, or
+        ``{"text", "id"?, "score"?, "metadata"?}`` (``score``: the retriever's own,
+        any scale, for every document or none). ``collection``: calibrate with its
+        active calibrator (and log the request for judging when its query log is
+        on); without it, the shipped default for external lists.
+        """
+        return self._drive(
+            op.rerank(query, documents, top_n, collection, return_documents)
+        )
 
     # -- calibrators
     def fit_calibrator(
