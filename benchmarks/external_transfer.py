@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
-import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,9 +42,10 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.special import expit
 
 from benchmarks.eval_all import CACHE, DATA
-from benchmarks.external import RETRIEVERS, ListSet, load_all
+from benchmarks.external import EXTERNAL_CACHE, RETRIEVERS, ListSet, load_all
 from benchmarks.transfer import SETS
 from calibration import (
     NormReference,
@@ -56,10 +58,15 @@ from calibration import (
     interval_coverage,
     negative_log_likelihood,
 )
-from calibration.external import ndcg_of_order, rerank_order
+from calibration.external import favour_input_order
 from calibration.features import FEATURES
 from calibration.metrics import paired_nll_gain
-from calibration.prior import OFFSET_GRID, WIDTH_GRID, CrossDomainPrior
+from calibration.prior import (
+    OFFSET_GRID,
+    WIDTH_GRID,
+    CrossDomainPrior,
+    interval_coverages,
+)
 from calibration.profile import build_features, single_threaded_blas
 from calibration.report import to_jsonable
 
@@ -76,6 +83,12 @@ LADDER: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 SIZES = (5, 10, 30)
 MIN_TEST = 5
+ORDER_GRID = np.round(np.arange(0.0, 3.0001, 0.05), 2)
+"""Weights of the input order (:func:`calibration.external.favour_input_order`) tried."""
+NDCG_SLACK = 0.01
+"""The returned order's nDCG@10 may fall this far below the input order's."""
+NDCG_K = 10
+FIT_VERSION = "1"  # bump when fit_prior changes what it fits
 
 
 @dataclass(frozen=True)
@@ -84,7 +97,8 @@ class Domain:
 
     ``X`` in ``FEATURES`` order (in-list BM25), ``X_bg`` the same with the background
     BM25 columns; ``raw`` the retriever's own scores; ``offsets`` row ranges of the
-    queries; ``gains``/``ideal`` per query for nDCG.
+    queries; ``gains``/``ideal`` per query for nDCG; ``slots`` each query's rows in
+    list order (``-1`` pads) and ``idcg`` its ideal DCG@10 (0: nothing relevant).
     """
 
     X: FloatArray
@@ -96,6 +110,8 @@ class Domain:
     gains: list[FloatArray]
     ideal: list[FloatArray]
     queries: NDArray[np.int64]  # each row's query in its set's sample
+    slots: NDArray[np.int64]
+    idcg: FloatArray
 
 
 def references(domains: Mapping[Cell, ListSet]) -> tuple[NormReference, NormReference]:
@@ -111,6 +127,9 @@ def references(domains: Mapping[Cell, ListSet]) -> tuple[NormReference, NormRefe
     return query_ref, doc_ref
 
 
+_DISCOUNT = 1.0 / np.log2(np.arange(2, NDCG_K + 2))
+
+
 def as_domain(d: ListSet, query_ref: NormReference, doc_ref: NormReference) -> Domain:
     X, groups = build_features(d.evidence, query_ref, doc_ref)
     background = [
@@ -122,16 +141,48 @@ def as_domain(d: ListSet, query_ref: NormReference, doc_ref: NormReference) -> D
     raw = np.concatenate(
         [e.input_scores for e in d.evidence if e.input_scores is not None]
     )
-    offsets = np.concatenate([[0], np.cumsum([len(e.scores) for e in d.evidence])])
-    queries = np.repeat(d.queries, [len(e.scores) for e in d.evidence])
+    sizes = [len(e.scores) for e in d.evidence]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    queries = np.repeat(d.queries, sizes)
+    slots = np.full((len(sizes), max(sizes)), -1, dtype=np.int64)
+    for q, n in enumerate(sizes):
+        slots[q, :n] = np.arange(offsets[q], offsets[q] + n)
+    idcg = np.zeros(len(sizes))
+    for q, judged in enumerate(d.ideal):
+        best = np.sort(np.maximum(judged, 0.0))[::-1][:NDCG_K]
+        idcg[q] = float(best @ _DISCOUNT[: best.size])
     return Domain(
-        X, X_bg, y, groups, raw, offsets.astype(np.int64), d.gains, d.ideal, queries
+        X, X_bg, y, groups, raw, offsets, d.gains, d.ideal, queries, slots, idcg
     )
+
+
+def ndcg(d: Domain, score: FloatArray | None = None) -> float:
+    """Mean nDCG@10 over the judged queries of the lists ordered by ``score``.
+
+    Descending, ties in the list's own order; ``None``: the input order. The ideal
+    DCG is over every judged relevance of the query, retrieved or not.
+    """
+    rank = np.where(d.slots >= 0, np.arange(d.slots.shape[1]), np.inf)
+    if score is None:
+        key = rank
+    else:
+        key = np.where(d.slots >= 0, -score[np.maximum(d.slots, 0)], np.inf)
+    order = np.lexsort((rank, key), axis=1)[:, :NDCG_K]
+    rows = np.take_along_axis(d.slots, order, axis=1)
+    gains = np.concatenate([*d.gains, [0.0]])[rows]  # -1 pads read the 0 at the end
+    dcg = np.maximum(gains, 0.0) @ _DISCOUNT[: rows.shape[1]]
+    judged = d.idcg > 0
+    return float(np.mean(dcg[judged] / d.idcg[judged]))
 
 
 # -- fitting, held out ---------------------------------------------------------------
 class Fits:
-    """Priors fitted without some sets and retrievers, each fitted once."""
+    """Priors fitted without some sets and retrievers, each fitted once.
+
+    Each fit is also kept on disk (``~/.cache/normcal/external/fits``, keyed by the
+    features, the exclusions and a digest of every domain's data), so a study that
+    was cut off resumes where it stopped.
+    """
 
     def __init__(
         self, domains: Mapping[Cell, Domain], features: Sequence[str], bg: bool = False
@@ -140,6 +191,12 @@ class Fits:
         self.features = tuple(features)
         self.bg = bg
         self._cache: dict[tuple[frozenset[str], frozenset[str]], CrossDomainPrior] = {}
+        digest = hashlib.sha256(f"{FIT_VERSION}|{self.features}|{bg}".encode())
+        for cell in sorted(domains):
+            digest.update("/".join(cell).encode())
+            digest.update(np.ascontiguousarray(self.X(cell)).tobytes())
+            digest.update(np.ascontiguousarray(domains[cell].y).tobytes())
+        self._digest = digest.hexdigest()[:16]
 
     def X(self, cell: Cell) -> FloatArray:
         d = self.domains[cell]
@@ -150,13 +207,75 @@ class Fits:
     ) -> CrossDomainPrior:
         key = (sets, retrievers)
         if key not in self._cache:
-            train = {
-                f"{s}/{r}": (self.X((s, r)), d.y)
-                for (s, r), d in self.domains.items()
-                if s not in sets and r not in retrievers
-            }
-            self._cache[key] = fit_prior(train, features=self.features)
+            self._cache[key] = self._load_or_fit(sets, retrievers)
         return self._cache[key]
+
+    def _load_or_fit(
+        self, sets: frozenset[str], retrievers: frozenset[str]
+    ) -> CrossDomainPrior:
+        name = hashlib.sha256(
+            f"{self._digest}|{sorted(sets)}|{sorted(retrievers)}".encode()
+        ).hexdigest()[:20]
+        path = EXTERNAL_CACHE / "fits" / f"{name}.json"
+        if path.exists():
+            return CrossDomainPrior.from_dict(json.loads(path.read_text()))
+        train = {
+            f"{s}/{r}": (self.X((s, r)), d.y)
+            for (s, r), d in self.domains.items()
+            if s not in sets and r not in retrievers
+        }
+        prior = fit_prior(train, features=self.features)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(prior.to_dict()))
+        os.replace(tmp, path)
+        return prior
+
+
+def _logits(
+    prior: CrossDomainPrior, X: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """A prior's design of ``X``, its zero-label logit at offset 0 and its spread.
+
+    ``predict_proba`` at offset ``o`` is ``expit(z + o)``; ``predict_interval`` at
+    width ``w`` is ``expit(z + o -+ w * spread)`` (the level's and slopes' SDs,
+    independent, through the design; the t quantile included).
+    """
+    Z = prior.standardise(X)
+    mean, sd = prior.prior_mean_sd()
+    z = Z @ mean - prior.point_offset
+    spread = np.sqrt(np.square(Z) @ np.square(sd)) * (prior.quantile / prior.width)
+    return Z, z, spread
+
+
+def order_weight(fits: Fits, held: Mapping[Cell, CrossDomainPrior]) -> dict[str, Any]:
+    """The weight of the input order, from priors that did not see each cell's retriever.
+
+    The smallest weight on :data:`ORDER_GRID` at which the returned order's nDCG@10
+    is at least the input order's minus :data:`NDCG_SLACK` on every cell at once
+    (failing that, on the most cells), as the width is the smallest that covers
+    every held-out set. ``need``: the smallest weight each cell alone would take.
+    """
+    cells = list(held)
+    ok = np.zeros((len(cells), len(ORDER_GRID)), dtype=bool)
+    scored = []
+    for cell in cells:
+        d, prior = fits.domains[cell], held[cell]
+        Z, z, _ = _logits(prior, fits.X(cell))
+        steeper = Z[:, 1 + prior.features.index("in_rank")]
+        scored.append((d, z, steeper, ndcg(d) - NDCG_SLACK))
+    for j, w in enumerate(ORDER_GRID):
+        ok[:, j] = [ndcg(d, z - w * up) >= floor for d, z, up, floor in scored]
+        if ok[:, j].all():
+            ok[:, j + 1 :] = True  # not computed: the first weight meeting all is it
+            break
+    met = ok.sum(axis=0)
+    j = int(np.argmax(met))  # the first weight meeting the most cells
+    need = {
+        "/".join(c): float(ORDER_GRID[np.argmax(row)]) if row.any() else None
+        for c, row in zip(cells, ok, strict=True)
+    }
+    return {"weight": float(ORDER_GRID[j]), "cells_met": int(met[j]), "need": need}
 
 
 def pick(fits: Fits, held: Mapping[Cell, CrossDomainPrior]) -> dict[str, Any]:
@@ -168,29 +287,30 @@ def pick(fits: Fits, held: Mapping[Cell, CrossDomainPrior]) -> dict[str, Any]:
     """
     cells = list(held)
     ratio = np.zeros((len(cells), len(OFFSET_GRID)))
+    scored = []
     for i, cell in enumerate(cells):
-        d, X = fits.domains[cell], fits.X(cell)
-        constant = float(d.y.mean() * (1 - d.y.mean()))
-        for j, offset in enumerate(OFFSET_GRID):
-            p = dataclasses.replace(
-                held[cell], point_offset=float(offset)
-            ).predict_proba(X)
-            ratio[i, j] = brier_score(d.y, p) / constant
+        y = fits.domains[cell].y
+        _, z, spread = _logits(held[cell], fits.X(cell))
+        p = expit(z[:, None] + OFFSET_GRID[None, :])
+        ratio[i] = np.mean(np.square(p - y[:, None]), axis=0) / (
+            y.mean() * (1 - y.mean())
+        )
+        scored.append((y, z, spread))
     mean = ratio.mean(axis=0)
     best = np.flatnonzero(mean <= mean.min() + 1e-12)
     j = int(best[np.argmin(np.abs(OFFSET_GRID[best]))])
     offset = float(OFFSET_GRID[j])
     need: dict[str, float] = {}
-    for cell in cells:
-        served = dataclasses.replace(held[cell], point_offset=offset)
-        X, y = fits.X(cell), fits.domains[cell].y
-        p = served.predict_proba(X)
-        need["/".join(cell)] = float(WIDTH_GRID[-1])
-        for w in WIDTH_GRID:
-            lo, hi = dataclasses.replace(served, width=float(w)).predict_interval(X)
-            if interval_coverage(y, p, lo, hi) >= 0.8:
-                need["/".join(cell)] = float(w)
-                break
+    for cell, (y, z, spread) in zip(cells, scored, strict=True):
+        half = spread[:, None] * WIDTH_GRID[None, :]
+        covered = interval_coverages(
+            y,
+            expit(z + offset),
+            expit(z[:, None] + offset - half),
+            expit(z[:, None] + offset + half),
+        )
+        at = np.flatnonzero(covered >= 0.8)
+        need["/".join(cell)] = float(WIDTH_GRID[at[0] if at.size else -1])
     return {
         "offset": offset,
         "width": max(need.values()),
@@ -201,47 +321,41 @@ def pick(fits: Fits, held: Mapping[Cell, CrossDomainPrior]) -> dict[str, Any]:
     }
 
 
-def choose(
-    fits: Fits, sets: frozenset[str], retrievers: frozenset[str]
-) -> dict[str, Any]:
-    """The offset and width for a prior fitted without ``sets`` and ``retrievers``.
+def choose(fits: Fits, s: str, r: str) -> dict[str, Any]:
+    """The order weight, offset and width for a prior fitted without ``s`` and ``r``.
 
-    Chosen on the domains left in training only, each of their sets held out in turn
-    (all its retrievers together), as the search default's are.
+    Chosen on the domains left in training only: the order weight with each of
+    their *retrievers* held out in turn (the strength of a retriever is what it is
+    about), the level and width with each of their *sets* held out in turn (the
+    level is a collection's), as the search default's are.
     """
-    return pick(
+    sets, retrievers = frozenset({s}), frozenset({r})
+    train = [(s2, r2) for (s2, r2) in fits.domains if s2 != s and r2 != r]
+    order = order_weight(
+        fits, {(s2, r2): fits.without(sets, retrievers | {r2}) for s2, r2 in train}
+    )
+    level = pick(
         fits,
         {
-            (s, r): fits.without(sets | {s}, retrievers)
-            for (s, r) in fits.domains
-            if s not in sets and r not in retrievers
+            (s2, r2): favour_input_order(
+                fits.without(sets | {s2}, retrievers), order["weight"]
+            )
+            for s2, r2 in train
         },
     )
+    return level | {"order_weight": order["weight"], "order": order}
 
 
 def served_choice(fits: Fits) -> dict[str, Any]:
-    """The shipped default's offset and width: every domain held out twice."""
-    return pick(
-        fits,
-        {
-            (s, r): fits.without(frozenset({s}), frozenset({r}))
-            for (s, r) in fits.domains
-        },
+    """The shipped default's order weight, offset and width: every domain held out twice."""
+    held = {
+        (s, r): fits.without(frozenset({s}), frozenset({r})) for (s, r) in fits.domains
+    }
+    order = order_weight(fits, held)
+    level = pick(
+        fits, {c: favour_input_order(p, order["weight"]) for c, p in held.items()}
     )
-
-
-def ndcg_pair(d: Domain, p: FloatArray) -> tuple[float, float]:
-    """Mean nDCG@10 over judged queries: the input order, and by probability."""
-    inputs, returned = [], []
-    for q in range(len(d.gains)):
-        rows = slice(d.offsets[q], d.offsets[q + 1])
-        n = d.offsets[q + 1] - d.offsets[q]
-        base = ndcg_of_order(d.gains[q], np.arange(n), d.ideal[q])
-        if math.isnan(base):
-            continue
-        inputs.append(base)
-        returned.append(ndcg_of_order(d.gains[q], rerank_order(p[rows]), d.ideal[q]))
-    return float(np.mean(inputs)), float(np.mean(returned))
+    return level | {"order_weight": order["weight"], "order": order}
 
 
 def held_out_twice(fits: Fits) -> dict[Cell, dict[str, Any]]:
@@ -252,17 +366,18 @@ def held_out_twice(fits: Fits) -> dict[Cell, dict[str, Any]]:
         for s in sets:
             if (s, r) not in fits.domains:
                 continue
-            excluded_s, excluded_r = frozenset({s}), frozenset({r})
-            chosen = choose(fits, excluded_s, excluded_r)
-            offset, width = chosen["offset"], chosen["width"]
+            chosen = choose(fits, s, r)
+            fitted = fits.without(frozenset({s}), frozenset({r}))
             prior = dataclasses.replace(
-                fits.without(excluded_s, excluded_r), point_offset=offset, width=width
+                favour_input_order(fitted, chosen["order_weight"]),
+                point_offset=chosen["offset"],
+                width=chosen["width"],
             )
             d, X = fits.domains[(s, r)], fits.X((s, r))
             p = prior.predict_proba(X)
             lo, hi = prior.predict_interval(X)
             base = float(d.y.mean())
-            n_in, n_out = ndcg_pair(d, p)
+            n_in, n_out = ndcg(d), ndcg(d, p)
             out[(s, r)] = {
                 "base_rate": base,
                 "brier": brier_score(d.y, p),
@@ -274,13 +389,17 @@ def held_out_twice(fits: Fits) -> dict[Cell, dict[str, Any]]:
                 "mean_width": float(np.mean(hi - lo)),
                 "ndcg_input": n_in,
                 "ndcg_returned": n_out,
-                "offset": offset,
-                "width": width,
+                "ndcg_unweighted": ndcg(d, fitted.predict_proba(X)),
+                "offset": chosen["offset"],
+                "width": chosen["width"],
+                "order_weight": chosen["order_weight"],
                 "prior": prior,
             }
             print(
                 f"{s}/{r}: coverage {out[(s, r)]['coverage']:.2f} brier/const "
-                f"{out[(s, r)]['brier_vs_constant']:.2f} ndcg {n_in:.3f} -> {n_out:.3f}",
+                f"{out[(s, r)]['brier_vs_constant']:.2f} ndcg {n_in:.3f} -> {n_out:.3f}"
+                f" (order weight {chosen['order_weight']:.2f}; without it "
+                f"{out[(s, r)]['ndcg_unweighted']:.3f})",
                 file=sys.stderr,
                 flush=True,
             )

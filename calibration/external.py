@@ -8,19 +8,45 @@ over at (``in_rank``) and, when the caller sent scores, each score's gap to the 
 relative to the list (``in_gap``); without scores, the rank-linear gaps of
 :func:`rank_scores` stand in. The shipped default for such lists is a cross-domain
 prior (:mod:`calibration.prior`) fitted on lists of simulated retrievers
-(``scripts/fit_rerank_profile.py``).
+(``scripts/fit_rerank_profile.py``), whose weight of the input order is raised by
+:func:`favour_input_order` until a strong retriever's order is not lost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from calibration._typing import ArrayLike, FloatArray, IntArray
 from calibration._validation import as_float_1d
+from calibration.exceptions import InvalidInputError
+from calibration.prior import CrossDomainPrior
 
-__all__ = ["ndcg_of_order", "rank_scores", "rerank_order"]
+__all__ = ["favour_input_order", "ndcg_of_order", "rank_scores", "rerank_order"]
+
+
+def favour_input_order(prior: CrossDomainPrior, weight: float) -> CrossDomainPrior:
+    """``prior`` with the slope of the input rank steepened by ``weight``.
+
+    The slope is that of the standardised ``log(in_rank)`` (non-positive: a better
+    place can only raise a candidate); ``weight >= 0`` is subtracted from it, so
+    the returned order moves toward the input order, and equals it for a weight
+    large enough. A prior fitted on retrievers of every strength weighs the input
+    order as an average retriever deserves; this weight, chosen on held-out
+    retrievers (``benchmarks/external_transfer.py``), is what keeps the order of a
+    retriever better than that average. It is also the slope's prior mean for a
+    namespace's fit, which judged lists move.
+    """
+    if "in_rank" not in prior.features:
+        raise InvalidInputError("the prior has no in_rank feature", field="features")
+    if not weight >= 0.0:
+        raise InvalidInputError("weight must be >= 0", field="weight")
+    at = prior.features.index("in_rank")
+    slope = list(prior.slope)
+    slope[at] -= float(weight)
+    return dataclasses.replace(prior, slope=tuple(slope))
 
 
 def rerank_order(probability: ArrayLike) -> IntArray:

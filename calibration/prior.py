@@ -77,6 +77,7 @@ __all__ = [
     "fit_confidence_weight",
     "fit_prior",
     "interval_coverage",
+    "interval_coverages",
     "lodo_calibrate",
     "norm_lift_verdict",
     "t_location_scale",
@@ -456,27 +457,8 @@ def fit_prior(
     spread = np.mean([((r - center) ** 2).mean(axis=0) for r in raw], axis=0)
     scale = np.where(spread > 0, np.sqrt(spread), 1.0)
     Zs = [(r - center) / scale for r in raw]
-    K, p = len(names), len(feats)
-    n_bar = np.mean([len(y) for y in ys])
-    # Pooled fit: columns are K set indicators then the shared slopes.
-    Z = np.zeros((sum(len(y) for y in ys), K + p))
-    row = 0
-    for k, Zk in enumerate(Zs):
-        Z[row : row + len(Zk), k] = 1.0
-        Z[row : row + len(Zk), K:] = Zk
-        row += len(Zk)
-    y_all = np.concatenate(ys)
-    w_all = np.concatenate([np.full(len(y), n_bar / len(y)) for y in ys])
-    bounds = [(None, None)] * K + _bounds(feats)
-    theta, _ = _map_logistic(
-        Z,
-        y_all,
-        w_all,
-        np.zeros(K + p),
-        np.full(K + p, _SLOPE_PRIOR_SD),
-        bounds,
-    )
-    levels, slope = theta[:K], theta[K:]
+    p = len(feats)
+    levels, slope = _pooled_fit(Zs, ys, _bounds(feats))
     per_set: list[FloatArray] = []
     for level, Zk, yk in zip(levels, Zs, ys, strict=True):
         mean = np.concatenate([[level], slope])
@@ -506,6 +488,45 @@ def fit_prior(
         width=float(width),
         point_offset=float(point_offset),
     )
+
+
+def _pooled_fit(
+    Zs: Sequence[FloatArray],
+    ys: Sequence[FloatArray],
+    bounds: list[tuple[float | None, float | None]],
+) -> tuple[FloatArray, FloatArray]:
+    r"""MAP levels and shared slopes of the pooled fit (step 2 of :func:`fit_prior`).
+
+    :math:`z = c_{k(i)} + Z_i w`, every pair of domain :math:`k` weighted
+    :math:`\bar N / N_k`, all coefficients under :math:`\mathcal N(0, 10^2)`, slopes
+    sign-bounded. The design's level columns are indicators: the logit is a lookup
+    plus one product with the slopes, not a product with ``K`` mostly-zero columns.
+    """
+    K = len(Zs)
+    Z = np.vstack(Zs)
+    y = np.concatenate(ys)
+    at = np.repeat(np.arange(K), [len(v) for v in ys])
+    n_bar = np.mean([len(v) for v in ys])
+    w = np.concatenate([np.full(len(v), n_bar / len(v)) for v in ys])
+    prec = 1.0 / _SLOPE_PRIOR_SD**2
+
+    def objective(theta: FloatArray) -> tuple[float, FloatArray]:
+        z = theta[:K][at] + Z @ theta[K:]
+        loss = float(w @ (np.logaddexp(0.0, z) - y * z) + 0.5 * prec * theta @ theta)
+        r = w * (expit(z) - y)
+        grad = np.concatenate([np.bincount(at, r, minlength=K), Z.T @ r])
+        return loss, grad + prec * theta
+
+    res = minimize(
+        objective,
+        np.zeros(K + Z.shape[1]),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(None, None)] * K + bounds,
+        options={"maxiter": 1000},
+    )
+    theta = np.asarray(res.x, dtype=np.float64)
+    return theta[:K], theta[K:]
 
 
 def t_location_scale(values: ArrayLike, df: float) -> tuple[float, float]:
@@ -766,23 +787,48 @@ def interval_coverage(
     reaches exactly 0 would otherwise "miss". ``alpha=0`` asks for the observed rate
     itself inside the interval.
     """
+    lo_v, hi_v = as_float_1d(lo, "lo"), as_float_1d(hi, "hi")
+    covered = interval_coverages(
+        y, p, lo_v[:, None], hi_v[:, None], n_bins=n_bins, alpha=alpha
+    )
+    return float(covered[0])
+
+
+def interval_coverages(
+    y: ArrayLike,
+    p: ArrayLike,
+    lo: ArrayLike,
+    hi: ArrayLike,
+    *,
+    n_bins: int = 15,
+    alpha: float = COVERAGE_ALPHA,
+) -> FloatArray:
+    """:func:`interval_coverage` of several intervals around the same ``p`` at once.
+
+    ``lo`` and ``hi`` of shape ``(n, m)``: column ``j`` is one set of intervals (a
+    width tried, say); the bins, which depend on ``p`` only, are made once.
+    """
     pv = as_float_1d(p, "p")
     yv = as_labels(y, pv.shape[0], allow_single_class=True)
-    lo_v, hi_v = as_float_1d(lo, "lo"), as_float_1d(hi, "hi")
+    lo_m, hi_m = as_float_2d(lo, "lo"), as_float_2d(hi, "hi")
     curve = reliability_curve(yv, pv, n_bins=n_bins, strategy="quantile")
     ids = np.searchsorted(curve.bin_edges[1:-1], pv)
     counts = np.bincount(ids, minlength=n_bins)
     nz = counts > 0
     n = counts[nz]
     k = np.bincount(ids, weights=yv, minlength=n_bins)[nz]
-    mean_lo = np.bincount(ids, weights=lo_v, minlength=n_bins)[nz] / n
-    mean_hi = np.bincount(ids, weights=hi_v, minlength=n_bins)[nz] / n
+    member = np.zeros((n_bins, pv.shape[0]))
+    member[ids, np.arange(pv.shape[0])] = 1.0
+    mean_lo = (member @ lo_m)[nz] / n[:, None]
+    mean_hi = (member @ hi_m)[nz] / n[:, None]
     with np.errstate(invalid="ignore"):
         rate_lo = np.where(k > 0, beta_dist.ppf(alpha / 2, k, n - k + 1), 0.0)
         rate_hi = np.where(k < n, beta_dist.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
     if alpha == 0:
         rate_lo = rate_hi = k / n
-    return float(np.mean((mean_lo <= rate_hi) & (rate_lo <= mean_hi)))
+    met = (mean_lo <= rate_hi[:, None]) & (rate_lo[:, None] <= mean_hi)
+    out: FloatArray = met.mean(axis=0)
+    return out
 
 
 # ------------------------------------------------------------------- query confidence

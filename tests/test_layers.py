@@ -78,6 +78,7 @@ ROUTER_PARTS = {
     "rerank.py": "rerank",
     "judging.py": "judging",
     "embed.py": "system",
+    "embeddings.py": "system",
     "health.py": "system",
     "metrics.py": "system",
 }

@@ -512,7 +512,9 @@ def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
             seen_by_one = one.post(f"{URL}/search", json=q).json()
             seen_by_two = two.post(f"{URL}/search", json=q).json()
             assert seen_by_one["calibrator"]["id"] == calibrator
-            assert seen_by_one == seen_by_two
+            # The same answer; floats up to rounding: the replica that fitted holds
+            # the query's vector from the fit's batch in its embedding cache.
+            assert close(seen_by_one, seen_by_two)
             assert_problem(one.delete(f"{URL}/calibrators/{calibrator}"), 409)
             # back to the shipped default on one replica: the other follows
             listed = two.get(f"{URL}/calibrators").json()["data"]
@@ -524,6 +526,19 @@ def test_replicas_on_one_milvus_see_each_others_writes_and_calibrator(
             assert two.delete("/v1/collections/kb").status_code == 204
             assert_problem(one.post(f"{URL}/search", json=q), 404)
             assert one.get("/v1/collections").json()["data"] == []
+
+
+def close(a: Any, b: Any, rel: float = 1e-5) -> bool:
+    """The same JSON value, floats equal up to ``rel``."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=rel, abs=1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(
+            close(x, y, rel) for x, y in zip(a, b, strict=True)
+        )
+    return bool(a == b)
 
 
 def hybrid_hits(settings: Settings, embedder: Any) -> dict[str, list[dict[str, Any]]]:

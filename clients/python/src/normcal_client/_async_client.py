@@ -543,6 +543,7 @@ class AsyncNormcalClient(ClientBase):
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
         query_vectors: Mapping[str, Sequence[float]] | None = None,
+        lists: Iterable[op.JudgedListLike] = (),
     ) -> CalibratorInfo:
         """Fit a calibrator and wait for it; ``None`` options take the server default.
 
@@ -550,7 +551,10 @@ class AsyncNormcalClient(ClientBase):
         ``unknown_documents="skip"`` leaves out judgments naming documents the
         collection does not hold (the answer's ``dropped_judgments`` counts them)
         instead of refusing the fit. ``query_vectors``: on a collection of your own
-        vectors, each judged query's vector by its text. A long fit holds the request open:
+        vectors, each judged query's vector by its text. ``lists``: judged candidate
+        lists of another retriever (``POST /v1/rerank``'s documents, each in the
+        retriever's order, ``relevance`` on the judged ones), for a namespace that
+        calibrates that retriever. A long fit holds the request open:
         :meth:`start_fit` returns at once instead.
         """
         body = op.fit_request(
@@ -564,6 +568,7 @@ class AsyncNormcalClient(ClientBase):
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
             query_vectors=query_vectors,
+            lists=lists,
         )
         return await self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
 
@@ -581,6 +586,7 @@ class AsyncNormcalClient(ClientBase):
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
         query_vectors: Mapping[str, Sequence[float]] | None = None,
+        lists: Iterable[op.JudgedListLike] = (),
     ) -> FitJob:
         """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
 
@@ -597,6 +603,7 @@ class AsyncNormcalClient(ClientBase):
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
             query_vectors=query_vectors,
+            lists=lists,
         )
         return await self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
 

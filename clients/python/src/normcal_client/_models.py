@@ -184,10 +184,24 @@ class Judgment(RequestModel):
     relevance: int
 
 
+class JudgedDocument(RerankDocument):
+    """A candidate of a judged list; ``relevance`` absent: not judged."""
+
+    relevance: int | None = None
+
+
+class JudgedList(RequestModel):
+    """A query and another retriever's candidates for it, in its order, judged."""
+
+    query: str
+    documents: list[JudgedDocument]
+
+
 class FitRequest(RequestModel):
     """``POST /v1/collections/{name}/calibrators``."""
 
     judgments: list[Judgment] = Field(default_factory=list)
+    lists: list[JudgedList] = Field(default_factory=list)
     method: CalibrationMethod = "auto"
     k: int | None = None
     abstain_target: float | None = 0.1
@@ -787,5 +801,6 @@ class JudgingNext(ResponseModel):
     source: Literal["uploaded", "log", "none"]
     confidence: float | None
     hits: list[JudgingHit]
+    rerank: bool = False
     calibrator: CalibratorRef | None
     progress: JudgingProgress

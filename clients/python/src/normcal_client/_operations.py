@@ -50,6 +50,7 @@ from normcal_client._models import (
     FitJob,
     FitRequest,
     InputType,
+    JudgedList,
     JudgingNext,
     Judgment,
     OwnEmbedding,
@@ -76,6 +77,8 @@ OwnEmbeddingLike = OwnEmbedding | Mapping[str, Any]
 JudgmentLike = Judgment | Mapping[str, Any]
 # A candidate: its text, or {"text", "id"?, "score"?, "metadata"?}.
 RerankDocumentLike = str | RerankDocument | Mapping[str, Any]
+# A judged list: {"query", "documents": [text | {"text", "relevance"?, ...}]}.
+JudgedListLike = JudgedList | Mapping[str, Any]
 Filter = Mapping[str, Any]  # the server's filter language (see _models.FilterJSON)
 Progress = Callable[[int], None]
 DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
@@ -331,11 +334,13 @@ def fit_request(
     allow_reorder: bool | None,
     unknown_documents: UnknownDocuments | None = None,
     query_vectors: Mapping[str, Sequence[float]] | None = None,
+    lists: Iterable[JudgedListLike] = (),
 ) -> FitRequest:
     """The body of a fit; options left ``None`` take the server's defaults.
 
     ``query_vectors``: on a collection of the client's own vectors, each judged
-    query's vector by its text.
+    query's vector by its text. ``lists``: judged candidate lists of another
+    retriever (a document may be its bare text: not judged).
     """
     options = _given(
         query_vectors=None
@@ -352,7 +357,11 @@ def fit_request(
     )
     if options.get("abstain_target") is False:
         options["abstain_target"] = None  # no abstain rule
-    return FitRequest(judgments=_judgments(judgments), **options)
+    return FitRequest(
+        judgments=_judgments(judgments),
+        lists=[_judged_list(item) for item in lists],
+        **options,
+    )
 
 
 def wait_fit_job(
@@ -444,6 +453,15 @@ def _unique(ids: Iterable[str]) -> list[str]:
 
 def _judgments(items: Iterable[JudgmentLike]) -> list[Judgment]:
     return [Judgment.model_validate(item) for item in items]
+
+
+def _judged_list(item: JudgedListLike) -> JudgedList:
+    if isinstance(item, JudgedList):
+        return item
+    documents = item.get("documents")
+    if isinstance(documents, list | tuple):  # bare texts are unjudged documents
+        documents = [{"text": d} if isinstance(d, str) else d for d in documents]
+    return JudgedList.model_validate({**item, "documents": documents})
 
 
 def _batches(items: Iterable[R], size: int) -> Iterator[list[R]]:

@@ -529,6 +529,7 @@ class NormcalClient(ClientBase):
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
         query_vectors: Mapping[str, Sequence[float]] | None = None,
+        lists: Iterable[op.JudgedListLike] = (),
     ) -> CalibratorInfo:
         """Fit a calibrator and wait for it; ``None`` options take the server default.
 
@@ -536,7 +537,10 @@ class NormcalClient(ClientBase):
         ``unknown_documents="skip"`` leaves out judgments naming documents the
         collection does not hold (the answer's ``dropped_judgments`` counts them)
         instead of refusing the fit. ``query_vectors``: on a collection of your own
-        vectors, each judged query's vector by its text. A long fit holds the request open:
+        vectors, each judged query's vector by its text. ``lists``: judged candidate
+        lists of another retriever (``POST /v1/rerank``'s documents, each in the
+        retriever's order, ``relevance`` on the judged ones), for a namespace that
+        calibrates that retriever. A long fit holds the request open:
         :meth:`start_fit` returns at once instead.
         """
         body = op.fit_request(
@@ -550,6 +554,7 @@ class NormcalClient(ClientBase):
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
             query_vectors=query_vectors,
+            lists=lists,
         )
         return self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
 
@@ -567,6 +572,7 @@ class NormcalClient(ClientBase):
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
         query_vectors: Mapping[str, Sequence[float]] | None = None,
+        lists: Iterable[op.JudgedListLike] = (),
     ) -> FitJob:
         """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
 
@@ -583,6 +589,7 @@ class NormcalClient(ClientBase):
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
             query_vectors=query_vectors,
+            lists=lists,
         )
         return self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
 
