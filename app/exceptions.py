@@ -10,6 +10,7 @@
     │   └── LimitExceededError   (a declared limit was passed)
     ├── PayloadTooLargeError     (request body over the byte cap)
     ├── UnauthorizedError        (missing or wrong API key)
+    ├── ForbiddenError           (a valid key without the role or the collection)
     ├── OverloadedError          (CPU pool saturated; retry later)
     ├── CollectionUnavailableError (its file could not be opened; quarantined)
     ├── StorageUnavailableError  (the data dir cannot be written; Milvus does not answer)
@@ -74,6 +75,17 @@ class PayloadTooLargeError(NormcalError):
 
 class UnauthorizedError(NormcalError):
     """The request lacks a valid bearer token."""
+
+
+class ForbiddenError(NormcalError):
+    """A valid key that may not do this: its role is too low, or its scope.
+
+    ``role`` names the role needed (``None`` when the key's collections refused).
+    """
+
+    def __init__(self, detail: str, *, role: str | None = None) -> None:
+        super().__init__(detail)
+        self.role = role
 
 
 class OverloadedError(NormcalError):

@@ -406,17 +406,18 @@ class AccessLogMiddleware:
         finally:
             seconds = time.perf_counter() - started
             self.metrics.observe_request(method, route, status, seconds)
-            access_logger.info(
-                "request",
-                extra={
-                    "request_id": scope.get("state", {}).get("request_id"),
-                    "method": method,
-                    "route": route,
-                    "path": scope.get("path", ""),
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 2),
-                },
-            )
+            state = scope.get("state", {})
+            fields = {
+                "request_id": state.get("request_id"),
+                "method": method,
+                "route": route,
+                "path": scope.get("path", ""),
+                "status": status,
+                "duration_ms": round(seconds * 1000, 2),
+            }
+            if state.get("key_name"):  # the key's name (never the key)
+                fields["key"] = state["key_name"]
+            access_logger.info("request", extra=fields)
 
 
 # Attributes every LogRecord has; anything else came in through ``extra=``.

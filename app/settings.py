@@ -312,6 +312,11 @@ class Settings(BaseSettings):
         None,
         description="bearer token; unset = no auth; empty or padded refuses to start",
     )
+    api_keys_file: FilePath | None = Field(
+        None,
+        description="JSON list of keys with roles (read, judge, write, admin) and "
+        "optional collections; re-read on SIGHUP; with NORMCAL_API_KEY both are valid",
+    )
     public_health: bool = Field(True, description="/healthz and /readyz need no key")
     public_metrics: bool = Field(
         False,

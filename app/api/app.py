@@ -7,8 +7,14 @@ from fastapi.routing import APIRoute
 from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
-from app.api.auth import ApiKeyMiddleware, bearer_scheme, public_paths
+from app.api.auth import (
+    ApiKeyMiddleware,
+    bearer_scheme,
+    check_route_roles,
+    public_paths,
+)
 from app.api.errors import install_error_handlers
+from app.api.keys import Keyring
 from app.api.lifespan import make_lifespan
 from app.api.middleware import (
     BodyLimitMiddleware,
@@ -25,6 +31,7 @@ from app.api.routers import (
     fit_jobs,
     health,
     judging,
+    key,
     metrics,
     rerank,
     search,
@@ -43,8 +50,12 @@ def _operation_id(route: APIRoute) -> str:
 def create_app(
     settings: Settings | None = None, *, embedder: Embedder | None = None
 ) -> FastAPI:
-    """Build the app; nothing heavy loads until the lifespan starts."""
+    """Build the app; nothing heavy loads until the lifespan starts.
+
+    A keys file that cannot be used raises :class:`~app.api.keys.KeysFileError`.
+    """
     settings = settings or Settings()
+    keyring = Keyring(api_key=settings.api_key, path=settings.api_keys_file)
     app_metrics = Metrics()
     app = FastAPI(
         title="normcal",
@@ -64,7 +75,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(
         ApiKeyMiddleware,
-        api_key=settings.api_key,
+        keyring=keyring,
         public=public_paths(
             public_health=settings.public_health,
             public_docs=settings.public_docs,
@@ -92,6 +103,7 @@ def create_app(
     app.include_router(ui.router)
     app.include_router(docs.router)
     for module in (
+        key,
         embed,
         embeddings,
         collections,
@@ -106,4 +118,6 @@ def create_app(
         app.include_router(
             module.router, prefix="/v1", dependencies=[Depends(bearer_scheme)]
         )
+    check_route_roles(app)
+    app.state.keyring = keyring  # `normcal serve` reloads it on SIGHUP
     return app

@@ -38,6 +38,9 @@ class ProblemDetail(BaseModel):
     errors: list[dict[str, Any]] | None = Field(
         None, description="field errors, for validation problems"
     )
+    role: str | None = Field(
+        None, description="for a 403: the role the request needs (read, judge, ...)"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ PROBLEM_TABLE: dict[type[Exception], ProblemType] = {
         413, "payload-too-large", "Payload too large"
     ),
     exc.UnauthorizedError: ProblemType(401, "unauthorized", "Unauthorized"),
+    exc.ForbiddenError: ProblemType(403, "forbidden", "Forbidden"),
     exc.OverloadedError: ProblemType(503, "overloaded", "Service overloaded"),
     exc.CollectionUnavailableError: ProblemType(
         503, "collection-unavailable", "Collection unavailable"
@@ -107,6 +111,7 @@ def problem_response(
     *,
     errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
+    role: str | None = None,
 ) -> JSONResponse:
     """Build a problem+json response."""
     body = ProblemDetail(
@@ -116,6 +121,7 @@ def problem_response(
         detail=detail,
         instance=request_instance(request),
         errors=errors,
+        role=role,
     )
     return JSONResponse(
         body.model_dump(exclude_none=True),
@@ -217,7 +223,10 @@ async def _domain_handler(request: Request, error: Exception) -> JSONResponse:
     field = getattr(error, "field", None)
     if field is not None:
         errors = [{"loc": field.split("."), "msg": detail}]
-    return problem_response(request, problem, detail, errors=errors, headers=headers)
+    role = error.role if isinstance(error, exc.ForbiddenError) else None
+    return problem_response(
+        request, problem, detail, errors=errors, headers=headers, role=role
+    )
 
 
 async def render_problem(request: Request, error: exc.NormcalError) -> JSONResponse:
@@ -314,5 +323,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ProblemDetail, "content": {PROBLEM_MEDIA_TYPE: {}}}
-    for status in (400, 401, 404, 409, 413, 422, 503, 507)
+    for status in (400, 401, 403, 404, 409, 413, 422, 503, 507)
 }

@@ -71,7 +71,10 @@ def make_lifespan(
     """Build the lifespan; ``embedder`` lets tests share one loaded model."""
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[State]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[State]:
+        # Logged here, not when the keys are read: a refused start-up (the data dir
+        # busy, a bad setting) stays one line.
+        logger.info("api keys: %s", app.state.keyring.summary())
         model = embedder if embedder is not None else load_embedder(settings)
         registry = open_registry(
             settings,

@@ -6,7 +6,7 @@ file descriptor (and up to ``max_body_bytes`` of buffered body) for ever. This
 module adds those read deadlines, caps open connections (503 beyond the cap), keeps
 the asyncio log from flooding when descriptors run out, and raises the process's
 open-file limit to what the system allows. It also turns Nagle's algorithm off on
-every connection (see :func:`no_delay`).
+every connection (see :func:`no_delay`), and re-reads the API keys file on SIGHUP.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -27,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from app.api.keys import Keyring
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -222,6 +224,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def reload_keys_on_sighup(app: FastAPI) -> None:
+    """SIGHUP re-reads ``NORMCAL_API_KEYS_FILE`` (rotation without a restart).
+
+    Only when a keys file is set: otherwise SIGHUP keeps its default (the process
+    ends, as when its terminal closes). uvicorn handles SIGINT and SIGTERM only.
+    The handler runs on the main thread, between two steps of the event loop: the
+    file is at most 1 MiB, and the keys in use are swapped in one assignment.
+    """
+    keyring = getattr(app.state, "keyring", None)
+    if isinstance(keyring, Keyring) and keyring.path is not None:
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: keyring.reload())
+
+
 def serve(
     app: FastAPI, settings: Settings, *, host: str, port: int, port_file: Path | None
 ) -> int:
@@ -256,6 +271,7 @@ def serve(
         timeout_graceful_shutdown=30,
     )
     server = uvicorn.Server(config)
+    reload_keys_on_sighup(app)
     sock = bind_socket(host, port)
     bound = int(sock.getsockname()[1])
     # uvicorn says where it listens only when it binds itself.

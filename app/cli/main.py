@@ -86,14 +86,15 @@ def _settings(**overrides: Any) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service in this process.
 
-    Invalid settings (say an empty ``NORMCAL_API_KEY``) end it with one line on
-    stderr and exit status 2, before anything loads. The data dir is locked before
+    Invalid settings (say an empty ``NORMCAL_API_KEY``, or a keys file that breaks a
+    rule) end it with one line on stderr and exit status 2, before anything loads. The data dir is locked before
     anything opens (:mod:`app.collections.ownership`), with either storage backend
     (the data dir keeps the fit jobs too): a second server on it exits 6 with one
     line naming the holder's pid. An address it cannot bind (another process
     listens there) ends it with one line naming the address and exit status 7.
     """
     from app.api.app import create_app
+    from app.api.keys import KeysFileError
     from app.api.serving import CannotListenError, serve
     from app.observability import configure_logging
 
@@ -103,10 +104,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["data_dir"] = args.data_dir
     settings = _settings(**overrides)
     configure_logging(settings.log_level, settings.log_format)
+    try:
+        app = create_app(settings)
+    except KeysFileError as error:
+        raise CliError(
+            EXIT_USAGE,
+            f"invalid settings: NORMCAL_API_KEYS_FILE {settings.api_keys_file}: {error}",
+        ) from None
     with _own_data_dir(Path(settings.data_dir), "serve"):
         try:
             return serve(
-                create_app(settings),
+                app,
                 settings,
                 host=settings.host if args.host is None else args.host,
                 port=settings.port if args.port is None else args.port,

@@ -1,6 +1,7 @@
 // normcal judging page: keyboard-first relevance judging of one collection.
 // Everything it shows comes from the /v1 API; the API key (if the server has one)
-// is typed into the page, kept in sessionStorage and sent as a bearer token.
+// is typed into the page, kept in sessionStorage and sent as a bearer token. A judge
+// key judges; fitting needs a write key, so the page asks GET /v1/key what it has.
 "use strict";
 
 const KEY_STORAGE = "normcal-api-key";
@@ -8,15 +9,18 @@ const HITS = 5;
 const root = new URL("../../../", location.href); // this page is /ui/collections/{c}/judge
 const collection = decodeURIComponent(location.pathname.split("/").slice(-2)[0]);
 const api = new URL(`v1/collections/${encodeURIComponent(collection)}/`, root);
+const FIT_ROLES = ["write", "admin"];
 
 const $ = (id) => document.getElementById(id);
 const keyInput = $("key");
 keyInput.value = sessionStorage.getItem(KEY_STORAGE) || "";
 keyInput.addEventListener("change", () => {
   sessionStorage.setItem(KEY_STORAGE, keyInput.value.trim());
+  role = null;
   load();
 });
 
+let role = null; // the key's role (GET /v1/key); null: not known
 let current = null; // the JudgingNext being judged
 let hitIndex = 0;
 let judgedHere = 0; // judgments posted for the current query
@@ -71,9 +75,14 @@ async function exclusive(work) {
   }
 }
 
+// Unknown role: let the server decide (a 403 says which role a fit needs).
+function mayFit() {
+  return role === null || FIT_ROLES.includes(role);
+}
+
 function canFit() {
   const p = current.progress;
-  return p.judged_queries >= p.target && p.relevant_queries > 0;
+  return p.judged_queries >= p.target && p.relevant_queries > 0 && mayFit();
 }
 
 function render() {
@@ -82,7 +91,8 @@ function render() {
   $("collection").textContent = collection;
   $("progress").textContent =
     `${p.judged_queries} of ${total} queries judged` +
-    ` · a fit needs ${p.target} judged queries, one with a relevant hit`;
+    ` · a fit needs ${p.target} judged queries, one with a relevant hit` +
+    (mayFit() ? "" : ` · fitting needs a write key (this ${role} key judges)`);
   $("fit").disabled = !canFit();
   const hit = current.hits[hitIndex];
   $("query").textContent = current.query || "";
@@ -140,6 +150,10 @@ function showNothingToJudge() {
 function load() {
   return exclusive(async () => {
     showLoading();
+    if (role === null) {
+      const key = await call("GET", new URL("v1/key", root).href).catch(() => null);
+      role = key && key.role;
+    }
     current = await call("GET", `judging/next?k=${HITS}`);
     if (!current.query) {
       // Whether searches are logged changes the advice; without it, give both.

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
-from app.api.auth import token_matches
+from app.api.keys import bearer_token
 from app.settings import Settings
 
 # What the model makes of a text does not matter here: the deterministic fake.
@@ -150,9 +150,9 @@ def test_key_is_never_logged(tmp_path, embedder, caplog):
     assert KEY not in repr(Settings(api_key=KEY))
 
 
-def test_token_comparison():
-    assert token_matches(b"Bearer abc", b"abc")
-    assert token_matches(b"BEARER abc", b"abc")
-    assert not token_matches(None, b"abc")
-    assert not token_matches(b"Bearer ab", b"abc")
-    assert not token_matches(b"Token abc", b"abc")
+def test_bearer_token_parsing():
+    assert bearer_token(b"Bearer abc") == b"abc"
+    assert bearer_token(b"BEARER abc") == b"abc"
+    assert bearer_token(None) is None
+    assert bearer_token(b"Bearer ") is None
+    assert bearer_token(b"Token abc") is None

@@ -330,6 +330,50 @@ def test_real_auth(tmp_path, embedder):
             assert authed.readyz().collections == 0
 
 
+def test_real_roles(tmp_path, embedder):
+    """A key whose role is too low raises Forbidden naming the role it needs."""
+    import json
+
+    from normcal_client import Forbidden
+
+    from app.api.app import create_app
+    from app.settings import Settings
+    from tests.support.live import ThreadServer
+
+    keys = tmp_path / "keys.json"
+    reader, admin = "reader-0123456789abcdef", "admin-0123456789abcdef"
+    keys.write_text(
+        json.dumps(
+            [
+                {"name": "reader", "key": reader, "role": "read"},
+                {"name": "ops", "key": admin, "role": "admin"},
+            ]
+        )
+    )
+    settings = Settings(data_dir=tmp_path / "roles", api_keys_file=keys)
+    with ThreadServer(create_app(settings, embedder=embedder)) as server:
+        with NormcalClient(server.url, api_key=admin) as ops:
+            ops.create_collection("kb")
+            assert ops.key().role == "admin"
+        with NormcalClient(server.url, api_key=reader, retry=NO_RETRY) as nc:
+            me = nc.key()
+            assert (me.name, me.role, me.collections, me.auth) == (
+                "reader",
+                "read",
+                None,
+                True,
+            )
+            assert nc.search("kb", "anything").hits == []
+            with pytest.raises(Forbidden) as caught:
+                nc.upsert_documents("kb", [{"id": "1", "text": "x"}])
+            assert caught.value.status == 403
+            assert caught.value.required_role == "write"
+            assert "has the read role" in caught.value.detail
+            with pytest.raises(Forbidden) as caught:
+                nc.delete_collection("kb")
+            assert caught.value.required_role == "admin"
+
+
 @pytest.mark.anyio
 async def test_async_client_through_asgi(app):
     """The async client on an in-process ASGI transport, lifespan running."""

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import HTMLResponse
 
+from app.api.auth import ADMIN, JUDGE, READ, WRITE
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
@@ -33,7 +34,7 @@ router = APIRouter(
 )
 
 
-@router.post("/calibrators", status_code=status.HTTP_201_CREATED)
+@router.post("/calibrators", dependencies=[WRITE], status_code=status.HTTP_201_CREATED)
 async def create_calibrator(
     *, name: CollectionName, body: FitRequest, service: ServiceDep
 ) -> CalibratorInfo:
@@ -41,14 +42,14 @@ async def create_calibrator(
     return await service.calibrators.fit_calibrator(name, body)
 
 
-@router.get("/calibrators")
+@router.get("/calibrators", dependencies=[READ])
 def read_calibrators(*, name: CollectionName, service: ServiceDep) -> CalibratorList:
     """List the collection's calibrators, oldest first."""
     data = service.calibrators.list_calibrators(name)
     return CalibratorList(data=data, count=len(data))
 
 
-@router.get("/calibrators/{calibrator_id}")
+@router.get("/calibrators/{calibrator_id}", dependencies=[READ])
 def read_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> CalibratorInfo:
@@ -56,7 +57,7 @@ def read_calibrator(
     return service.calibrators.get_calibrator(name, calibrator_id)
 
 
-@router.get("/calibrators/{calibrator_id}/drift")
+@router.get("/calibrators/{calibrator_id}/drift", dependencies=[READ])
 def read_drift(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> DriftReport:
@@ -66,6 +67,7 @@ def read_drift(
 
 @router.get(
     "/calibrators/{calibrator_id}/reliability.png",
+    dependencies=[READ],
     response_class=Response,
     responses={200: {"content": {"image/png": {}}}},
 )
@@ -77,7 +79,11 @@ async def read_reliability_png(
     return Response(png, media_type="image/png")
 
 
-@router.get("/calibrators/{calibrator_id}/report", response_class=HTMLResponse)
+@router.get(
+    "/calibrators/{calibrator_id}/report",
+    dependencies=[READ],
+    response_class=HTMLResponse,
+)
 def read_report(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> HTMLResponse:
@@ -97,7 +103,7 @@ def read_report(
     return HTMLResponse(page)
 
 
-@router.post("/calibrators/{calibrator_id}/activate")
+@router.post("/calibrators/{calibrator_id}/activate", dependencies=[WRITE])
 async def activate_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> CalibratorInfo:
@@ -105,7 +111,11 @@ async def activate_calibrator(
     return await service.calibrators.activate_calibrator(name, calibrator_id)
 
 
-@router.delete("/calibrators/{calibrator_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/calibrators/{calibrator_id}",
+    dependencies=[WRITE],
+    status_code=status.HTTP_204_NO_CONTENT,
+)
 async def delete_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> None:
@@ -113,7 +123,7 @@ async def delete_calibrator(
     await service.calibrators.delete_calibrator(name, calibrator_id)
 
 
-@router.get("/calibrators/{calibrator_id}/export")
+@router.get("/calibrators/{calibrator_id}/export", dependencies=[READ])
 def export_calibrator(
     *, name: CollectionName, calibrator_id: str, service: ServiceDep
 ) -> CalibratorProfile:
@@ -121,7 +131,9 @@ def export_calibrator(
     return service.calibrators.export_calibrator(name, calibrator_id)
 
 
-@router.post("/calibrators/import", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/calibrators/import", dependencies=[ADMIN], status_code=status.HTTP_201_CREATED
+)
 async def import_calibrator(
     *, name: CollectionName, body: CalibratorImport, service: ServiceDep
 ) -> CalibratorInfo:
@@ -129,7 +141,7 @@ async def import_calibrator(
     return await service.calibrators.import_calibrator(name, body)
 
 
-@router.post("/feedback", status_code=status.HTTP_201_CREATED)
+@router.post("/feedback", dependencies=[JUDGE], status_code=status.HTTP_201_CREATED)
 def create_feedback(
     *, name: CollectionName, body: FeedbackRequest, service: ServiceDep
 ) -> FeedbackResponse:
@@ -138,7 +150,7 @@ def create_feedback(
     return FeedbackResponse(stored=stored, total=total)
 
 
-@router.get("/feedback")
+@router.get("/feedback", dependencies=[JUDGE])
 def read_feedback(
     *,
     name: CollectionName,
@@ -155,7 +167,7 @@ def read_feedback(
     return service.calibrators.list_feedback(name, limit, cursor)
 
 
-@router.delete("/feedback")
+@router.delete("/feedback", dependencies=[WRITE])
 def delete_feedback(
     *,
     name: CollectionName,

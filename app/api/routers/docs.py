@@ -24,6 +24,7 @@ from fastapi.openapi.docs import (
 )
 from fastapi.responses import FileResponse, HTMLResponse
 
+from app.api.auth import READ
 from app.api.middleware import docs_csp
 from app.exceptions import NotFoundError
 
@@ -52,7 +53,7 @@ def _with_csp(page: HTMLResponse) -> HTMLResponse:
     return page
 
 
-@router.get("/docs")
+@router.get("/docs", dependencies=[READ])
 def swagger_ui(request: Request) -> HTMLResponse:
     """Swagger UI on this service's OpenAPI document."""
     root = request.scope.get("root_path", "")
@@ -68,13 +69,13 @@ def swagger_ui(request: Request) -> HTMLResponse:
     )
 
 
-@router.get(_OAUTH2_REDIRECT_URL)
+@router.get(_OAUTH2_REDIRECT_URL, dependencies=[READ])
 def swagger_ui_redirect() -> HTMLResponse:
     """Swagger UI's OAuth2 redirect page (no external assets)."""
     return _with_csp(get_swagger_ui_oauth2_redirect_html())
 
 
-@router.get("/redoc")
+@router.get("/redoc", dependencies=[READ])
 def redoc(request: Request) -> HTMLResponse:
     """ReDoc on this service's OpenAPI document (no web fonts: they are remote)."""
     return _with_csp(
@@ -88,7 +89,7 @@ def redoc(request: Request) -> HTMLResponse:
     )
 
 
-@router.get(STATIC_PREFIX + "/{file}")
+@router.get(STATIC_PREFIX + "/{file}", dependencies=[READ])
 def static_asset(file: str) -> FileResponse:
     """One of the vendored Swagger UI / ReDoc files (a fixed list, nothing else)."""
     media_type = _ASSETS.get(file)

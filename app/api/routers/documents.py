@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 from fastapi.responses import StreamingResponse
 
+from app.api.auth import READ, WRITE
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName, DocumentIdParam
@@ -43,7 +44,7 @@ class NdjsonResponse(StreamingResponse):
     media_type = NDJSON
 
 
-@router.put("")
+@router.put("", dependencies=[WRITE])
 async def upsert_documents(
     *, name: CollectionName, body: UpsertRequest, service: ServiceDep
 ) -> UpsertResponse:
@@ -51,7 +52,7 @@ async def upsert_documents(
     return await service.documents.upsert(name, body.documents)
 
 
-@router.get("")
+@router.get("", dependencies=[READ])
 def list_documents(
     *,
     name: CollectionName,
@@ -67,7 +68,7 @@ def list_documents(
     return service.documents.list_documents(name, limit, cursor)
 
 
-@router.post("/get")
+@router.post("/get", dependencies=[READ])
 def get_documents(
     *, name: CollectionName, body: DocumentsGetRequest, service: ServiceDep
 ) -> DocumentsFound:
@@ -75,7 +76,7 @@ def get_documents(
     return service.documents.get_documents(name, body.ids)
 
 
-@router.post("/delete")
+@router.post("/delete", dependencies=[WRITE])
 async def delete_documents(
     *, name: CollectionName, body: DocumentsDeleteRequest, service: ServiceDep
 ) -> DocumentsDeleted:
@@ -83,7 +84,7 @@ async def delete_documents(
     return await service.documents.delete_documents(name, body)
 
 
-@router.post("/update")
+@router.post("/update", dependencies=[WRITE])
 async def update_documents(
     *, name: CollectionName, body: DocumentsUpdateRequest, service: ServiceDep
 ) -> DocumentsUpdated:
@@ -96,6 +97,7 @@ async def update_documents(
 
 @router.get(
     "/export",
+    dependencies=[READ],
     response_class=NdjsonResponse,
     responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}}}},
 )
@@ -107,7 +109,7 @@ def export_documents(*, name: CollectionName, service: ServiceDep) -> NdjsonResp
     return NdjsonResponse(service.documents.export_documents(name))
 
 
-@router.get("/{doc_id:path}")
+@router.get("/{doc_id:path}", dependencies=[READ])
 def read_document(
     *, name: CollectionName, doc_id: DocumentIdParam, service: ServiceDep
 ) -> DocumentOut:
@@ -115,7 +117,7 @@ def read_document(
     return service.documents.get_document(name, doc_id)
 
 
-@router.patch("/{doc_id:path}")
+@router.patch("/{doc_id:path}", dependencies=[WRITE])
 async def update_document(
     *,
     name: CollectionName,
@@ -130,7 +132,9 @@ async def update_document(
     return doc
 
 
-@router.delete("/{doc_id:path}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{doc_id:path}", dependencies=[WRITE], status_code=status.HTTP_204_NO_CONTENT
+)
 async def delete_document(
     *, name: CollectionName, doc_id: DocumentIdParam, service: ServiceDep
 ) -> Response:

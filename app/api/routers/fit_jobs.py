@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
+from app.api.auth import READ, WRITE
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
@@ -17,7 +18,7 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED)
+@router.post("", dependencies=[WRITE], status_code=status.HTTP_202_ACCEPTED)
 async def create_fit_job(
     *, name: CollectionName, body: FitRequest, service: ServiceDep, response: Response
 ) -> FitJob:
@@ -31,14 +32,14 @@ async def create_fit_job(
     return job
 
 
-@router.get("")
+@router.get("", dependencies=[READ])
 def read_fit_jobs(*, name: CollectionName, service: ServiceDep) -> FitJobList:
     """The collection's fit jobs, newest first (old finished ones are pruned)."""
     data = service.calibrators.list_fit_jobs(name)
     return FitJobList(data=data, count=len(data))
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", dependencies=[READ])
 def read_fit_job(*, name: CollectionName, job_id: str, service: ServiceDep) -> FitJob:
     """One fit job: status, progress, and the calibrator or the error."""
     return service.calibrators.get_fit_job(name, job_id)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
+from app.api.auth import ADMIN, JUDGE, READ
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
@@ -28,13 +29,13 @@ router = APIRouter(
 )
 
 
-@router.get("/query-log")
+@router.get("/query-log", dependencies=[READ])
 def read_query_log(*, name: CollectionName, service: ServiceDep) -> QueryLogInfo:
     """Whether searches are logged, the retention, and how many queries are kept."""
     return service.judging.query_log(name)
 
 
-@router.put("/query-log")
+@router.put("/query-log", dependencies=[ADMIN])
 def update_query_log(
     *, name: CollectionName, body: QueryLogSettings, service: ServiceDep
 ) -> QueryLogInfo:
@@ -42,7 +43,9 @@ def update_query_log(
     return service.judging.set_query_log(name, body)
 
 
-@router.post("/judging/queries", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/judging/queries", dependencies=[JUDGE], status_code=status.HTTP_201_CREATED
+)
 def create_judging_queries(
     *, name: CollectionName, body: JudgingQueriesRequest, service: ServiceDep
 ) -> JudgingQueriesResponse:
@@ -52,7 +55,7 @@ def create_judging_queries(
     )
 
 
-@router.get("/judging/next")
+@router.get("/judging/next", dependencies=[JUDGE])
 async def read_next_to_judge(
     *,
     name: CollectionName,
@@ -65,7 +68,9 @@ async def read_next_to_judge(
     return await service.judging.next_to_judge(name, k)
 
 
-@router.post("/judging/skip", status_code=status.HTTP_204_NO_CONTENT)
+@router.post(
+    "/judging/skip", dependencies=[JUDGE], status_code=status.HTTP_204_NO_CONTENT
+)
 def create_skip(
     *, name: CollectionName, body: SkipRequest, service: ServiceDep
 ) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from app.api.auth import bearer_scheme
+from app.api.auth import READ_EVERY_COLLECTION, bearer_scheme
 from app.api.deps import ServiceDep
 from app.observability import METRICS_CONTENT_TYPE
 
@@ -18,6 +18,7 @@ router = APIRouter(tags=["metrics"], dependencies=[Depends(bearer_scheme)])
 
 @router.get(
     "/metrics",
+    dependencies=[READ_EVERY_COLLECTION],
     response_class=Response,
     responses={200: {"content": {"text/plain": {}}}},
 )

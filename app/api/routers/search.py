@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.api.auth import READ
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
@@ -14,7 +15,7 @@ router = APIRouter(
 )
 
 
-@router.post("/search")
+@router.post("/search", dependencies=[READ])
 async def search_collection(
     *, name: CollectionName, body: SearchRequest, service: ServiceDep
 ) -> SearchResult | BatchSearchResponse:

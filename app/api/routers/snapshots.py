@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response, status
 from fastapi.responses import FileResponse
 
+from app.api.auth import ADMIN
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
@@ -31,13 +32,13 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", dependencies=[ADMIN], status_code=status.HTTP_201_CREATED)
 def create_snapshot(*, name: CollectionName, service: ServiceDep) -> SnapshotInfo:
     """Take a snapshot now; the answer means it is durable on disk."""
     return service.collections.create_snapshot(name)
 
 
-@router.get("")
+@router.get("", dependencies=[ADMIN])
 def list_snapshots(*, name: CollectionName, service: ServiceDep) -> SnapshotList:
     """The collection's snapshots, oldest first."""
     data = service.collections.list_snapshots(name)
@@ -46,6 +47,7 @@ def list_snapshots(*, name: CollectionName, service: ServiceDep) -> SnapshotList
 
 @router.get(
     "/{snapshot_id}",
+    dependencies=[ADMIN],
     response_class=FileResponse,
     responses={200: {"content": {SQLITE: {"schema": {"type": "string"}}}}},
 )
@@ -59,7 +61,7 @@ def download_snapshot(
     )
 
 
-@router.post("/{snapshot_id}/restore")
+@router.post("/{snapshot_id}/restore", dependencies=[ADMIN])
 def restore_snapshot(
     *, name: CollectionName, snapshot_id: SnapshotId, service: ServiceDep
 ) -> CollectionInfo:
@@ -67,7 +69,9 @@ def restore_snapshot(
     return service.collections.restore_snapshot(name, snapshot_id)
 
 
-@router.delete("/{snapshot_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{snapshot_id}", dependencies=[ADMIN], status_code=status.HTTP_204_NO_CONTENT
+)
 def delete_snapshot(
     *, name: CollectionName, snapshot_id: SnapshotId, service: ServiceDep
 ) -> Response:

@@ -14,6 +14,7 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from app.api.auth import READ
 from app.api.errors import PROBLEM_RESPONSES
 from app.api.routers.params import CollectionName
 from app.exceptions import NotFoundError
@@ -32,7 +33,9 @@ def _asset(file: str) -> bytes:
     return resources.files("app.ui").joinpath(file).read_bytes()
 
 
-@router.get("/collections/{name}/judge", response_class=HTMLResponse)
+@router.get(
+    "/collections/{name}/judge", dependencies=[READ], response_class=HTMLResponse
+)
 def judge_page(name: CollectionName) -> HTMLResponse:  # noqa: ARG001 (read by the JS)
     """The keyboard-first judging page of a collection."""
     return HTMLResponse(_asset("judge.html"), headers={"cache-control": "no-cache"})
@@ -40,6 +43,7 @@ def judge_page(name: CollectionName) -> HTMLResponse:  # noqa: ARG001 (read by t
 
 @router.get(
     "/collections/{name}/calibrators/{calibrator_id}/report",
+    dependencies=[READ],
     response_class=HTMLResponse,
 )
 def report_page(name: CollectionName, calibrator_id: str) -> HTMLResponse:  # noqa: ARG001
@@ -51,7 +55,7 @@ def report_page(name: CollectionName, calibrator_id: str) -> HTMLResponse:  # no
     return HTMLResponse(_asset("report.html"), headers={"cache-control": "no-cache"})
 
 
-@router.get("/static/{file}")
+@router.get("/static/{file}", dependencies=[READ])
 def static_asset(file: str) -> Response:
     """The page's script and style sheet."""
     media_type = _ASSETS.get(file)

@@ -54,6 +54,7 @@ from normcal_client._models import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
+    KeyInfo,
     MetadataMode,
     QueryLogInfo,
     Readiness,
@@ -189,6 +190,10 @@ class AsyncNormcalClient(ClientBase):
     async def version(self) -> VersionInfo:
         """The normcal version, the serving model's identity, the shipped profiles."""
         return await self._drive(op.one(ep.VERSION()))
+
+    async def key(self) -> KeyInfo:
+        """The API key this client sends: its name, role and collections."""
+        return await self._drive(op.one(ep.KEY()))
 
     async def wait_until_ready(
         self, timeout: float = 120.0, interval: float = 0.5

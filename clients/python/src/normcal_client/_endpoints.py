@@ -76,6 +76,7 @@ _CAL = _C + "/calibrators/{calibrator_id}"
 HEALTH = Endpoint("GET", "/healthz", m.Health)
 READY = Endpoint("GET", "/readyz", m.Readiness)
 VERSION = Endpoint("GET", "/version", m.VersionInfo)
+KEY = Endpoint("GET", "/v1/key", m.KeyInfo)
 EMBED = Endpoint("POST", "/v1/embed", m.EmbedResponse, m.EmbedRequest)
 EMBEDDINGS = Endpoint(
     "POST", "/v1/embeddings", m.EmbeddingsResponse, m.EmbeddingsRequest
@@ -144,6 +145,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     HEALTH,
     READY,
     VERSION,
+    KEY,
     EMBED,
     EMBEDDINGS,
     LIST_COLLECTIONS,

@@ -94,7 +94,19 @@ class Unauthorized(NormcalError):
 
 
 class Forbidden(NormcalError):
-    """403: the key is valid but not allowed to do this."""
+    """403: the key is valid but not allowed to do this.
+
+    Its role is too low (:attr:`required_role` names the one needed), or it is
+    scoped to other collections.
+    """
+
+    @property
+    def required_role(self) -> str | None:
+        """The role the request needs: read, judge, write or admin.
+
+        ``None`` when the key's role sufficed but its collections did not.
+        """
+        return self.problem.role
 
 
 class NotFound(NormcalError):

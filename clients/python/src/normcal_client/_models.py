@@ -310,6 +310,18 @@ class VersionInfo(ResponseModel):
     profiles: list[ShippedProfileInfo]
 
 
+Role = Literal["read", "judge", "write", "admin"]
+
+
+class KeyInfo(ResponseModel):
+    """``GET /v1/key``: the key's name, role and collections (``None``: all)."""
+
+    auth: bool
+    name: str | None
+    role: Role
+    collections: list[str] | None
+
+
 class Embedding(ResponseModel):
     """One embedded text: unit vector, raw norm, tokens seen."""
 
@@ -758,6 +770,7 @@ class ProblemDetail(ResponseModel):
     detail: str
     instance: str | None = None
     errors: list[dict[str, Any]] | None = None
+    role: str | None = None
 
 
 class QueryLogInfo(ResponseModel):

@@ -50,6 +50,7 @@ from normcal_client._models import (
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
+    KeyInfo,
     MetadataMode,
     QueryLogInfo,
     Readiness,
@@ -185,6 +186,10 @@ class NormcalClient(ClientBase):
     def version(self) -> VersionInfo:
         """The normcal version, the serving model's identity, the shipped profiles."""
         return self._drive(op.one(ep.VERSION()))
+
+    def key(self) -> KeyInfo:
+        """The API key this client sends: its name, role and collections."""
+        return self._drive(op.one(ep.KEY()))
 
     def wait_until_ready(
         self, timeout: float = 120.0, interval: float = 0.5
