@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.api.auth import READ
 from app.api.deps import ServiceDep
 from app.api.errors import PROBLEM_RESPONSES
 from app.schemas.embed import EmbeddingsRequest, EmbeddingsResponse
@@ -11,7 +12,7 @@ from app.schemas.embed import EmbeddingsRequest, EmbeddingsResponse
 router = APIRouter(prefix="/embeddings", tags=["embed"], responses=PROBLEM_RESPONSES)
 
 
-@router.post("")
+@router.post("", dependencies=[READ])
 async def create_openai_embeddings(
     *, body: EmbeddingsRequest, service: ServiceDep
 ) -> EmbeddingsResponse:
