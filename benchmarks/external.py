@@ -41,6 +41,8 @@ import functools
 import hashlib
 import json
 import math
+import os
+import pickle
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -505,8 +507,28 @@ def load_all(
     """Every (set, retriever) domain of ``names`` (embedding what is missing).
 
     ``mpnet="cached"``: the mpnet and RRF domains of the sets whose mpnet vectors are
-    cached only (see :func:`set_lists`).
+    cached only (see :func:`set_lists`). The result is kept whole
+    (``~/.cache/normcal/external/lists-*.pkl``, keyed by the sets, ``mpnet`` and
+    :data:`VERSION`): the corpus caches under it are keyed by the data files' mtime,
+    and a re-staged copy of the same data would otherwise embed every corpus again.
+    Delete it when the data itself changes.
     """
+    whole = EXTERNAL_CACHE / f"lists-{_key(','.join(names), mpnet)}.pkl"
+    if whole.exists():
+        with whole.open("rb") as fh:
+            kept: dict[tuple[str, str], ListSet] = pickle.load(fh)
+        return kept
+    out = _load_all(names, data, cache, mpnet=mpnet)
+    whole.parent.mkdir(parents=True, exist_ok=True)
+    tmp = whole.with_name(f".{whole.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(pickle.dumps(out))
+    os.replace(tmp, whole)
+    return out
+
+
+def _load_all(
+    names: Sequence[str], data: Path, cache: Path, *, mpnet: str
+) -> dict[tuple[str, str], ListSet]:
     from app.api.lifespan import load_embedder
     from app.settings import Settings
     from benchmarks.models import all_mpnet_base_v2, paraphrase_minilm_l3

@@ -80,6 +80,8 @@ def test_shape_is_cohere_s_with_probabilities(client, embedder):
     # The aspirin passages are the likely ones; the bread and the market are not.
     assert {results[0]["index"], results[1]["index"]} == {1, 3}
     assert body["calibrator"]["status"] == "default"
+    # the shipped default for external lists (app/profiles/external/), not search's
+    assert body["calibrator"]["id"] == "default-external-all-minilm-l6-v2"
     assert body["calibrator"]["next_step"] is None
     assert body["model"] == embedder.model_name
     assert 0.0 <= body["confidence"] <= 1.0
