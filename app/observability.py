@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from app.collections.base import Registry
     from app.embedding import Embedder, EmbeddingBatch, InputType
+    from app.embedding.cache import CacheStats
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("normcal.access")
@@ -169,6 +170,44 @@ class _DriftCollector(Collector):
         yield psi
 
 
+class _CacheCollector(Collector):
+    """The embedding cache's counters (:class:`~app.embedding.cache.CacheStats`)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], CacheStats] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        stats = self.source()
+        for name, counts, what in (
+            ("hits", stats.hits, "Texts answered from the embedding cache"),
+            ("misses", stats.misses, "Texts the embedding cache did not hold"),
+        ):
+            family = CounterMetricFamily(
+                f"normcal_embedding_cache_{name}",
+                f"{what}, by input type.",
+                labels=["input_type"],
+            )
+            for input_type, count in sorted(counts.items()):
+                family.add_metric([input_type], count)
+            yield family
+        yield CounterMetricFamily(
+            "normcal_embedding_cache_evictions",
+            "Entries evicted from the embedding cache to stay within its bounds.",
+            value=stats.evictions,
+        )
+        for name, value, what in (
+            ("entries", stats.entries, "Texts held by the embedding cache."),
+            ("bytes", stats.bytes, "Bytes the embedding cache counts as held."),
+            ("max_entries", stats.max_entries, "NORMCAL_EMBED_CACHE_ENTRIES."),
+            ("max_bytes", stats.max_bytes, "NORMCAL_EMBED_CACHE_BYTES."),
+        ):
+            yield GaugeMetricFamily(
+                f"normcal_embedding_cache_{name}", what, value=value
+            )
+
+
 def _calibrator_labels(meta: dict[str, Any]) -> dict[str, str]:
     active = meta.get("active_calibrator")
     if not active:
@@ -239,6 +278,8 @@ class Metrics:
         self._drift = _DriftCollector()
         self.registry.register(self._drift)
         self.registry.register(_TermLookupsCollector())
+        self._cache = _CacheCollector()
+        self.registry.register(self._cache)
 
     def watch(self, registry: Registry[Any] | None) -> None:
         """Report index sizes and calibrators of ``registry`` (None: stop)."""
@@ -247,6 +288,10 @@ class Metrics:
     def watch_drift(self, source: Callable[[], list[DriftSample]] | None) -> None:
         """Report the drift verdicts ``source`` lists at each scrape (None: stop)."""
         self._drift.source = source
+
+    def watch_cache(self, source: Callable[[], CacheStats] | None) -> None:
+        """Report the embedding cache's counters ``source`` gives (None: stop)."""
+        self._cache.source = source
 
     def observe_request(
         self, method: str, route: str, status: int, seconds: float

@@ -47,7 +47,7 @@ class Limits(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="NORMCAL_", extra="ignore")
 
     max_texts_per_request: int = Field(
-        256, ge=1, description="texts per /v1/embed call"
+        256, ge=1, description="texts per /v1/embed or /v1/embeddings call"
     )
     max_text_chars: int = Field(
         32_768, ge=1, description="characters per text or query"
@@ -145,6 +145,23 @@ class Limits(BaseSettings):
         le=32_768,  # Milvus's largest FLOAT_VECTOR dimension
         description="dimension of a collection that brings its own vectors",
     )
+    max_rerank_documents: int = Field(
+        256, ge=1, description="documents per rerank request (POST /v1/rerank)"
+    )
+    max_rerank_document_chars: int = Field(
+        32_768, ge=1, description="characters of one rerank document's text"
+    )
+    max_rerank_total_chars: int = Field(
+        1_048_576,
+        ge=1,
+        description="characters of all the documents' texts of one rerank request",
+    )
+    max_logged_rerank_chars: int = Field(
+        65_536,
+        ge=1,
+        description="characters of documents' texts a logged rerank request keeps "
+        "(the first documents that fit, in the request's order)",
+    )
 
 
 class _ApiKeyEvenIfEmpty(EnvSettingsSource):
@@ -231,6 +248,20 @@ class Settings(BaseSettings):
         le=50,
         description="ms a pass that follows another waits for more requests to join "
         "(never when idle)",
+    )
+    embed_cache_entries: int = Field(
+        50_000,
+        ge=0,
+        le=10_000_000,
+        description="texts whose embeddings are kept in memory, so a text embedded "
+        "before (a reranked passage, a repeated query) costs no forward pass; "
+        "least recently used first out; 0 turns the cache off",
+    )
+    embed_cache_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="bytes the embedding cache may hold (vectors, keys and a fixed "
+        "per-entry overhead; ~1.9 KB a text at 384 dimensions); 0 turns it off",
     )
     storage: Literal["local", "milvus"] = Field(
         "local",

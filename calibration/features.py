@@ -26,6 +26,15 @@ Columns of ``X``
 ``lex_rank``
     1-based rank of the hit in the query's BM25 list of depth :data:`LEXICAL_DEPTH`,
     ``LEXICAL_DEPTH + 1`` when it is not in that list.
+``in_rank``
+    1-based position of the hit in the list as it was handed over: the candidate
+    pool's order in search (dense hits by cosine, then lexical-only ones), the
+    caller's retriever's order in a rerank request (:mod:`calibration.external`).
+``in_gap``
+    The list's own score gap to its top, relative to the list:
+    :math:`(\max s - s_i) / (\max s - \min s)` in [0, 1] (0 when all are equal).
+    The scores are the caller's retriever's (any scale: only gaps within the list
+    count), or normcal's cosines when the list is normcal's own.
 
 Without lexical evidence (``lexical=None``) the lexical columns say "no lexical match":
 0, 0 and ``LEXICAL_DEPTH + 1``.
@@ -55,6 +64,7 @@ __all__ = [
     "FEATURES",
     "LEXICAL_DEPTH",
     "LEXICAL_FEATURES",
+    "ORDER_FEATURES",
     "LexicalEvidence",
     "ListFeatures",
     "NormReference",
@@ -62,6 +72,7 @@ __all__ = [
     "list_features",
     "pair_features",
     "regime_from_rho",
+    "relative_gaps",
     "sign_probe",
     "stack_pair_features",
 ]
@@ -77,12 +88,27 @@ FEATURES: tuple[str, ...] = (
     "lex",
     "lex_rel",
     "lex_rank",
+    "in_rank",
+    "in_gap",
 )
 """Column order of the pair feature matrix ``X``."""
 
-COSINE, ELL_Q, ELL_D, RANK, GAP, LEN_Q, LEN_D, LEX, LEX_REL, LEX_RANK = range(
-    len(FEATURES)
-)
+(
+    COSINE,
+    ELL_Q,
+    ELL_D,
+    RANK,
+    GAP,
+    LEN_Q,
+    LEN_D,
+    LEX,
+    LEX_REL,
+    LEX_RANK,
+    IN_RANK,
+    IN_GAP,
+) = range(len(FEATURES))
+ORDER_FEATURES: tuple[str, ...] = ("in_rank", "in_gap")
+"""The columns of the list's own order (the handing-over retriever's evidence)."""
 LEXICAL_FEATURES: tuple[str, ...] = ("lex", "lex_rel", "lex_rank")
 LEXICAL_DEPTH = 100
 """Depth of the BM25 list that ``lex_rank`` is measured in (fit, eval and search alike)."""
@@ -407,6 +433,7 @@ def pair_features(
     len_q: float = 0.0,
     len_d: ArrayLike | None = None,
     lexical: LexicalEvidence | None = None,
+    input_scores: ArrayLike | None = None,
 ) -> FloatArray:
     r"""Build the pair feature matrix of one query's hit list.
 
@@ -425,11 +452,15 @@ def pair_features(
         Document centred log-lengths; ``None`` means zeros.
     lexical : LexicalEvidence or None, default=None
         BM25 evidence of the hits; ``None`` means no lexical match.
+    input_scores : array-like of shape (k,) or None, default=None
+        The scores of the retriever that handed the list over, in list order, for
+        ``in_gap`` (:func:`relative_gaps`); ``None``: the list is normcal's own and
+        its cosines are those scores.
 
     Returns
     -------
-    X : ndarray of shape (k, 10)
-        Columns in :data:`FEATURES` order.
+    X : ndarray of shape (k, 12)
+        Columns in :data:`FEATURES` order; rows in list order (``in_rank``).
     """
     lf = list_features(scores)
     k = lf.rank.shape[0]
@@ -449,8 +480,32 @@ def pair_features(
     X[:, GAP] = lf.gap
     X[:, LEN_Q] = float(len_q)
     X[:, LEN_D] = lnd
-    X[:, LEX:] = lexical_columns(lexical, k)
+    X[:, LEX : LEX_RANK + 1] = lexical_columns(lexical, k)
+    X[:, IN_RANK] = np.arange(1, k + 1, dtype=np.float64)
+    gaps = relative_gaps(scores if input_scores is None else input_scores)
+    if gaps.shape[0] != k:
+        raise InvalidInputError(
+            f"input_scores must have one value per hit ({k}).", field="input_scores"
+        )
+    X[:, IN_GAP] = gaps
     return X
+
+
+def relative_gaps(scores: ArrayLike) -> FloatArray:
+    r"""Each score's gap to the list's top, relative to the list's range.
+
+    :math:`(\max s - s_i) / (\max s - \min s)`: 0 for the top, 1 for the bottom,
+    the same for any increasing affine map of the scores (their scale is the
+    retriever's, unknown), all 0 when the scores are equal.
+    """
+    s = as_float_1d(scores, "input_scores")
+    if s.shape[0] == 0:
+        return s
+    span = float(s.max() - s.min())
+    if span <= 0.0:
+        return np.zeros_like(s)
+    out: FloatArray = (s.max() - s) / span
+    return out
 
 
 def stack_pair_features(
@@ -460,6 +515,7 @@ def stack_pair_features(
     len_q: ArrayLike | None = None,
     len_d: Sequence[ArrayLike] | None = None,
     lexical: Sequence[LexicalEvidence | None] | None = None,
+    input_scores: Sequence[ArrayLike | None] | None = None,
 ) -> tuple[FloatArray, IntArray]:
     r"""Stack the pair matrices of many queries.
 
@@ -477,10 +533,13 @@ def stack_pair_features(
         Document centred log-lengths per query (zeros if ``None``).
     lexical : sequence of LexicalEvidence or None, default=None
         BM25 evidence per query (no lexical match if ``None``).
+    input_scores : sequence of array-like or None, default=None
+        The handing-over retriever's scores per query (see :func:`pair_features`;
+        ``None``, or ``None`` for a query: its cosines).
 
     Returns
     -------
-    X : ndarray of shape (sum k_i, 10)
+    X : ndarray of shape (sum k_i, 12)
         Stacked pair features, queries in input order.
     groups : ndarray of shape (sum k_i,)
         Query index (0..n_queries-1) of each row, for grouped fitting.
@@ -499,6 +558,10 @@ def stack_pair_features(
         raise InvalidInputError(
             "lexical must have one entry per query.", field="lexical"
         )
+    if input_scores is not None and len(input_scores) != n_q:
+        raise InvalidInputError(
+            "input_scores must have one entry per query.", field="input_scores"
+        )
     if n_q == 0:
         raise InvalidInputError("No queries given.", field="scores")
     blocks = [
@@ -509,6 +572,7 @@ def stack_pair_features(
             float(lnq[i]),
             None if len_d is None else len_d[i],
             None if lexical is None else lexical[i],
+            None if input_scores is None else input_scores[i],
         )
         for i in range(n_q)
     ]
@@ -576,7 +640,7 @@ def query_probe_rho(X: FloatArray, groups: IntArray, top: int = 10) -> float:
 
     Parameters
     ----------
-    X : ndarray of shape (n, 10)
+    X : ndarray of shape (n, 12)
         Pair features.
     groups : ndarray of shape (n,)
         Query codes 0..n_queries-1.

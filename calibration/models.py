@@ -42,7 +42,6 @@ from calibration.features import (
     COSINE,
     ELL_D,
     ELL_Q,
-    FEATURES,
     GAP,
     LEN_D,
     LEN_Q,
@@ -54,6 +53,9 @@ from calibration.features import (
     query_probe_rho,
     regime_from_rho,
 )
+
+_LIST_COLUMNS = LEX_RANK + 1
+"""Columns the list-aware families read (``FEATURES`` up to ``lex_rank``)."""
 
 __all__ = [
     "IsotonicCalibrator",
@@ -636,7 +638,7 @@ class _NTBase(_Calibrator):
                 f"prior_width must be one of {_WIDTHS}, got {self.prior_width!r}.",
                 field="prior_width",
             )
-        need = len(FEATURES) if self._list_terms else self._min_columns
+        need = _LIST_COLUMNS if self._list_terms else self._min_columns
         Xa = _as_X(X, need)
         yv = as_labels(y, Xa.shape[0])
         codes = as_groups(groups, Xa.shape[0])
@@ -701,7 +703,7 @@ class _NTBase(_Calibrator):
             Calibrated logits.
         """
         _check_fitted(self, "coef_")
-        need = len(FEATURES) if self._list_terms else self._min_columns
+        need = _LIST_COLUMNS if self._list_terms else self._min_columns
         s, V, C = self._design(_as_X(X, need))
         _, z = _log_temp_and_logit(self.coef_, s, V, C)
         return z
@@ -720,7 +722,7 @@ class _NTBase(_Calibrator):
             Slope of the logit in the cosine.
         """
         _check_fitted(self, "coef_")
-        need = len(FEATURES) if self._list_terms else self._min_columns
+        need = _LIST_COLUMNS if self._list_terms else self._min_columns
         _, V, _ = self._design(_as_X(X, need))
         out: FloatArray = np.exp(np.clip(V @ self.coef_[:_N_TEMP], -30.0, 30.0))
         return out
@@ -945,7 +947,7 @@ class ListAwareCalibrator(_NTBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_pairs, 10)
+        X : array-like of shape (n_pairs, 12)
             Pair features in ``FEATURES`` order.
         y : array-like of shape (n_pairs,)
             Binary relevance labels.

@@ -57,7 +57,7 @@ from calibration.exceptions import (
     NotFittedCalibratorError,
     UnsupportedFormatError,
 )
-from calibration.features import FEATURES, LEXICAL_FEATURES
+from calibration.features import FEATURES, LEXICAL_FEATURES, ORDER_FEATURES
 from calibration.metrics import (
     brier_score,
     clear_nll_gain,
@@ -77,6 +77,7 @@ __all__ = [
     "fit_confidence_weight",
     "fit_prior",
     "interval_coverage",
+    "interval_coverages",
     "lodo_calibrate",
     "norm_lift_verdict",
     "t_location_scale",
@@ -101,7 +102,8 @@ NORM_FEATURES: tuple[str, ...] = ("ell_q", "ell_d")
 
 # Within one query rank and gap fall as the cosine rises: with these signs the logit is
 # non-decreasing in the cosine, so the prior never reorders a query's hits. Lexical
-# evidence can only raise a hit (more of the query's terms, a better BM25 rank).
+# evidence can only raise a hit (more of the query's terms, a better BM25 rank), and
+# so can a better place in the handing-over retriever's list (order features).
 _SIGN: dict[str, int] = {
     "cosine": +1,
     "rank": -1,
@@ -109,9 +111,11 @@ _SIGN: dict[str, int] = {
     "lex": +1,
     "lex_rel": +1,
     "lex_rank": -1,
+    "in_rank": -1,
+    "in_gap": -1,
 }
-_LOG_COLUMNS = frozenset({"rank", "lex_rank"})
-_DOC_SIDE = frozenset({"ell_d", "len_d", *LEXICAL_FEATURES})
+_LOG_COLUMNS = frozenset({"rank", "lex_rank", "in_rank"})
+_DOC_SIDE = frozenset({"ell_d", "len_d", *LEXICAL_FEATURES, *ORDER_FEATURES})
 _SLOPE_PRIOR_SD = 10.0  # weak ridge of the pooled fit (standardised units)
 _PER_SET_SD = 1.0  # per-set refits shrink toward the shared slope with this SD
 _MIN_SLOPE_SD = 0.05  # floor of the across-domain slope spread
@@ -126,6 +130,11 @@ OFFSET_GRID = np.round(np.arange(-3.0, 1.0001, 0.125), 3)
 """Served level offsets :func:`lodo_calibrate` tries."""
 WIDTH_GRID = np.round(np.arange(0.5, 6.0001, 0.05), 2)
 """Half-width multipliers :func:`lodo_calibrate` tries."""
+
+
+def _columns(features: Sequence[str]) -> int:
+    """Columns of ``X`` a prior over ``features`` reads."""
+    return max(FEATURES.index(name) for name in features) + 1
 
 
 def _design(X: FloatArray, features: Sequence[str]) -> FloatArray:
@@ -288,7 +297,7 @@ class CrossDomainPrior:
 
     def standardise(self, X: ArrayLike) -> FloatArray:
         """``[1, (phi(X) - center) / scale]``: the design of the level and slopes."""
-        Xa = as_float_2d(X, "X", min_columns=len(FEATURES))
+        Xa = as_float_2d(X, "X", min_columns=_columns(self.features))
         Z = (_design(Xa, self.features) - np.array(self.center)) / np.array(self.scale)
         return np.column_stack([np.ones(Xa.shape[0]), Z])
 
@@ -441,34 +450,15 @@ def fit_prior(
     raw, ys = [], []
     for name in names:
         X, y = sets[name]
-        Xa = as_float_2d(X, "X", min_columns=len(FEATURES))
+        Xa = as_float_2d(X, "X", min_columns=_columns(feats))
         raw.append(_design(Xa, feats))
         ys.append(as_labels(y, Xa.shape[0]))
     center = np.mean([r.mean(axis=0) for r in raw], axis=0)
     spread = np.mean([((r - center) ** 2).mean(axis=0) for r in raw], axis=0)
     scale = np.where(spread > 0, np.sqrt(spread), 1.0)
     Zs = [(r - center) / scale for r in raw]
-    K, p = len(names), len(feats)
-    n_bar = np.mean([len(y) for y in ys])
-    # Pooled fit: columns are K set indicators then the shared slopes.
-    Z = np.zeros((sum(len(y) for y in ys), K + p))
-    row = 0
-    for k, Zk in enumerate(Zs):
-        Z[row : row + len(Zk), k] = 1.0
-        Z[row : row + len(Zk), K:] = Zk
-        row += len(Zk)
-    y_all = np.concatenate(ys)
-    w_all = np.concatenate([np.full(len(y), n_bar / len(y)) for y in ys])
-    bounds = [(None, None)] * K + _bounds(feats)
-    theta, _ = _map_logistic(
-        Z,
-        y_all,
-        w_all,
-        np.zeros(K + p),
-        np.full(K + p, _SLOPE_PRIOR_SD),
-        bounds,
-    )
-    levels, slope = theta[:K], theta[K:]
+    p = len(feats)
+    levels, slope = _pooled_fit(Zs, ys, _bounds(feats))
     per_set: list[FloatArray] = []
     for level, Zk, yk in zip(levels, Zs, ys, strict=True):
         mean = np.concatenate([[level], slope])
@@ -498,6 +488,45 @@ def fit_prior(
         width=float(width),
         point_offset=float(point_offset),
     )
+
+
+def _pooled_fit(
+    Zs: Sequence[FloatArray],
+    ys: Sequence[FloatArray],
+    bounds: list[tuple[float | None, float | None]],
+) -> tuple[FloatArray, FloatArray]:
+    r"""MAP levels and shared slopes of the pooled fit (step 2 of :func:`fit_prior`).
+
+    :math:`z = c_{k(i)} + Z_i w`, every pair of domain :math:`k` weighted
+    :math:`\bar N / N_k`, all coefficients under :math:`\mathcal N(0, 10^2)`, slopes
+    sign-bounded. The design's level columns are indicators: the logit is a lookup
+    plus one product with the slopes, not a product with ``K`` mostly-zero columns.
+    """
+    K = len(Zs)
+    Z = np.vstack(Zs)
+    y = np.concatenate(ys)
+    at = np.repeat(np.arange(K), [len(v) for v in ys])
+    n_bar = np.mean([len(v) for v in ys])
+    w = np.concatenate([np.full(len(v), n_bar / len(v)) for v in ys])
+    prec = 1.0 / _SLOPE_PRIOR_SD**2
+
+    def objective(theta: FloatArray) -> tuple[float, FloatArray]:
+        z = theta[:K][at] + Z @ theta[K:]
+        loss = float(w @ (np.logaddexp(0.0, z) - y * z) + 0.5 * prec * theta @ theta)
+        r = w * (expit(z) - y)
+        grad = np.concatenate([np.bincount(at, r, minlength=K), Z.T @ r])
+        return loss, grad + prec * theta
+
+    res = minimize(
+        objective,
+        np.zeros(K + Z.shape[1]),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(None, None)] * K + bounds,
+        options={"maxiter": 1000},
+    )
+    theta = np.asarray(res.x, dtype=np.float64)
+    return theta[:K], theta[K:]
 
 
 def t_location_scale(values: ArrayLike, df: float) -> tuple[float, float]:
@@ -570,9 +599,14 @@ def lodo_calibrate(
     held: dict[str, CrossDomainPrior] = {}
     ratio = np.zeros((len(sets), len(OFFSET_GRID)))
     dataset = dataset_of or {n: n for n in sets}
+    without: dict[str, CrossDomainPrior] = {}  # one fit per held-out dataset
     for i, name in enumerate(sets):
-        others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
-        held[name] = fit_prior(others, features=features, level_df=level_df)
+        if dataset[name] not in without:
+            others = {n: xy for n, xy in sets.items() if dataset[n] != dataset[name]}
+            without[dataset[name]] = fit_prior(
+                others, features=features, level_df=level_df
+            )
+        held[name] = without[dataset[name]]
         X, y = sets[name]
         yv = as_labels(y, np.shape(y)[0])
         constant = float(yv.mean() * (1.0 - yv.mean()))
@@ -657,7 +691,7 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
 
         Parameters
         ----------
-        X : array-like of shape (n_pairs, 10)
+        X : array-like of shape (n_pairs, 12)
             Pair features in ``FEATURES`` order.
         y : array-like of shape (n_pairs,)
             Binary labels.
@@ -753,23 +787,48 @@ def interval_coverage(
     reaches exactly 0 would otherwise "miss". ``alpha=0`` asks for the observed rate
     itself inside the interval.
     """
+    lo_v, hi_v = as_float_1d(lo, "lo"), as_float_1d(hi, "hi")
+    covered = interval_coverages(
+        y, p, lo_v[:, None], hi_v[:, None], n_bins=n_bins, alpha=alpha
+    )
+    return float(covered[0])
+
+
+def interval_coverages(
+    y: ArrayLike,
+    p: ArrayLike,
+    lo: ArrayLike,
+    hi: ArrayLike,
+    *,
+    n_bins: int = 15,
+    alpha: float = COVERAGE_ALPHA,
+) -> FloatArray:
+    """:func:`interval_coverage` of several intervals around the same ``p`` at once.
+
+    ``lo`` and ``hi`` of shape ``(n, m)``: column ``j`` is one set of intervals (a
+    width tried, say); the bins, which depend on ``p`` only, are made once.
+    """
     pv = as_float_1d(p, "p")
     yv = as_labels(y, pv.shape[0], allow_single_class=True)
-    lo_v, hi_v = as_float_1d(lo, "lo"), as_float_1d(hi, "hi")
+    lo_m, hi_m = as_float_2d(lo, "lo"), as_float_2d(hi, "hi")
     curve = reliability_curve(yv, pv, n_bins=n_bins, strategy="quantile")
     ids = np.searchsorted(curve.bin_edges[1:-1], pv)
     counts = np.bincount(ids, minlength=n_bins)
     nz = counts > 0
     n = counts[nz]
     k = np.bincount(ids, weights=yv, minlength=n_bins)[nz]
-    mean_lo = np.bincount(ids, weights=lo_v, minlength=n_bins)[nz] / n
-    mean_hi = np.bincount(ids, weights=hi_v, minlength=n_bins)[nz] / n
+    member = np.zeros((n_bins, pv.shape[0]))
+    member[ids, np.arange(pv.shape[0])] = 1.0
+    mean_lo = (member @ lo_m)[nz] / n[:, None]
+    mean_hi = (member @ hi_m)[nz] / n[:, None]
     with np.errstate(invalid="ignore"):
         rate_lo = np.where(k > 0, beta_dist.ppf(alpha / 2, k, n - k + 1), 0.0)
         rate_hi = np.where(k < n, beta_dist.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
     if alpha == 0:
         rate_lo = rate_hi = k / n
-    return float(np.mean((mean_lo <= rate_hi) & (rate_lo <= mean_hi)))
+    met = (mean_lo <= rate_hi[:, None]) & (rate_lo[:, None] <= mean_hi)
+    out: FloatArray = met.mean(axis=0)
+    return out
 
 
 # ------------------------------------------------------------------- query confidence

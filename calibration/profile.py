@@ -135,6 +135,9 @@ class QueryEvidence:
         relevant, the usual IR convention).
     lexical : LexicalEvidence or None
         BM25 evidence of the hits (``None``: no lexical match).
+    input_scores : ndarray of shape (k,) or None
+        Scores of the retriever that handed the list over (a rerank request's), in
+        list order; ``None``: normcal retrieved the list, its cosines are those.
     """
 
     norm: float
@@ -144,6 +147,7 @@ class QueryEvidence:
     doc_tokens: NDArray[np.int64]
     labels: FloatArray | None = None
     lexical: LexicalEvidence | None = None
+    input_scores: FloatArray | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ def build_features(
         query_ref.length_feature(q_tokens),
         [doc_ref.length_feature(evidence[i].doc_tokens) for i in kept],
         [evidence[i].lexical for i in kept],
+        [evidence[i].input_scores for i in kept],
     )
     return X, np.asarray(kept, dtype=np.int64)[local]
 
@@ -262,8 +267,13 @@ class Profile:
         doc_norms: FloatArray,
         doc_tokens: NDArray[np.int64],
         lexical: LexicalEvidence | None = None,
+        input_scores: FloatArray | None = None,
     ) -> Scored:
-        """Probabilities of one query's hits, their coherent confidence, abstain flag."""
+        """Probabilities of one query's hits, their coherent confidence, abstain flag.
+
+        The hits are in the order of the list they came in (``in_rank``);
+        ``input_scores`` are the handing-over retriever's (a rerank request's).
+        """
         if len(scores) == 0:
             return Scored(np.zeros(0), 0.0, True)
         ell_q = float(self.query_ref.transform([norm], [n_tokens])[0])
@@ -274,6 +284,7 @@ class Profile:
             float(self.query_ref.length_feature([n_tokens])[0]),
             self.doc_ref.length_feature(doc_tokens),
             lexical,
+            input_scores,
         )
         p = self.estimator.predict_proba(X)
         intervals = None
@@ -478,6 +489,8 @@ def _object(
 # -- the trial: scoring a grid over the feature space ----------------------------------
 TRIAL_COSINES = 201
 """Cosines of the fine sweep over [-1, 1] (every other context uses 21)."""
+TRIAL_LIST_RANK = 10_000.0
+"""The deepest ``in_rank`` the trial scores (a rerank list is at most this long)."""
 
 
 def trial_scores(profile: Profile, *, max_rank: int) -> None:
@@ -485,8 +498,9 @@ def trial_scores(profile: Profile, *, max_rank: int) -> None:
 
     The grid crosses cosines in [-1, 1] (a fine sweep, plus the knots of a map that
     has them) with every corner of the other features: the clipped norm features of
-    both references, ranks 1 and ``max_rank``, gaps 0 and 2, the clipped lengths, and
-    lexical evidence absent (0, 0, beyond the BM25 list) and present at its extremes.
+    both references, ranks 1 and ``max_rank``, gaps 0 and 2, the clipped lengths,
+    lexical evidence absent (0, 0, beyond the BM25 list) and present at its extremes,
+    list positions 1 and :data:`TRIAL_LIST_RANK` and relative score gaps 0 and 1.
     It also scores whole hit lists end to end (:meth:`Profile.score`) for extreme
     norms and token counts, with and without BM25 evidence. A profile that stored a
     broken map would otherwise break every later search that reaches the bad region.
@@ -540,9 +554,13 @@ def _trial_grid(profile: Profile, max_rank: int) -> None:
         (0.0, 3.0),  # lex
         (0.0, 1.0),  # lex_rel
         (1.0, float(LEXICAL_DEPTH + 1)),  # lex_rank
+        (1.0, TRIAL_LIST_RANK),  # in_rank
+        (0.0, 1.0),  # in_gap
     ]
     contexts = np.array(list(itertools.product(*corners)), dtype=np.float64)
-    centre = np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, LEXICAL_DEPTH + 1.0])
+    centre = np.array(
+        [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, LEXICAL_DEPTH + 1.0, 1.0, 0.0]
+    )
     fine = np.linspace(-1.0, 1.0, TRIAL_COSINES)
     knots = getattr(_unwrapped(profile.estimator), "x_thresholds_", None)
     if isinstance(knots, np.ndarray) and knots.ndim == 1 and knots.size:

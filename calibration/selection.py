@@ -46,7 +46,7 @@ from sklearn.model_selection import GroupKFold
 from calibration._typing import ArrayLike, FloatArray, IntArray, MethodName
 from calibration._validation import as_float_2d, as_groups, as_labels, require_queries
 from calibration.exceptions import InvalidInputError, SingleClassError
-from calibration.features import ELL_D, ELL_Q, FEATURES, LEX
+from calibration.features import ELL_D, ELL_Q, FEATURES, LEX, LEX_RANK
 from calibration.metrics import (
     BINNING,
     ReliabilityCurve,
@@ -698,7 +698,7 @@ def select_calibrator(
 
     Parameters
     ----------
-    X : array-like of shape (n_pairs, 10)
+    X : array-like of shape (n_pairs, 12)
         Pair features in ``FEATURES`` order.
     y : array-like of shape (n_pairs,)
         Binary relevance labels.
@@ -835,7 +835,7 @@ def _pairs(X: ArrayLike, y: ArrayLike, groups: ArrayLike, n_splits: int) -> _Pai
         n_queries=n_queries,
         folds=_folds(Xa, yv, codes, n_splits),
         has_norms=bool(np.any(Xa[:, [ELL_Q, ELL_D]] != 0.0)),
-        has_lexical=bool(np.any(np.ptp(Xa[:, LEX:], axis=0) > 0.0)),
+        has_lexical=bool(np.any(np.ptp(Xa[:, LEX : LEX_RANK + 1], axis=0) > 0.0)),
     )
 
 

@@ -45,7 +45,7 @@ class SimulatedJudgments:
 
     Attributes
     ----------
-    X : ndarray of shape (n_queries * k, 10)
+    X : ndarray of shape (n_queries * k, 12)
         Pair features in ``FEATURES`` order.
     y : ndarray of shape (n_queries * k,)
         Labels (0/1 as float64).

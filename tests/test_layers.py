@@ -75,8 +75,10 @@ ROUTER_PARTS = {
     "snapshots.py": "collections",
     "documents.py": "documents",
     "search.py": "search",
+    "rerank.py": "rerank",
     "judging.py": "judging",
     "embed.py": "system",
+    "embeddings.py": "system",
     "health.py": "system",
     "metrics.py": "system",
 }

@@ -16,10 +16,11 @@ from app.collections.base import Registry
 from app.collections.index import limit_threads
 from app.concurrency import CpuPool, lower_priority
 from app.embedding import Embedder, InputType, SentenceTransformerEmbedder
+from app.embedding.cache import CachedEmbedder, EmbeddingCache
 from app.embedding.known import contradiction
 from app.exceptions import StorageUnavailableError
 from app.observability import Metrics
-from app.profiles import load_default_profile
+from app.profiles import load_default_profile, load_external_profile
 from app.services import NO_DEFAULT_REASON, Context, Service
 from app.settings import Settings
 from calibration.profile import Profile
@@ -131,6 +132,9 @@ def make_lifespan(
             name="normcal-cpu-bulk",
         )
         default = load_default_profile(model.model_name, model.model_id)
+        external = load_external_profile(model.model_name, model.model_id)
+        if isinstance(external, str):
+            logger.warning("rerank serves the search default: %s", external)
         no_default = default if isinstance(default, str) else NO_DEFAULT_REASON
         if isinstance(default, str):
             logger.warning("search is uncalibrated until a fit: %s", default)
@@ -149,8 +153,15 @@ def make_lifespan(
             registry.backend,
         )
         if metrics is not None:
-            model = metrics.instrument(model)
+            model = metrics.instrument(model)  # counts forward passes: under the cache
             metrics.watch(registry)
+        if settings.embed_cache_entries and settings.embed_cache_bytes:
+            cache = EmbeddingCache(
+                settings.embed_cache_entries, settings.embed_cache_bytes
+            )
+            model = CachedEmbedder(model, cache)
+            if metrics is not None:
+                metrics.watch_cache(cache.stats)
         context = Context(
             settings,
             model,
@@ -162,6 +173,8 @@ def make_lifespan(
             default_note=None
             if isinstance(default, str) or default.agnostic_because is None
             else f"model-agnostic default ({default.agnostic_because})",
+            rerank_profile=None if isinstance(external, str) else external,
+            no_rerank_reason=external if isinstance(external, str) else None,
             metrics=metrics,
             job_error=job_error,
         )
@@ -177,6 +190,7 @@ def make_lifespan(
             if metrics is not None:
                 metrics.watch(None)
                 metrics.watch_drift(None)
+                metrics.watch_cache(None)
             bulk_pool.shutdown()
             pool.shutdown()
             registry.close()

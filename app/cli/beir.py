@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import sqlite3
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +129,7 @@ def embed_corpus(
         [d["id"] for d in docs], batch.vectors, batch.norms, batch.n_tokens
     )
     if cache is not None:
-        _save_npz(
+        save_npz(
             cache,
             ids=np.array(out.ids),
             vectors=out.vectors,
@@ -140,15 +139,16 @@ def embed_corpus(
     return out
 
 
-def _save_npz(path: Path, **arrays: Any) -> None:
-    """Write ``arrays`` to ``path`` atomically (another process may read the cache)."""
+def save_npz(path: Path, **arrays: Any) -> None:
+    """Write ``arrays`` to ``path`` atomically (a temporary file, then a rename).
+
+    Caches are shared between processes: a reader never sees half a file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=f".{path.stem}-", suffix=".npz", delete=False
-    ) as fh:
-        tmp = Path(fh.name)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        np.savez(tmp, **arrays)
+        with tmp.open("wb") as fh:
+            np.savez(fh, **arrays)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -355,7 +355,7 @@ def hybrid_retrieve(
             )
     out = _hybrid_retrieve(embedder, data_dir, corpus, queries, query_ids, depth)
     if cache is not None:
-        _save_npz(
+        save_npz(
             cache,
             query_ids=np.array(out.query_ids),
             **{f: getattr(out, f) for f in _HYBRID_ARRAYS},

@@ -273,6 +273,26 @@ class CollectionState(Protocol[C]):
         """Whether the log's entry ``query`` was cut to fit (False: no such entry)."""
         ...
 
+    def log_rerank(
+        self,
+        query: str,
+        documents: str,
+        confidence: float | None,
+        retention: int,
+        max_chars: int,
+    ) -> None:
+        """Log a rerank request: its query in the query log, its documents (JSON).
+
+        The query is kept to its first ``max_chars`` characters, as searched ones are.
+        """
+        ...
+
+    def rerank_lists(
+        self, queries: Sequence[str]
+    ) -> dict[str, tuple[str, float | None]]:
+        """The logged documents (JSON) and confidence of each query that has them."""
+        ...
+
     def trim_query_log(self, retention: int) -> int:
         """Apply a new retention now; return how many log entries remain."""
         ...

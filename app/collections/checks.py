@@ -9,8 +9,9 @@ served (at start-up) or installed (restore, online or offline) only when
   ``PRAGMA table_xinfo``, and its definition), index, trigger and view of a
   collection built just now by :func:`app.collections.store_files.build_store`, compared
   by their normalised SQL, nothing missing and nothing extra; or exactly the schema
-  of an older file: without the query log's ``truncated`` flag, and also without
-  the judging tables, the lexical index or both (added by separate changes), which
+  of an older file: without the rerank log, also without the query log's
+  ``truncated`` flag, and also without the judging tables, the lexical index or both
+  (added by separate changes), which
   the first writable open brings up to date
   (``store._upgrade``, which goes by the tables present, not by the
   ``schema_version`` recorded);
@@ -41,6 +42,7 @@ from app.collections.index import IndexType
 from app.collections.store_files import (
     ADDED_SCHEMA,
     DEFAULT_STEMMER,
+    QUERY_LOG_FLAG,
     SCHEMA,
     SCHEMA_VERSION,
     UnusableStoreError,
@@ -198,7 +200,8 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
 
 SHAPES = (
     "current",
-    "no log flag",
+    "no rerank log",  # version 4
+    "no log flag",  # version 3
     "no judging tables",
     "no lexical index",
     "neither",
@@ -211,8 +214,8 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
 
     The current one is a collection made by :func:`build_store` in a temporary
     directory; the older ones (which ``_upgrade`` brings up to date) leave out the
-    query log's ``truncated`` flag (version 3), and also the judging tables, the
-    lexical index or both.
+    rerank log (version 4), also the query log's ``truncated`` flag (version 3), and
+    also the judging tables, the lexical index or both.
     """
     if shape == "current":
         with tempfile.TemporaryDirectory(prefix="normcal-schema-") as tmp:
@@ -225,9 +228,11 @@ def expected_schema(shape: str, stemmer: lexical.Stemmer) -> Schema:
             finally:
                 conn.close()
     statements = list(SCHEMA)
-    if shape in ("no lexical index", "no log flag"):
+    if shape in ("no lexical index", "no log flag", "no rerank log"):
         statements += ADDED_SCHEMA
-    if shape in ("no judging tables", "no log flag"):
+    if shape == "no rerank log":
+        statements.append(QUERY_LOG_FLAG)
+    if shape in ("no judging tables", "no log flag", "no rerank log"):
         statements += lexical.schema(stemmer)
     conn = sqlite3.connect(":memory:")
     try:

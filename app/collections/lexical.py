@@ -40,6 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.settings import MAX_QUERY_TERMS
+from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 
 __all__ = [
     "FTS_TABLE",
@@ -51,6 +52,8 @@ __all__ = [
     "TermStats",
     "bm25_of",
     "idf_mass",
+    "list_evidence",
+    "list_index",
     "match_expression",
     "query_terms",
     "schema",
@@ -301,3 +304,45 @@ def idf_mass(conn: sqlite3.Connection, text: str) -> float:
     counts: it is part of what a perfect match would have had to contain.
     """
     return term_stats(conn, text).idf_mass()
+
+
+def list_index(stemmer: Stemmer = "porter") -> sqlite3.Connection:
+    """An empty in-memory index for :func:`list_evidence` (one per thread at a time)."""
+    conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    conn.execute("CREATE TABLE documents(seq INTEGER PRIMARY KEY, text TEXT NOT NULL)")
+    for statement in schema(stemmer):
+        conn.execute(statement)
+    return conn
+
+
+def list_evidence(
+    conn: sqlite3.Connection, text: str, documents: Sequence[str]
+) -> LexicalEvidence:
+    """BM25 evidence of a candidate list, the list itself its collection.
+
+    The candidates are indexed in ``conn`` (a :func:`list_index`; emptied first and
+    rolled back after, so it can be reused) and scored by FTS5 exactly as a
+    collection's own index would score them: ``N`` is the number of candidates, each
+    IDF the term's spread over them. Ranks are FTS5's order of the matches (a
+    candidate matching no query term has none: ``LEXICAL_DEPTH + 1``).
+    """
+    conn.execute("BEGIN")
+    try:
+        conn.execute("DELETE FROM documents")
+        conn.executemany(
+            "INSERT INTO documents(seq, text) VALUES (?, ?)", enumerate(documents)
+        )
+        stats = term_stats(conn, text)
+        hits = _search(conn, stats.terms, None, None)
+    finally:
+        conn.execute("ROLLBACK")
+    bm25 = np.zeros(len(documents))
+    bm25[hits.seqs] = hits.scores
+    rank = np.full(len(documents), float(LEXICAL_DEPTH + 1))
+    rank[hits.seqs] = np.minimum(np.arange(1, hits.seqs.size + 1), LEXICAL_DEPTH + 1)
+    return LexicalEvidence(
+        bm25=bm25,
+        rank=rank,
+        idf_mass=stats.idf_mass(),
+        top=float(hits.scores[0]) if hits.scores.size else 0.0,
+    )

@@ -284,6 +284,54 @@ class LocalState(Generic[C]):
             ).fetchone()
         return bool(row and row[0])
 
+    def log_rerank(
+        self,
+        query: str,
+        documents: str,
+        confidence: float | None,
+        retention: int,
+        max_chars: int,
+    ) -> None:
+        """Log a rerank request: its query as a searched one, its documents (JSON).
+
+        The documents replace those an earlier request of the same query logged;
+        they are dropped with the query when the log trims it.
+        """
+        now = time.time()
+        text = query[:max_chars]
+        with self._writing() as conn:
+            conn.execute(  # counted as a searched query (log_queries)
+                "INSERT INTO query_log(query, first_seen, last_seen, count, truncated)"
+                " VALUES (?, ?, ?, 1, ?) ON CONFLICT(query) DO UPDATE SET"
+                " last_seen = excluded.last_seen, count = count + 1,"
+                " truncated = max(truncated, excluded.truncated)",
+                (text, now, now, int(len(query) > max_chars)),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO rerank_log(query, documents, confidence,"
+                " logged_at) VALUES (?, ?, ?, ?)",
+                (text, documents, confidence, now),
+            )
+            _trim_query_log(conn, retention)
+
+    def rerank_lists(
+        self, queries: Sequence[str]
+    ) -> dict[str, tuple[str, float | None]]:
+        """The logged documents (JSON) and confidence of each query that has them."""
+        out: dict[str, tuple[str, float | None]] = {}
+        with self._reading() as conn:
+            for query in dict.fromkeys(queries):
+                row = conn.execute(
+                    "SELECT documents, confidence FROM rerank_log WHERE query = ?",
+                    (query,),
+                ).fetchone()
+                if row is not None:
+                    out[query] = (
+                        str(row[0]),
+                        None if row[1] is None else float(row[1]),
+                    )
+        return out
+
     def trim_query_log(self, retention: int) -> int:
         """Drop all but the ``retention`` most recent entries; return how many remain."""
         with self._writing() as conn:
@@ -379,6 +427,9 @@ def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
         "DELETE FROM query_log WHERE query IN (SELECT query FROM query_log"
         " ORDER BY last_seen DESC, rowid DESC LIMIT -1 OFFSET ?)",
         (retention,),
+    )
+    conn.execute(
+        "DELETE FROM rerank_log WHERE query NOT IN (SELECT query FROM query_log)"
     )
 
 

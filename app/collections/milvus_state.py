@@ -294,9 +294,44 @@ class MilvusState(Generic[C]):
             )
         return bool(rows and rows[0]["data"].get("truncated"))
 
+    def log_rerank(
+        self,
+        query: str,
+        documents: str,
+        confidence: float | None,
+        retention: int,
+        max_chars: int,
+    ) -> None:
+        """Log a rerank request: its query as a searched one, its documents (JSON)."""
+        with self._writing():
+            data = {"documents": documents, "confidence": confidence}
+            self._put("rerank", [(query[:max_chars], 0, data)])
+        # The most recent: kept by the trim.
+        self.log_queries([query], retention, max_chars)
+
+    def rerank_lists(
+        self, queries: Sequence[str]
+    ) -> dict[str, tuple[str, float | None]]:
+        """The logged documents (JSON) and confidence of each query that has them."""
+        wanted = list(dict.fromkeys(queries))
+        if not wanted:
+            return {}
+        with self._reading():
+            rows = self._client.get(
+                self._collection,
+                ids=[_pk("rerank", q) for q in wanted],
+                output_fields=["key", "data"],
+            )
+        return {
+            str(r["key"]): (str(r["data"]["documents"]), r["data"]["confidence"])
+            for r in rows
+        }
+
     def _trim(self, retention: int) -> int:
         rows = sorted(self._rows("log"), key=lambda r: -r["data"]["last_seen"])
-        self._remove("log", [r["key"] for r in rows[retention:]])
+        gone = [r["key"] for r in rows[retention:]]
+        self._remove("log", gone)
+        self._remove("rerank", gone)
         return min(len(rows), retention)
 
     def trim_query_log(self, retention: int) -> int:

@@ -35,6 +35,8 @@ from app.collections.store_files import (
     ADDED_TABLES,
     DEFAULT_STEMMER,
     QUERY_LOG_FLAG,
+    RERANK_SCHEMA,
+    RERANK_TABLE,
     SCHEMA_VERSION,
     Transaction,
     file_uri,
@@ -656,11 +658,11 @@ def _upgrade(conn: sqlite3.Connection) -> None:
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     logged = {r[1] for r in conn.execute("PRAGMA table_info(query_log)")}
     if "truncated" in logged and all(
-        t in tables for t in (*ADDED_TABLES, lexical.FTS_TABLE)
+        t in tables for t in (*ADDED_TABLES, RERANK_TABLE, lexical.FTS_TABLE)
     ):
         return
     with Transaction(conn):
-        for statement in ADDED_SCHEMA:
+        for statement in (*ADDED_SCHEMA, *RERANK_SCHEMA):
             conn.execute(statement)
         if "truncated" not in logged:
             conn.execute(QUERY_LOG_FLAG)

@@ -24,11 +24,12 @@ from urllib.parse import quote
 from app.collections import lexical
 from app.exceptions import InsufficientStorageError
 
-# 4 added the query log's ``truncated`` flag; 3 the lexical index (FTS5,
-# ``app.collections.lexical``); 2 the judging tables (query log, uploaded queries,
-# skips). An older file gets them on its first writable open;
+# 5 added the rerank log (the documents of logged rerank requests); 4 the query log's
+# ``truncated`` flag; 3 the lexical index (FTS5, ``app.collections.lexical``); 2 the
+# judging tables (query log, uploaded queries, skips). An older file gets them on its
+# first writable open;
 # ``app.collections.checks`` accepts exactly these schemas.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_STEMMER: lexical.Stemmer = "porter"
 
 # One statement per entry, so that a new file gets its schema and its meta in a single
@@ -81,6 +82,15 @@ ADDED_SCHEMA = (  # version 2
 ADDED_TABLES = ("query_log", "judging_queries", "judging_skips")
 # Version 4: a logged query cut to limits.max_logged_query_chars says so.
 QUERY_LOG_FLAG = "ALTER TABLE query_log ADD COLUMN truncated INTEGER NOT NULL DEFAULT 0"
+RERANK_SCHEMA = (  # version 5
+    """CREATE TABLE IF NOT EXISTS rerank_log (  -- logged rerank requests' documents
+    query TEXT PRIMARY KEY,                  -- also in query_log while kept
+    documents TEXT NOT NULL,                 -- JSON, in the request's order
+    confidence REAL,                         -- when logged (the judging order)
+    logged_at REAL NOT NULL
+)""",
+)
+RERANK_TABLE = "rerank_log"
 FILE_MODE = 0o600  # -wal and -shm files inherit the database file's mode
 
 
@@ -123,7 +133,7 @@ def build_store(path: Path, meta: dict[str, Any], *, synchronous: str) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
         stemmer = meta.setdefault("stemmer", DEFAULT_STEMMER)
         with Transaction(conn):
-            statements = (*SCHEMA, *ADDED_SCHEMA, QUERY_LOG_FLAG)
+            statements = (*SCHEMA, *ADDED_SCHEMA, QUERY_LOG_FLAG, *RERANK_SCHEMA)
             for statement in (*statements, *lexical.schema(stemmer)):
                 conn.execute(statement)
             write_meta(conn, {**meta, "schema_version": SCHEMA_VERSION})

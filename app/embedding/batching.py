@@ -55,6 +55,7 @@ from numpy.typing import NDArray
 
 from app.concurrency import CpuPool
 from app.embedding.base import Embedder, EmbeddingBatch, InputType, forward_passes
+from app.embedding.cache import cached
 from app.exceptions import OverloadedError
 
 Priority = Literal["interactive", "bulk"]
@@ -244,6 +245,9 @@ class EmbedBatcher:
         ``priority`` is who waits for them (:data:`Priority`); ``bulk`` work gives
         way to interactive work at each micro-batch.
         """
+        known = cached(self.embedder, texts, input_type)
+        if known is not None:  # every text cached: no pass, no lane, no pool job
+            return known
         if not self.enabled or not texts:
             return await self.pool.run(self.embedder.embed, texts, input_type)
         if priority == "bulk":

@@ -30,7 +30,9 @@ __all__ = [
     "ShippedProfile",
     "agnostic_profile",
     "default_profile_path",
+    "external_profile_path",
     "load_default_profile",
+    "load_external_profile",
     "shipped_profiles",
 ]
 
@@ -39,6 +41,8 @@ AGNOSTIC_PROFILE = PROFILES_DIR / "_agnostic.json"
 """The model-agnostic default (no model slug starts with ``_``)."""
 AGNOSTIC_MODEL = "any"
 """The ``model`` the model-agnostic profile file records."""
+EXTERNAL_DIR = PROFILES_DIR / "external"
+"""Defaults for candidate lists of other retrievers (``POST /v1/rerank``)."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,30 @@ def default_profile_path(model_name: str) -> Path:
     return PROFILES_DIR / f"{slug}.json"
 
 
+def external_profile_path(model_name: str) -> Path:
+    """Where the shipped default for external candidate lists of a model lives."""
+    return EXTERNAL_DIR / default_profile_path(model_name).name
+
+
+def load_external_profile(model_name: str, model_id: str) -> Profile | str:
+    """The shipped default for external candidate lists of the serving model.
+
+    Fitted on candidate lists of simulated retrievers (``scripts/
+    fit_rerank_profile.py``), for the files it records only; otherwise the reason
+    there is none (rerank then falls back to the search default).
+    """
+    path = external_profile_path(model_name)
+    if not path.exists():
+        return f"no profile for external lists ships for model {model_name!r}"
+    data = _read(path)
+    problem = ShippedProfile.of(data).problem(model_name, model_id)
+    return Profile.from_json(data) if problem is None else problem
+
+
 def shipped_profiles() -> list[ShippedProfile]:
-    """Every profile that ships with the service, by file name."""
-    return [
-        ShippedProfile.of(_read(path)) for path in sorted(PROFILES_DIR.glob("*.json"))
-    ]
+    """Every profile that ships with the service, by file name (external lists' last)."""
+    paths = [*sorted(PROFILES_DIR.glob("*.json")), *sorted(EXTERNAL_DIR.glob("*.json"))]
+    return [ShippedProfile.of(_read(path)) for path in paths]
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.schemas.collections import NextStep
 from app.schemas.common import DocumentId, ListEnvelope, RequestModel, Text, Vector
+from app.schemas.rerank import RerankDocument, text_as_document
 
 # Grades are labels, stored as SQLite integers; int32 is far more than any scale needs.
 MAX_RELEVANCE = 2**31 - 1
@@ -26,12 +27,44 @@ class Judgment(RequestModel):
     )
 
 
+class JudgedDocument(RerankDocument):
+    """A candidate of a judged list, as the retriever returned it, maybe judged."""
+
+    relevance: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_RELEVANCE,
+        description="graded, > 0 is relevant; absent: not judged (counts as not "
+        "relevant, as an unjudged hit does)",
+    )
+
+
+class JudgedList(RequestModel):
+    """A query and the candidates another retriever returned for it, judged."""
+
+    query: Text = Field(description="at most limits.max_text_chars")
+    documents: list[Annotated[JudgedDocument, BeforeValidator(text_as_document)]] = (
+        Field(
+            min_length=1,
+            description="in the retriever's order (a string is a document with no "
+            "judgment); the limits of a rerank request",
+        )
+    )
+
+
 class FitRequest(RequestModel):
     """Fit a calibrator from judgments (and stored feedback)."""
 
     judgments: list[Judgment] = Field(
         default_factory=list,
         description="with the stored feedback included, at most "
+        "limits.max_judgments_per_fit",
+    )
+    lists: list[JudgedList] = Field(
+        default_factory=list,
+        description="judged candidate lists of another retriever (POST /v1/rerank's "
+        "documents with relevance): fitted as the lists they are, to serve the "
+        "collection's rerank requests; their documents count toward "
         "limits.max_judgments_per_fit",
     )
     method: Method = Field("auto", description="auto keeps the best grouped-CV NLL")
@@ -127,9 +160,13 @@ class FitJudgments(BaseModel):
     dropped: int = Field(
         description='left out for naming documents the collection does not hold (unknown_documents: "skip")'
     )
+    lists: int = Field(
+        0, description="judged candidate lists sent (another retriever's, in order)"
+    )
     queries: int = Field(
-        description="distinct judged queries the fit ran on (a pair judged twice "
-        "counts once, the stored feedback's grade winning)"
+        description="distinct judged queries the fit ran on, the judged lists "
+        "included (a pair judged twice counts once, the stored feedback's grade "
+        "winning)"
     )
 
 

@@ -103,5 +103,10 @@ class JudgingNext(BaseModel):
     )
     confidence: float | None = Field(description="current P(a relevant hit is shown)")
     hits: list[JudgingHit]
+    rerank: bool = Field(
+        False,
+        description="the query is a logged rerank request: the hits are the "
+        "documents it was sent with (ids: the caller's, else text:<hash>)",
+    )
     calibrator: CalibratorRef | None
     progress: JudgingProgress

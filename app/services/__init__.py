@@ -15,6 +15,7 @@ from app.services.collections import CollectionsService
 from app.services.context import NO_DEFAULT_REASON, Context
 from app.services.documents import DocumentsService
 from app.services.judging import JudgingService
+from app.services.rerank import RerankService
 from app.services.search import SearchService
 from app.services.system import SystemService
 
@@ -28,6 +29,7 @@ class Service:
         self.collections = CollectionsService(context)
         self.documents = DocumentsService(context)
         self.search = SearchService(context)
+        self.rerank = RerankService(context)
         self.calibrators = CalibratorsService(context)
         self.judging = JudgingService(context)
 

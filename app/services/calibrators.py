@@ -6,6 +6,7 @@ stored judgments a fit can include.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -36,6 +37,8 @@ from app.schemas.calibrators import (
     FeedbackPage,
     FitJudgments,
     FitRequest,
+    JudgedDocument,
+    JudgedList,
     Judgment,
     MethodMetrics,
     PositiveRate,
@@ -48,6 +51,8 @@ from app.services.drift import reference_of
 from app.services.jobs import Progress
 from app.services.next_query import FIT_MIN_QUERIES
 from app.services.paging import decode_cursor, encode_cursor
+from app.services.rerank import RerankService, check_documents, input_scores
+from app.settings import Limits
 from app.ui.report import reliability_png
 from calibration.exceptions import (
     InsufficientDataError,
@@ -77,6 +82,7 @@ class CalibratorsService(Part):
         self._png_cache: OrderedDict[tuple[str, str, float], bytes] = OrderedDict()
         # Serialises the count-then-store of feedback (its per-collection cap).
         self._feedback_lock = threading.Lock()
+        self._rerank = RerankService(context)  # judged lists are embedded as reranked
 
     async def fit_calibrator(self, name: str, body: FitRequest) -> CalibratorInfo:
         """Fit a calibrator and wait for it: a fit job awaited (one code path)."""
@@ -94,6 +100,7 @@ class CalibratorsService(Part):
         lim = self.settings.limits
         limits.check_count("judgments", body.judgments, lim.max_judgments_per_fit)
         limits.check_texts("judgments.query", [j.query for j in body.judgments], lim)
+        check_lists(body, lim)
         k = body.k if body.k is not None else min(DEFAULT_FIT_K, lim.max_k)
         limits.check_value("k", k, lim.max_k)
         collection = self.registry.get_compatible(name)
@@ -101,19 +108,28 @@ class CalibratorsService(Part):
         own_vectors.check_kind(
             collection, body.query_vectors is not None, "query_vectors"
         )
+        if body.lists and own_vectors.is_own(collection):
+            raise InvalidRequestError(
+                f"collection {name!r} takes the client's own vectors; judged lists "
+                "are embedded with the server's model",
+                field="lists",
+            )
         limits.check_count(
             "query_vectors", list(body.query_vectors or ()), lim.max_judgments_per_fit
         )
         qrels, inputs = await self.pool.run(self._fit_qrels, collection, body)
+        logged = await self.pool.run(collection.state.rerank_lists, sorted(qrels))
+        lists = [*body.lists, *(logged_list(q, logged[q][0], qrels[q]) for q in logged)]
+        searched = {q: judged for q, judged in qrels.items() if q not in logged}
         batch = None  # the server's model embeds the queries in the job
         if body.query_vectors is not None:
             batch = await self.pool.run(
-                self._own_query_batch, collection, sorted(qrels), body.query_vectors
+                self._own_query_batch, collection, sorted(searched), body.query_vectors
             )
         return self.fit_jobs.submit(
             name,
             lambda progress: self._fit(
-                collection, body, qrels, k, inputs, progress, batch
+                collection, body, (searched, lists), k, inputs, progress, batch
             ),
         )
 
@@ -151,8 +167,9 @@ class CalibratorsService(Part):
         limit = self.settings.limits.max_judgments_per_fit
         judged = [(j.query, j.document_id, j.relevance) for j in body.judgments]
         stored: list[tuple[str, str, int]] = []
+        listed = sum(len(lst.documents) for lst in body.lists)
         if body.include_feedback:
-            sent = len(judged)
+            sent = len(judged) + listed
 
             def check_total(stored: int) -> None:
                 limits.check_value(
@@ -168,16 +185,17 @@ class CalibratorsService(Part):
             stored = collection.state.judgments()
             check_total(len(stored))  # feedback added in between
             judged += stored
-        if not judged:
+        if not judged and not body.lists:
             raise InvalidRequestError(
-                "no judgments: send some, or POST feedback first", field="judgments"
+                "no judgments: send some (or judged lists), or POST feedback first",
+                field="judgments",
             )
         dropped = 0
         if body.unknown_documents == "skip":
-            unknown = set(collection.missing([d for _, d, _ in judged]))
+            unknown = set(unknown_documents(collection, [(q, d) for q, d, _ in judged]))
             kept = [row for row in judged if row[1] not in unknown]
             dropped = len(judged) - len(kept)
-            if not kept:
+            if not kept and not body.lists:
                 raise InvalidRequestError(
                     f"no judgments left: all {dropped} name documents that are not "
                     f"in collection {collection.name!r}",
@@ -185,15 +203,16 @@ class CalibratorsService(Part):
                 )
             judged = kept
         else:
-            self._check_documents_exist(collection, [d for _, d, _ in judged])
+            self._check_documents_exist(collection, [(q, d) for q, d, _ in judged])
         qrels: dict[str, dict[str, int]] = {}
         for query, doc_id, relevance in judged:
             qrels.setdefault(query, {})[doc_id] = relevance
-        if len(qrels) < FIT_MIN_QUERIES:
+        units = len(qrels) + len(body.lists)
+        if units < FIT_MIN_QUERIES:
             raise InsufficientDataError(
                 f"a fit needs judgments of at least {FIT_MIN_QUERIES} queries (one "
-                f"per fold of its grouped cross-validation), got {len(qrels)}",
-                n_queries=len(qrels),
+                f"per fold of its grouped cross-validation), got {units}",
+                n_queries=units,
                 required=FIT_MIN_QUERIES,
             )
         return qrels, FitJudgments(
@@ -202,14 +221,15 @@ class CalibratorsService(Part):
             feedback=len(stored),
             feedback_queries=len({q for q, _, _ in stored}),
             dropped=dropped,
-            queries=len(qrels),
+            lists=len(body.lists),
+            queries=len(qrels) + len(body.lists),
         )
 
     async def _fit(
         self,
         collection: CollectionBackend[Profile],
         body: FitRequest,
-        qrels: dict[str, dict[str, int]],
+        judged: tuple[dict[str, dict[str, int]], list[JudgedList]],
         k: int,
         inputs: FitJudgments,
         progress: Progress,
@@ -217,35 +237,36 @@ class CalibratorsService(Part):
     ) -> CalibratorInfo:
         """The fit of a job, reporting each stage it enters to ``progress``.
 
+        ``judged``: the judged queries whose hits the collection retrieves, and the
+        judged lists (sent, or logged rerank requests), fitted as they came.
         ``batch``: the queries' own vectors (in sorted order), on a collection of
         the client's own vectors; otherwise the server's model embeds them.
         """
         name = collection.name
+        qrels, lists = judged
         progress("embedding queries")
-        queries = sorted(qrels)
-        if batch is None:
-            # A fit job's queries are bulk work: searches go first.
-            batch = await self.batcher.embed(queries, "query", priority="bulk")
-        progress("retrieving")
-        pools = await self.pool.run(collection.search, batch.vectors, queries, k)
-        progress("fitting")
-        evidence = [
-            QueryEvidence(
-                norm=float(batch.norms[i]),
-                n_tokens=int(batch.n_tokens[i]),
-                scores=np.array([h.score for h in pool.hits]),
-                doc_norms=np.array([h.document.norm for h in pool.hits]),
-                doc_tokens=np.array(
-                    [h.document.n_tokens for h in pool.hits], dtype=np.int64
-                ),
-                labels=np.array(
-                    [float(qrels[q].get(h.document.id, 0) > 0) for h in pool.hits]
-                ),
-                lexical=pool.lexical,
+        evidence = []
+        for one in lists:
+            documents = one.documents
+            labels = np.array([float((d.relevance or 0) > 0) for d in documents])
+            listed, _ = await self._rerank.score(
+                collection,
+                None,
+                one.query,
+                [d.text for d in documents],
+                input_scores(documents),
+                labels,
             )
-            for i, (q, pool) in enumerate(zip(queries, pools, strict=True))
-        ]
+            evidence.append(listed)
+        if qrels:
+            evidence += await self._search_evidence(
+                collection, qrels, k, batch, progress
+            )
+        progress("fitting")
         doc_norms, doc_tokens = collection.norm_sample()
+        if len(doc_norms) < NORM_SAMPLE_MIN:  # a namespace: its lists' documents
+            doc_norms = np.concatenate([doc_norms, *(e.doc_norms for e in evidence)])
+            doc_tokens = np.concatenate([doc_tokens, *(e.doc_tokens for e in evidence)])
         own = own_vectors.is_own(collection)
         started = time.perf_counter()
         profile = await self.pool.run(
@@ -259,8 +280,8 @@ class CalibratorsService(Part):
             allow_reorder=body.allow_reorder,
             abstain_target=body.abstain_target,
             abstain_delta=body.abstain_delta,
-            extra_report={"collection": name},
-            prior=self._shipped_prior(collection),
+            extra_report={"collection": name, "judged_lists": len(lists)},
+            prior=self._shipped_prior(collection, lists=2 * len(lists) > len(evidence)),
         )
         seconds = time.perf_counter() - started
         logger.info(
@@ -280,6 +301,38 @@ class CalibratorsService(Part):
             cap=self.settings.limits.max_calibrators_per_collection,
         )
         return self._info(collection, profile, inputs=inputs)
+
+    async def _search_evidence(
+        self,
+        collection: CollectionBackend[Profile],
+        qrels: dict[str, dict[str, int]],
+        k: int,
+        batch: EmbeddingBatch | None,
+        progress: Progress,
+    ) -> list[QueryEvidence]:
+        """The judged queries' hits as the collection retrieves them, labelled."""
+        queries = sorted(qrels)
+        if batch is None:
+            # A fit job's queries are bulk work: searches go first.
+            batch = await self.batcher.embed(queries, "query", priority="bulk")
+        progress("retrieving")
+        pools = await self.pool.run(collection.search, batch.vectors, queries, k)
+        return [
+            QueryEvidence(
+                norm=float(batch.norms[i]),
+                n_tokens=int(batch.n_tokens[i]),
+                scores=np.array([h.score for h in pool.hits]),
+                doc_norms=np.array([h.document.norm for h in pool.hits]),
+                doc_tokens=np.array(
+                    [h.document.n_tokens for h in pool.hits], dtype=np.int64
+                ),
+                labels=np.array(
+                    [float(qrels[q].get(h.document.id, 0) > 0) for h in pool.hits]
+                ),
+                lexical=pool.lexical,
+            )
+            for i, (q, pool) in enumerate(zip(queries, pools, strict=True))
+        ]
 
     def get_fit_job(self, name: str, job_id: str) -> FitJob:
         """One fit job of a collection."""
@@ -523,7 +576,9 @@ class CalibratorsService(Part):
         limits.check_count("judgments", judgments, lim.max_judgments_per_fit)
         limits.check_texts("judgments.query", [j.query for j in judgments], lim)
         collection = self.registry.get(name)
-        self._check_documents_exist(collection, [j.document_id for j in judgments])
+        self._check_documents_exist(
+            collection, [(j.query, j.document_id) for j in judgments]
+        )
         with self._feedback_lock:
             stored = collection.state.judgments_count()
             limits.check_value(
@@ -589,9 +644,9 @@ class CalibratorsService(Part):
         )
 
     def _check_documents_exist(
-        self, collection: CollectionBackend[Profile], ids: list[str]
+        self, collection: CollectionBackend[Profile], judged: list[tuple[str, str]]
     ) -> None:
-        unknown = collection.missing(ids)
+        unknown = unknown_documents(collection, judged)
         if unknown:
             shown = ", ".join(repr(i) for i in unknown[:5])
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -602,12 +657,16 @@ class CalibratorsService(Part):
             )
 
     def _shipped_prior(
-        self, collection: CollectionBackend[Profile]
+        self, collection: CollectionBackend[Profile], *, lists: bool = False
     ) -> CrossDomainPrior | None:
         """The cross-domain prior of the shipped default profile (for few-label fits).
 
-        On a collection of the client's own vectors, the model-agnostic one's.
+        On a collection of the client's own vectors, the model-agnostic one's; for a
+        fit mostly of judged lists (``lists``), the default for external lists'.
         """
+        external = self.context.rerank_profile
+        if lists and external is not None and external.prior is not None:
+            return external.prior
         if own_vectors.is_own(collection):
             agnostic = self._default_for(collection)
             return None if agnostic is None else agnostic.prior
@@ -679,4 +738,61 @@ def _imported_profile(data: dict[str, Any], max_rank: int) -> Profile:
         ) from error
     return replace(
         profile, id=uuid.uuid4().hex[:12], created_at=time.time(), default=False
+    )
+
+
+NORM_SAMPLE_MIN = 5
+"""Documents a norm reference needs (``calibration.NormReference``): a collection
+with fewer (a namespace of rerank requests) borrows its judged lists' documents."""
+
+
+def check_lists(body: FitRequest, lim: Limits) -> None:
+    """The limits of a fit's judged lists: each as a rerank request's (422 naming it)."""
+    for i, judged in enumerate(body.lists):
+        limits.check_value(
+            f"lists.{i}.query", len(judged.query), lim.max_text_chars, rule="characters"
+        )
+        try:
+            check_documents(judged.documents, lim)
+        except InvalidRequestError as error:
+            raise type(error)(
+                f"lists.{i}.{error}", field=f"lists.{i}.{error.field}"
+            ) from None
+
+
+def unknown_documents(
+    collection: CollectionBackend[Profile], judged: list[tuple[str, str]]
+) -> list[str]:
+    """Ids of ``(query, document id)`` judgments naming nothing the collection knows.
+
+    A document is known when the collection holds it, or when the query's logged
+    rerank request (``app.services.rerank``) had it.
+    """
+    missing = set(collection.missing([d for _, d in judged]))
+    if not missing:
+        return []
+    queries = sorted({q for q, d in judged if d in missing})
+    listed = {
+        (q, str(doc["id"]))
+        for q, (documents, _) in collection.state.rerank_lists(queries).items()
+        for doc in json.loads(documents)
+    }
+    return list(
+        dict.fromkeys(d for q, d in judged if d in missing and (q, d) not in listed)
+    )
+
+
+def logged_list(query: str, logged: str, judged: dict[str, int]) -> JudgedList:
+    """A logged rerank request with its stored judgments, as a judged list."""
+    return JudgedList(
+        query=query,
+        documents=[
+            JudgedDocument(
+                text=str(doc["text"]),
+                id=str(doc["id"]),
+                score=doc.get("score"),
+                relevance=judged.get(str(doc["id"])),
+            )
+            for doc in json.loads(logged)
+        ],
     )

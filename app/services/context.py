@@ -24,6 +24,7 @@ from app.observability import Metrics
 from app.profiles import agnostic_profile
 from app.schemas import filters
 from app.schemas.collections import CalibratorRef, DriftStatus, Guarantee, NextStep
+from app.schemas.judging import QueryLogSettings
 from app.services.drift import DriftMonitor
 from app.services.jobs import JOBS_FILE, Describe, FitJobs
 from app.services.next_query import FIT_MIN_QUERIES
@@ -52,6 +53,10 @@ class Context:
     no_default_reason: str = NO_DEFAULT_REASON
     # Why the default is the model-agnostic one (None: the model's own profile).
     default_note: str | None = None
+    # The shipped default for candidate lists of other retrievers (POST /v1/rerank),
+    # and why there is none (rerank then scores lists with the search default).
+    rerank_profile: Profile | None = None
+    no_rerank_reason: str | None = None
     # Prometheus metrics of the app; the calibrator fit calls metrics.observe_fit.
     metrics: Metrics | None = None
     # Only the local backend has snapshots (files of SQLite's online backup).
@@ -242,6 +247,11 @@ class Part:
             return CalibratorRef(status="none", default=False, reason=reason)
         ref = _calibrator_ref(collection, profile, reason, drift, reason)
         return ref.model_copy(update={"next_step": None})
+
+
+def query_log_settings(collection: CollectionBackend[Profile]) -> QueryLogSettings:
+    """The stored query log settings (the defaults, off, when never set)."""
+    return QueryLogSettings.model_validate(collection.meta.get("query_log", {}))
 
 
 def judging_step(collection: str) -> NextStep:

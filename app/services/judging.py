@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
+import numpy as np
+
+from app.collections.base import CollectionBackend
 from app.exceptions import InvalidRequestError, NotFoundError
 from app.schemas.calibrators import FeedbackDeleted
+from app.schemas.collections import CalibratorRef
 from app.schemas.judging import (
     JudgingHit,
     JudgingNext,
@@ -13,10 +18,11 @@ from app.schemas.judging import (
     QueryLogInfo,
     QueryLogSettings,
 )
-from app.schemas.search import SearchRequest
+from app.schemas.search import SearchRequest, SearchResult
 from app.services import limits, next_query, own_vectors
-from app.services.context import Context, Part
-from app.services.search import POOL_DEPTH, query_log_settings, search_results
+from app.services.context import Context, Part, query_log_settings
+from app.services.rerank import RerankService
+from app.services.search import POOL_DEPTH, search_results
 from app.services.suggestions import (
     MAX_SUGGESTIONS,
     SAMPLE_WINDOWS,
@@ -24,6 +30,8 @@ from app.services.suggestions import (
     Suggestion,
     suggest,
 )
+from calibration.external import rank_scores, rerank_order
+from calibration.profile import Profile
 
 
 class JudgingService(Part):
@@ -33,6 +41,7 @@ class JudgingService(Part):
         super().__init__(context)
         # Serialises the count-then-queue of uploads (the queue's cap).
         self._queue_lock = threading.Lock()
+        self._rerank = RerankService(context)  # logged rerank requests are scored so
 
     def query_log(self, name: str) -> QueryLogInfo:
         """The collection's query log settings and size (off unless enabled)."""
@@ -161,40 +170,95 @@ class JudgingService(Part):
                 calibrator=self._calibrator_ref(name, profile),
                 progress=progress,
             )
-        request = SearchRequest(queries=candidates, k=k, include_text=True)
-        batch = await self.batcher.embed(candidates, "query")
-        pools = await self.pool.run(
-            collection.search, batch.vectors, candidates, max(k, POOL_DEPTH)
-        )
-        results, _ = await self.pool.run(
-            search_results,
-            batch,
-            pools,
-            self._calibrator_ref(name, profile),
-            profile,
-            request,
-            k,
-        )
-        levels = [
-            r.confidence
-            if r.confidence is not None
-            else (r.hits[0].score if r.hits else 0.0)  # no calibrator: the top cosine
-            for r in results
+        # A logged rerank request is judged on its own documents, ordered by the
+        # calibrator that serves the collection's rerank requests; its confidence
+        # when logged places it among the confidence bins.
+        lists = await self.pool.run(collection.state.rerank_lists, candidates)
+        searched = [q for q in candidates if q not in lists]
+        levels: dict[str, float] = {
+            q: 0.5 if confidence is None else confidence
+            for q, (_, confidence) in lists.items()
+        }
+        results: dict[str, SearchResult] = {}
+        if searched:
+            request = SearchRequest(queries=searched, k=k, include_text=True)
+            batch = await self.batcher.embed(searched, "query")
+            pools = await self.pool.run(
+                collection.search, batch.vectors, searched, max(k, POOL_DEPTH)
+            )
+            found, _ = await self.pool.run(
+                search_results,
+                batch,
+                pools,
+                self._calibrator_ref(name, profile),
+                profile,
+                request,
+                k,
+            )
+            for one, result in zip(searched, found, strict=True):
+                results[one] = result
+                levels[one] = (
+                    result.confidence
+                    if result.confidence is not None
+                    else (result.hits[0].score if result.hits else 0.0)
+                )  # no calibrator: the top cosine
+        chosen = candidates[
+            next_query.pick([levels[q] for q in candidates], turn=judged + skipped)
         ]
-        chosen = next_query.pick(levels, turn=judged + skipped)
-        result = results[chosen]
-        logged = source != "uploaded"
-        return JudgingNext(
-            query=candidates[chosen],
-            source="log" if logged else "uploaded",
-            truncated=logged and collection.state.truncated_in_log(candidates[chosen]),
-            confidence=result.confidence,
-            hits=[
+        ref: CalibratorRef | None
+        if chosen in lists:
+            confidence, hits, ref = await self._list_hits(
+                collection, chosen, lists[chosen][0], k
+            )
+        else:
+            result = results[chosen]
+            confidence, ref = result.confidence, result.calibrator
+            hits = [
                 JudgingHit(
                     id=h.id, text=h.text or "", score=h.score, probability=h.probability
                 )
                 for h in result.hits
-            ],
-            calibrator=result.calibrator,
+            ]
+        logged = source != "uploaded"
+        return JudgingNext(
+            query=chosen,
+            source="log" if logged else "uploaded",
+            truncated=logged and collection.state.truncated_in_log(chosen),
+            confidence=confidence,
+            hits=hits,
+            rerank=chosen in lists,
+            calibrator=ref,
             progress=progress,
         )
+
+    async def _list_hits(
+        self, collection: CollectionBackend[Profile], query: str, logged: str, k: int
+    ) -> tuple[float | None, list[JudgingHit], CalibratorRef]:
+        """The top ``k`` of a logged rerank request, scored as rerank scores it now."""
+        documents = json.loads(logged)
+        texts = [str(d["text"]) for d in documents]
+        scores = [d.get("score") for d in documents]
+        given = (
+            np.array(scores, dtype=np.float64)
+            if all(s is not None for s in scores)
+            else rank_scores(len(texts))
+        )
+        profile, ref = self._rerank.serving(collection)
+        evidence, scored = await self._rerank.score(
+            collection, profile, query, texts, given
+        )
+        p = None if scored is None else scored.probabilities
+        order = rerank_order(evidence.scores if p is None else p)[:k]
+        hits = [
+            JudgingHit(
+                id=str(documents[i]["id"]),
+                text=texts[i],
+                score=float(evidence.scores[i]),
+                probability=None if p is None else float(p[i]),
+            )
+            for i in order
+        ]
+        confidence = None
+        if scored is not None and profile is not None:
+            confidence = profile.verdict(scored.probabilities[order]).confidence
+        return confidence, hits, ref

@@ -17,11 +17,10 @@ from app.embedding import EmbeddingBatch
 from app.exceptions import InvalidRequestError
 from app.schemas import filters
 from app.schemas.collections import CalibratorRef
-from app.schemas.judging import QueryLogSettings
 from app.schemas.search import QueryInfo, SearchHit, SearchRequest, SearchResult
 from app.services import limits, own_vectors
 from app.services.calibrators import DEFAULT_FIT_K
-from app.services.context import Part
+from app.services.context import Part, query_log_settings
 from calibration.drift import query_summary
 from calibration.fusion import SearchMode, order_by_mode
 from calibration.profile import Profile
@@ -163,11 +162,6 @@ def _check_vector_only(request: SearchRequest) -> None:
             "(`queries`) beside `vector` (`vectors`)",
             field="mode",
         )
-
-
-def query_log_settings(collection: CollectionBackend[Profile]) -> QueryLogSettings:
-    """The stored query log settings (the defaults, off, when never set)."""
-    return QueryLogSettings.model_validate(collection.meta.get("query_log", {}))
 
 
 def search_results(

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import base64
+
+import numpy as np
+
 from app import __version__
 from app.embedding import InputType
 from app.embedding.precision import precision_of
-from app.exceptions import NotFoundError, StorageUnavailableError
+from app.exceptions import (
+    InvalidRequestError,
+    NotFoundError,
+    StorageUnavailableError,
+)
 from app.profiles import shipped_profiles
-from app.schemas.embed import Embedding, EmbedResponse
+from app.schemas.embed import (
+    Embedding,
+    EmbeddingsItem,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbeddingsUsage,
+    EmbedResponse,
+)
 from app.schemas.health import (
     EmbeddingInfo,
     ModelIdentity,
@@ -21,7 +36,7 @@ from app.services.context import Part
 
 
 class SystemService(Part):
-    """``/readyz``, ``/version``, ``/metrics`` and ``/v1/embed``."""
+    """``/readyz``, ``/version``, ``/metrics``, ``/v1/embed`` and ``/v1/embeddings``."""
 
     # -- health -----------------------------------------------------------------------
     def readiness(self, *, detailed: bool) -> Readiness:
@@ -125,3 +140,53 @@ class SystemService(Part):
             model=self.embedder.model_name,
             dim=self.embedder.dim,
         )
+
+    async def embeddings(self, request: EmbeddingsRequest) -> EmbeddingsResponse:
+        """``/v1/embeddings``: OpenAI's shape, the same limits as ``/v1/embed``."""
+        self._check_model(request.model)
+        if request.dimensions is not None and request.dimensions != self.embedder.dim:
+            raise InvalidRequestError(
+                f"dimensions: this model's embeddings have {self.embedder.dim} "
+                f"dimensions, not {request.dimensions} (they cannot be shortened)",
+                field="dimensions",
+            )
+        texts = request.input  # one text arrives as a list of one
+        lim = self.settings.limits
+        limits.check_count("input", texts, lim.max_texts_per_request)
+        limits.check_texts("input", texts, lim)
+        batch = await self.batcher.embed(texts, request.input_type)
+        tokens = int(batch.n_tokens.sum())
+        return EmbeddingsResponse(
+            data=[
+                EmbeddingsItem(
+                    embedding=_encoded(batch.vectors[i], request.encoding_format),
+                    index=i,
+                    norm=float(batch.norms[i]),
+                    truncated=bool(batch.truncated[i]),
+                )
+                for i in range(len(batch))
+            ],
+            model=self.embedder.model_name,
+            usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
+        )
+
+    def _check_model(self, model: str | None) -> None:
+        """Refuse another model's name: its caller expects that model's vectors."""
+        name = self.embedder.model_name
+        if model is None or model in {name, name.rsplit("/", 1)[-1]}:
+            return
+        if model == self.embedder.model_id:
+            return
+        raise InvalidRequestError(
+            f"model: {model!r} is not served here; this service embeds with "
+            f"{name!r} ({self.embedder.model_id}): send that name, or no model",
+            field="model",
+        )
+
+
+def _encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """The vector as numbers, or as base64 of its little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    values: list[float] = vector.tolist()
+    return values

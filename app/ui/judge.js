@@ -85,9 +85,10 @@ function render() {
   $("undo").disabled = history.length === 0;
   const hit = current.hits[hitIndex];
   $("query").textContent = current.query || "";
-  $("source").textContent = current.query
-    ? `(${current.typed ? "typed here" : `from the ${current.source === "log" ? "query log" : "uploaded list"}`})`
-    : "";
+  const from = current.rerank
+    ? "from a logged rerank request: its own documents"
+    : `from the ${current.source === "log" ? "query log" : "uploaded list"}`;
+  $("source").textContent = current.query ? `(${current.typed ? "typed here" : from})` : "";
   $("position").textContent = hit ? `${hitIndex + 1} of ${current.hits.length}` : "";
   $("score").textContent = hit
     ? `· cosine ${hit.score.toFixed(3)}` +

@@ -290,6 +290,39 @@ def test_a_scoped_key_sees_only_its_collections(locked):
     assert ready["collections"] == 2
 
 
+def test_a_scoped_key_reranks_only_with_its_collections(locked):
+    """The collection a rerank body names is checked as a path's name is."""
+    admin, reader = bearer(KEYS[Role.ADMIN]), bearer(SCOPED_READ)
+    for name in ("kb", "other"):  # logged requests would show in state()
+        r = locked.put(
+            f"/v1/collections/{name}/query-log", json={"enabled": True}, headers=admin
+        )
+        assert r.status_code == 200, r.text
+    before = state(locked)
+    body = {"query": "first", "documents": ["other first", "x"]}
+    refused = {}
+    for name in ("other", "ghost"):
+        r = locked.post("/v1/rerank", json=body | {"collection": name}, headers=reader)
+        assert r.status_code == 404, r.text
+        refused[name] = r.json()["detail"]
+    assert refused["other"] == "collection 'other' does not exist"
+    unknown = locked.post(
+        "/v1/rerank",
+        json=body | {"collection": "ghost"},
+        headers=bearer(KEYS[Role.READ]),
+    )
+    assert unknown.json()["detail"] == refused["ghost"]
+    assert state(locked) == before  # nothing logged in 'other'
+    # Without a collection (the shipped default) and with its own: served.
+    assert locked.post("/v1/rerank", json=body, headers=reader).status_code == 200
+    r = locked.post("/v1/rerank", json=body | {"collection": "kb"}, headers=reader)
+    assert r.status_code == 200, r.text
+    log = locked.get("/v1/collections/kb/query-log", headers=reader).json()
+    assert log["entries"] == 1
+    r = locked.post("/v1/embeddings", json={"input": "x"}, headers=reader)
+    assert r.status_code == 200, r.text
+
+
 def test_a_scoped_admin_creates_and_drops_only_its_collections(locked):
     before = state(locked)
     admin = bearer(SCOPED_ADMIN)

@@ -42,7 +42,26 @@ def test_feature_order_contract():
         "lex",
         "lex_rel",
         "lex_rank",
+        "in_rank",
+        "in_gap",
     }
+
+
+def test_order_columns_read_the_list_as_handed_over():
+    cosines = [0.5, 0.9, 0.7]
+    X = pair_features(cosines, 0.0, [0.0] * 3, input_scores=[12.0, 7.0, 2.0])
+    np.testing.assert_array_equal(X[:, FEATURES.index("in_rank")], [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(X[:, FEATURES.index("in_gap")], [0.0, 0.5, 1.0])
+    # The retriever's scale is unknown: an increasing affine map changes nothing.
+    Y = pair_features(cosines, 0.0, [0.0] * 3, input_scores=[-3.0, -8.0, -13.0])
+    np.testing.assert_allclose(X, Y)
+    # normcal's own list: its cosines are the scores.
+    own = pair_features(cosines, 0.0, [0.0] * 3)
+    np.testing.assert_allclose(own[:, FEATURES.index("in_gap")], [1.0, 0.0, 0.5])
+    flat = pair_features(cosines, 0.0, [0.0] * 3, input_scores=[1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(flat[:, FEATURES.index("in_gap")], 0.0)
+    with pytest.raises(InvalidInputError):
+        pair_features(cosines, 0.0, [0.0] * 3, input_scores=[1.0, 2.0])
 
 
 def test_reference_removes_length_and_standardises():

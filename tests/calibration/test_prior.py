@@ -71,6 +71,8 @@ def domain(
         "lex": np.zeros_like(s),
         "lex_rel": np.zeros_like(s),
         "lex_rank": np.full_like(s, 101.0),
+        "in_rank": rank,
+        "in_gap": gap / np.maximum(np.ptp(s, axis=1, keepdims=True), 1e-12),
     }
     X = np.column_stack([cols[f].ravel() for f in FEATURES])
     groups = np.repeat(np.arange(n_queries), K_HITS)

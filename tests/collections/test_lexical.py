@@ -250,3 +250,30 @@ def test_too_few_rare_matches_fall_back_to_the_full_query(scifact):
     reference = _reference(conn, text)
     assert len(reference) > LEXICAL_DEPTH
     assert hits.seqs.tolist() == [r for r, _ in reference]
+
+
+@pytest.mark.parametrize("text", ["fox dog", "run", "zymurgy fermentation", "nothing"])
+def test_a_candidate_list_is_scored_as_a_collection_of_its_own(text):
+    """``list_evidence`` gives what an index of just those texts gives, reusably."""
+    order = [5, 2, 1, 4]  # a retriever's order (seq numbers of TEXTS)
+    texts = [TEXTS[s] for s in order]
+    own = sqlite3.connect(":memory:", isolation_level=None)
+    own.execute("CREATE TABLE documents (seq INTEGER PRIMARY KEY, text TEXT)")
+    for statement in lexical.schema("porter"):
+        own.execute(statement)
+    own.executemany("INSERT INTO documents VALUES (?, ?)", enumerate(texts))
+    index = lexical.list_index("porter")
+    for _ in range(2):  # the index is emptied between lists
+        evidence = lexical.list_evidence(index, text, texts)
+        np.testing.assert_allclose(
+            evidence.bm25, lexical.bm25_of(own, text, range(len(texts)))
+        )
+        assert evidence.idf_mass == pytest.approx(lexical.idf_mass(own, text))
+        hits = lexical.search(own, text, None)
+        assert evidence.top == (float(hits.scores[0]) if hits.scores.size else 0.0)
+        expected = np.full(len(texts), float(LEXICAL_DEPTH + 1))
+        expected[hits.seqs] = np.arange(1, hits.seqs.size + 1)
+        np.testing.assert_array_equal(evidence.rank, expected)
+    assert index.execute("SELECT COUNT(*) FROM documents").fetchone() == (0,)
+    own.close()
+    index.close()

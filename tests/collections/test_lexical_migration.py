@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from app.api.app import create_app
 from app.collections import lexical, store
+from app.collections.store_files import SCHEMA_VERSION
 from app.settings import Settings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "old_format"
@@ -61,6 +62,7 @@ def _make_version_2(path: Path) -> None:
         for trigger in (f"{t}_ai", f"{t}_ad", f"{t}_au"):
             conn.execute(f"DROP TRIGGER {trigger}")
         conn.execute(f"DROP TABLE {t}")
+        conn.execute("DROP TABLE rerank_log")  # version 4's
         conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
         conn.execute("DELETE FROM meta WHERE key = 'stemmer'")
         conn.commit()
@@ -135,7 +137,7 @@ def test_a_version_2_file_gains_its_lexical_index(
         assert r.status_code == 200 and r.json()["hits"][0]["id"] == "galaxy"
         _fts_integrity(path)
         _replace_and_delete_keep_the_index(c, "old", "galaxy", "bread", path)
-    assert _schema_version(path) == "4"
+    assert _schema_version(path) == str(SCHEMA_VERSION)
 
     # Built once: the next open finds it and logs no rebuild.
     caplog.clear()
@@ -159,6 +161,7 @@ def test_a_version_2_file_keeps_its_recorded_stemmer(tmp_path, embedder):
     for trigger in (f"{t}_ai", f"{t}_ad", f"{t}_au"):
         conn.execute(f"DROP TRIGGER {trigger}")
     conn.execute(f"DROP TABLE {t}")
+    conn.execute("DROP TABLE rerank_log")  # version 4's
     conn.commit()
     conn.close()
     with TestClient(create_app(settings, embedder=embedder)) as c:
@@ -190,4 +193,4 @@ def test_the_old_fixture_gains_its_lexical_index(tmp_path, embedder, caplog):
         assert all(h["probability"] is not None for h in r.json()["hits"])
         _fts_integrity(path)
         _replace_and_delete_keep_the_index(c, "kb", "paris", "python", path)
-    assert _schema_version(path) == "4"
+    assert _schema_version(path) == str(SCHEMA_VERSION)

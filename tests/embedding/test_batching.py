@@ -562,7 +562,10 @@ def test_concurrent_searches_return_what_sequential_ones_do(real_embedder, tmp_p
     from app.settings import Settings
 
     model = GatedRealEmbedder(real_embedder)
-    app = create_app(Settings(data_dir=tmp_path / "data"), embedder=model)
+    # The queries are searched twice: without the embedding cache, so both times
+    # they reach the model.
+    settings = Settings(data_dir=tmp_path / "data", embed_cache_entries=0)
+    app = create_app(settings, embedder=model)
     docs = [
         {"id": f"d{i}", "text": f"{WORDS[i % 10]} and {WORDS[(i * 3) % 10]} no. {i}"}
         for i in range(40)

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.app import create_app
+from app.collections.store_files import SCHEMA_VERSION
 from app.services import next_query
 from app.settings import Limits, Settings
 from tests.conftest import assert_problem
@@ -252,7 +253,7 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
         client.post("/v1/collections", json={"name": "old"})
     path = settings.data_dir / "old.sqlite3"
     with sqlite3.connect(path) as conn:  # what schema version 1 wrote
-        for table in ("query_log", "judging_queries", "judging_skips"):
+        for table in ("query_log", "judging_queries", "judging_skips", "rerank_log"):
             conn.execute(f"DROP TABLE {table}")
         conn.execute("DELETE FROM meta WHERE key = 'schema_version'")
     conn.close()
@@ -267,7 +268,7 @@ def test_a_collection_file_from_before_the_judging_tables_still_opens(
             "SELECT value FROM meta WHERE key = 'schema_version'"
         ).fetchone()
     conn.close()
-    assert version == ("4",)
+    assert version == (str(SCHEMA_VERSION),)
 
 
 def test_a_collection_file_from_before_the_log_flag_keeps_its_log(settings, embedder):
@@ -279,6 +280,7 @@ def test_a_collection_file_from_before_the_log_flag_keeps_its_log(settings, embe
         assert r.status_code == 200, r.text
     path = settings.data_dir / "old.sqlite3"
     with sqlite3.connect(path) as conn:  # what schema version 3 wrote
+        conn.execute("DROP TABLE rerank_log")
         conn.execute("ALTER TABLE query_log DROP COLUMN truncated")
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.close()

@@ -80,6 +80,9 @@ READY = Endpoint("GET", "/readyz", m.Readiness)
 VERSION = Endpoint("GET", "/version", m.VersionInfo)
 KEY = Endpoint("GET", "/v1/key", m.KeyInfo)
 EMBED = Endpoint("POST", "/v1/embed", m.EmbedResponse, m.EmbedRequest)
+EMBEDDINGS = Endpoint(
+    "POST", "/v1/embeddings", m.EmbeddingsResponse, m.EmbeddingsRequest
+)
 LIST_COLLECTIONS = Endpoint("GET", "/v1/collections", m.CollectionList)
 CREATE_COLLECTION = Endpoint(
     "POST", "/v1/collections", m.CollectionInfo, m.CollectionCreate
@@ -113,6 +116,7 @@ UPDATE_DOCUMENTS = Endpoint(
 )
 SEARCH = Endpoint("POST", _C + "/search", m.SearchResult, m.SearchRequest)
 SEARCH_BATCH = Endpoint("POST", _C + "/search", m.BatchSearchResponse, m.SearchRequest)
+RERANK = Endpoint("POST", "/v1/rerank", m.RerankResponse, m.RerankRequest)
 FIT_CALIBRATOR = Endpoint("POST", _C + "/calibrators", m.CalibratorInfo, m.FitRequest)
 LIST_CALIBRATORS = Endpoint("GET", _C + "/calibrators", m.CalibratorList)
 START_FIT_JOB = Endpoint("POST", _C + "/fit-jobs", m.FitJob, m.FitRequest)
@@ -162,6 +166,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     VERSION,
     KEY,
     EMBED,
+    EMBEDDINGS,
     LIST_COLLECTIONS,
     CREATE_COLLECTION,
     GET_COLLECTION,
@@ -179,6 +184,7 @@ ENDPOINTS: tuple[Endpoint[Any], ...] = (
     EXPORT_DOCUMENTS,
     SEARCH,
     SEARCH_BATCH,
+    RERANK,
     FIT_CALIBRATOR,
     LIST_CALIBRATORS,
     START_FIT_JOB,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from normcal_client._async_client import AsyncNormcalClient
-from normcal_client._models import SearchHit, SearchResult
+from normcal_client._models import RerankResponse, RerankResult, SearchHit, SearchResult
 from normcal_client._sync_client import NormcalClient
 
 
@@ -106,3 +107,94 @@ def hit_metadata(
         }
         for rank, hit in enumerate(hits)
     ]
+
+
+RERANK_KEYS = (
+    "relevance_score",
+    "probability",
+    "probability_interval",
+    "cosine",
+    "input_rank",
+    "confidence",
+    "calibrator",
+)
+"""The keys :func:`rerank_metadata` adds to a reranked document's metadata."""
+
+
+def retriever_scores(scores: Sequence[float | None]) -> list[float] | None:
+    """The retriever's scores to send: all of them, or none if any is missing.
+
+    The service uses a list's scores only as gaps within the list, so it takes a
+    score for every document or for none.
+    """
+    sent: list[float] = []
+    for score in scores:
+        if not isinstance(score, int | float) or isinstance(score, bool):
+            return None
+        if not math.isfinite(score):
+            return None
+        sent.append(float(score))
+    return sent or None
+
+
+def rerank_documents(
+    texts: Sequence[str],
+    ids: Sequence[str | None],
+    scores: Sequence[float | None],
+) -> list[dict[str, Any]]:
+    """The candidates as ``POST /v1/rerank`` takes them.
+
+    No metadata: the caller keeps its documents and maps results back by ``index``.
+    """
+    sent = retriever_scores(scores)
+    documents: list[dict[str, Any]] = []
+    for i, text in enumerate(texts):
+        document: dict[str, Any] = {"text": text}
+        if ids[i] is not None:
+            document["id"] = ids[i]
+        if sent is not None:
+            document["score"] = sent[i]
+        documents.append(document)
+    return documents
+
+
+def kept_results(
+    response: RerankResponse,
+    *,
+    min_probability: float | None,
+    honour_abstain: bool,
+) -> list[RerankResult]:
+    """The results a reranker returns, most probable first.
+
+    None when the service abstains (and ``honour_abstain``); otherwise those whose
+    probability reaches ``min_probability``. Without a probability (no calibrator
+    serves) ``min_probability`` cannot be applied, and raises.
+    """
+    if honour_abstain and response.abstain:
+        return []
+    if min_probability is None:
+        return list(response.results)
+    if any(r.probability is None for r in response.results):
+        raise ValueError(
+            "no calibrator serves this rerank, so there is no probability to "
+            "compare with min_probability"
+        )
+    return [
+        r
+        for r in response.results
+        if r.probability is not None and r.probability >= min_probability
+    ]
+
+
+def rerank_metadata(result: RerankResult, response: RerankResponse) -> dict[str, Any]:
+    """The numbers normcal adds to one reranked document (:data:`RERANK_KEYS`)."""
+    interval = result.probability_interval
+    return {
+        "relevance_score": result.relevance_score,
+        "probability": result.probability,
+        "probability_interval": None if interval is None else list(interval),
+        "cosine": result.score,
+        "input_rank": result.index,
+        "confidence": response.confidence,
+        "calibrator": response.calibrator.id,
+    }

@@ -156,6 +156,40 @@ class EmbedRequest(RequestModel):
     input_type: InputType = "document"
 
 
+class EmbeddingsRequest(RequestModel):
+    """``POST /v1/embeddings``: OpenAI's request shape (``input_type`` is normcal's)."""
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    input_type: InputType = "document"
+
+
+class RerankDocument(RequestModel):
+    """One candidate as the caller's retriever returned it (``score``: its own)."""
+
+    text: str
+    id: str | None = None
+    score: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RerankRequest(RequestModel):
+    """``POST /v1/rerank``: a query and another retriever's candidates, in its order.
+
+    Cohere's shape (``model`` is accepted for its clients and not used).
+    """
+
+    query: str
+    documents: list[RerankDocument]
+    top_n: int | None = None
+    collection: str | None = None
+    return_documents: bool = False
+    model: str | None = None
+
+
 class SearchRequest(RequestModel):
     """``POST /v1/collections/{name}/search``: ``query``/``queries`` or own vectors.
 
@@ -184,10 +218,24 @@ class Judgment(RequestModel):
     relevance: int
 
 
+class JudgedDocument(RerankDocument):
+    """A candidate of a judged list; ``relevance`` absent: not judged."""
+
+    relevance: int | None = None
+
+
+class JudgedList(RequestModel):
+    """A query and another retriever's candidates for it, in its order, judged."""
+
+    query: str
+    documents: list[JudgedDocument]
+
+
 class FitRequest(RequestModel):
     """``POST /v1/collections/{name}/calibrators``."""
 
     judgments: list[Judgment] = Field(default_factory=list)
+    lists: list[JudgedList] = Field(default_factory=list)
     method: CalibrationMethod = "auto"
     k: int | None = None
     abstain_target: float | None = 0.1
@@ -324,6 +372,32 @@ class EmbedResponse(ResponseModel):
     data: list[Embedding]
     model: str
     dim: int
+
+
+class EmbeddingsItem(ResponseModel):
+    """One text's embedding in OpenAI's shape, with the raw norm."""
+
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str
+    index: int
+    norm: float
+    truncated: bool
+
+
+class EmbeddingsUsage(ResponseModel):
+    """Tokens the model read."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(ResponseModel):
+    """``POST /v1/embeddings``: embeddings in input order, OpenAI's shape."""
+
+    object: Literal["list"] = "list"
+    data: list[EmbeddingsItem]
+    model: str
+    usage: EmbeddingsUsage
 
 
 class Guarantee(ResponseModel):
@@ -508,6 +582,41 @@ class SearchResult(ResponseModel):
     calibrator: CalibratorRef | None = None
 
 
+class RerankedDocument(ResponseModel):
+    """A result's document as sent (with ``return_documents``)."""
+
+    text: str
+    id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RerankResult(ResponseModel):
+    """One candidate: its position in the request (``index``) and its probability.
+
+    ``relevance_score`` is the probability under Cohere's name (the cosine when no
+    calibrator serves, and ``probability`` is then None); ``score`` the cosine.
+    """
+
+    index: int
+    id: str | None = None
+    relevance_score: float
+    probability: float | None
+    probability_interval: tuple[float, float] | None = None
+    score: float
+    document: RerankedDocument | None = None
+
+
+class RerankResponse(ResponseModel):
+    """The candidates, most probable first, and the query-level verdict."""
+
+    results: list[RerankResult]
+    confidence: float | None = None
+    confidence_interval: tuple[float, float] | None = None
+    abstain: bool | None = None
+    calibrator: CalibratorRef
+    model: str
+
+
 class BatchSearchResponse(ResponseModel):
     """Results of a ``queries`` batch, in order."""
 
@@ -550,6 +659,7 @@ class FitJudgments(ResponseModel):
     feedback: int
     feedback_queries: int
     dropped: int
+    lists: int = 0
     queries: int
 
 
@@ -781,5 +891,6 @@ class JudgingNext(ResponseModel):
     truncated: bool = False  # the query log kept only the query's first characters
     confidence: float | None
     hits: list[JudgingHit]
+    rerank: bool = False
     calibrator: CalibratorRef | None
     progress: JudgingProgress

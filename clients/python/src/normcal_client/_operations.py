@@ -54,6 +54,8 @@ from normcal_client._models import (
     DocumentsUpdated,
     DocumentsUpdateRequest,
     DocumentUpdate,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     EmbedRequest,
     EmbedResponse,
     FeedbackDeleted,
@@ -63,6 +65,7 @@ from normcal_client._models import (
     FitJob,
     FitRequest,
     InputType,
+    JudgedList,
     JudgingNext,
     JudgingQueriesRequest,
     JudgingQueriesResponse,
@@ -73,6 +76,9 @@ from normcal_client._models import (
     QueryLogInfo,
     QueryLogSettings,
     Readiness,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
     RestoreRequest,
     SearchMode,
     SearchRequest,
@@ -90,6 +96,10 @@ R = TypeVar("R")
 DocumentLike = DocumentIn | Mapping[str, Any]
 OwnEmbeddingLike = OwnEmbedding | Mapping[str, Any]
 JudgmentLike = Judgment | Mapping[str, Any]
+# A candidate: its text, or {"text", "id"?, "score"?, "metadata"?}.
+RerankDocumentLike = str | RerankDocument | Mapping[str, Any]
+# A judged list: {"query", "documents": [text | {"text", "relevance"?, ...}]}.
+JudgedListLike = JudgedList | Mapping[str, Any]
 Filter = Mapping[str, Any]  # the server's filter language (see _models.FilterJSON)
 Progress = Callable[[int], None]
 DEFAULT_BATCH_SIZE = 128  # the server accepts 256 per upsert by default
@@ -131,6 +141,43 @@ def embed(texts: Sequence[str], input_type: InputType | None) -> Plan[EmbedRespo
     """Embed texts."""
     body = EmbedRequest(texts=_listed(texts, "texts"), **_given(input_type=input_type))
     return one(ep.EMBED(body))
+
+
+def embeddings(
+    texts: str | Sequence[str],
+    model: str | None,
+    input_type: InputType | None,
+    encoding_format: Literal["float", "base64"] | None,
+) -> Plan[EmbeddingsResponse]:
+    """Embed texts in OpenAI's shape."""
+    body = EmbeddingsRequest(
+        input=texts if isinstance(texts, str) else list(texts),
+        **_given(model=model, input_type=input_type, encoding_format=encoding_format),
+    )
+    return one(ep.EMBEDDINGS(body))
+
+
+def rerank(
+    query: str,
+    documents: Sequence[RerankDocumentLike],
+    top_n: int | None,
+    collection: str | None,
+    return_documents: bool | None,
+) -> Plan[RerankResponse]:
+    """Calibrate another retriever's candidates for ``query``."""
+    if isinstance(documents, str):
+        raise TypeError("documents must be a sequence, not one string")
+    body = RerankRequest(
+        query=query,
+        documents=[
+            RerankDocument(text=d)
+            if isinstance(d, str)
+            else RerankDocument.model_validate(d)
+            for d in documents
+        ],
+        **_given(top_n=top_n, collection=collection, return_documents=return_documents),
+    )
+    return one(ep.RERANK(body))
 
 
 def create_collection(
@@ -383,11 +430,13 @@ def fit_request(
     allow_reorder: bool | None,
     unknown_documents: UnknownDocuments | None = None,
     query_vectors: Mapping[str, Sequence[float]] | None = None,
+    lists: Iterable[JudgedListLike] = (),
 ) -> FitRequest:
     """The body of a fit; options left ``None`` take the server's defaults.
 
     ``query_vectors``: on a collection of the client's own vectors, each judged
-    query's vector by its text.
+    query's vector by its text. ``lists``: judged candidate lists of another
+    retriever (a document may be its bare text: not judged).
     """
     options = _given(
         query_vectors=None
@@ -407,7 +456,11 @@ def fit_request(
     )
     if options.get("abstain_target") is False:
         options["abstain_target"] = None  # no abstain rule
-    return FitRequest(judgments=_judgments(judgments), **options)
+    return FitRequest(
+        judgments=_judgments(judgments),
+        lists=[_judged_list(item) for item in lists],
+        **options,
+    )
 
 
 def wait_fit_job(
@@ -611,6 +664,15 @@ def _check_batch_size(batch_size: int) -> None:
         or batch_size < 1
     ):
         raise refused("batch_size", "an integer of at least 1")
+
+
+def _judged_list(item: JudgedListLike) -> JudgedList:
+    if isinstance(item, JudgedList):
+        return item
+    documents = item.get("documents")
+    if isinstance(documents, list | tuple):  # bare texts are unjudged documents
+        documents = [{"text": d} if isinstance(d, str) else d for d in documents]
+    return JudgedList.model_validate({**item, "documents": documents})
 
 
 def _batches(items: Iterable[R], size: int) -> Iterator[list[R]]:

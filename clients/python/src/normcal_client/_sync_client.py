@@ -38,6 +38,7 @@ from normcal_client._models import (
     DocumentPage,
     DocumentsFound,
     DriftReport,
+    EmbeddingsResponse,
     EmbedResponse,
     FeedbackDeleted,
     FeedbackPage,
@@ -52,6 +53,7 @@ from normcal_client._models import (
     MetadataMode,
     QueryLogInfo,
     Readiness,
+    RerankResponse,
     SearchMode,
     SearchResult,
     SnapshotInfo,
@@ -199,6 +201,20 @@ class NormcalClient(ClientBase):
     ) -> EmbedResponse:
         """Unit vectors, raw norms and token counts of ``texts``."""
         return self._drive(op.embed(texts, input_type))
+
+    def embeddings(
+        self,
+        texts: str | Sequence[str],
+        *,
+        model: str | None = None,
+        input_type: InputType | None = None,
+        encoding_format: Literal["float", "base64"] | None = None,
+    ) -> EmbeddingsResponse:
+        """``POST /v1/embeddings``: OpenAI's shape (``data[i].embedding``, ``usage``).
+
+        ``model`` must be the serving model's name or identity, or None.
+        """
+        return self._drive(op.embeddings(texts, model, input_type, encoding_format))
 
     # -- collections
     def create_collection(
@@ -525,6 +541,28 @@ class NormcalClient(ClientBase):
         )
         return self._drive(plan)
 
+    # -- rerank
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[op.RerankDocumentLike],
+        *,
+        top_n: int | None = None,
+        collection: str | None = None,
+        return_documents: bool | None = None,
+    ) -> RerankResponse:
+        """Probabilities for another retriever's candidates, most probable first.
+
+        ``documents`` in the order the retriever returned them: texts, or
+        ``{"text", "id"?, "score"?, "metadata"?}`` (``score``: the retriever's own,
+        any scale, for every document or none). ``collection``: calibrate with its
+        active calibrator (and log the request for judging when its query log is
+        on); without it, the shipped default for external lists.
+        """
+        return self._drive(
+            op.rerank(query, documents, top_n, collection, return_documents)
+        )
+
     # -- calibrators
     def fit_calibrator(
         self,
@@ -540,6 +578,7 @@ class NormcalClient(ClientBase):
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
         query_vectors: Mapping[str, Sequence[float]] | None = None,
+        lists: Iterable[op.JudgedListLike] = (),
     ) -> CalibratorInfo:
         """Fit a calibrator and wait for it; ``None`` options take the server default.
 
@@ -547,7 +586,10 @@ class NormcalClient(ClientBase):
         ``unknown_documents="skip"`` leaves out judgments naming documents the
         collection does not hold (the answer's ``dropped_judgments`` counts them)
         instead of refusing the fit. ``query_vectors``: on a collection of your own
-        vectors, each judged query's vector by its text. A long fit holds the request open:
+        vectors, each judged query's vector by its text. ``lists``: judged candidate
+        lists of another retriever (``POST /v1/rerank``'s documents, each in the
+        retriever's order, ``relevance`` on the judged ones), for a namespace that
+        calibrates that retriever. A long fit holds the request open:
         :meth:`start_fit` returns at once instead.
         """
         body = op.fit_request(
@@ -561,6 +603,7 @@ class NormcalClient(ClientBase):
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
             query_vectors=query_vectors,
+            lists=lists,
         )
         return self._drive(op.one(ep.FIT_CALIBRATOR(body, name=collection)))
 
@@ -578,6 +621,7 @@ class NormcalClient(ClientBase):
         allow_reorder: bool | None = None,
         unknown_documents: UnknownDocuments | None = None,
         query_vectors: Mapping[str, Sequence[float]] | None = None,
+        lists: Iterable[op.JudgedListLike] = (),
     ) -> FitJob:
         """Start a fit as a server job (202); poll it with :meth:`wait_fit_job`.
 
@@ -594,6 +638,7 @@ class NormcalClient(ClientBase):
             allow_reorder=allow_reorder,
             unknown_documents=unknown_documents,
             query_vectors=query_vectors,
+            lists=lists,
         )
         return self._drive(op.one(ep.START_FIT_JOB(body, name=collection)))
 

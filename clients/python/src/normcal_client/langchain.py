@@ -8,6 +8,9 @@ relevance score is the calibrated probability, the one score of a retriever that
 means what LangChain says a relevance score means: a number in [0, 1] where higher
 is more likely relevant. Both embed on the server: no embedding model is needed
 here, and the ``embedding`` argument LangChain passes to ``from_texts`` is ignored.
+:class:`NormcalReranker` is a document compressor over any retriever (a vector
+store, BM25, a hosted search API): it calibrates that retriever's documents through
+the service's ``/v1/rerank`` and drops, keeps or annotates them by probability.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any, Self
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
+    Callbacks,
 )
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
@@ -34,18 +38,27 @@ from normcal_client._integration import (
     best_first,
     by_probability,
     hit_metadata,
+    kept_results,
+    rerank_documents,
+    rerank_metadata,
 )
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
     FilterJSON,
+    RerankResponse,
     SearchHit,
     SearchMode,
     SearchResult,
 )
 from normcal_client._sync_client import NormcalClient
 
-__all__ = ["NormcalRetriever", "NormcalVectorStore", "documents_from_result"]
+__all__ = [
+    "NormcalReranker",
+    "NormcalRetriever",
+    "NormcalVectorStore",
+    "documents_from_result",
+]
 
 
 def documents_from_result(
@@ -516,3 +529,109 @@ def _no_unknown(options: dict[str, Any], known: set[str]) -> None:
     if unknown:
         takes = ", ".join(sorted(known)) or "none"
         raise refused(unknown[0], f"not an option of normcal here (it takes: {takes})")
+
+
+class NormcalReranker(Connection, BaseDocumentCompressor):
+    """Calibrate any retriever's documents: drop, keep or annotate by probability.
+
+    A LangChain document compressor (``ContextualCompressionRetriever(
+    base_compressor=NormcalReranker(), base_retriever=...)``) over normcal's
+    ``POST /v1/rerank``: the documents go in the order the base retriever returned
+    them (that order is evidence), with its scores when ``score_key`` names the
+    metadata key holding them, and come back most probable first. Each keeps its
+    own metadata plus ``relevance_score`` and ``probability`` (calibrated
+    P(relevant)), ``probability_interval`` ([lo, hi]), ``cosine`` (normcal's model),
+    ``input_rank`` (its position in the input), the query's ``confidence`` and the
+    ``calibrator`` id; on a name clash normcal's win. ``top_n`` keeps the most
+    probable, ``min_probability`` drops the rest, and when the service abstains
+    (nothing relevant is likely) nothing is returned unless ``honour_abstain`` is
+    False.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    collection: str | None = None
+    """Calibrate with this collection's calibrator (it may hold no documents: a
+    namespace fitted from your judged lists); None: the shipped default."""
+    top_n: int | None = Field(None, ge=1)
+    """Keep at most this many documents (the most probable); None keeps all."""
+    min_probability: float | None = Field(None, ge=0.0, le=1.0)
+    """Drop documents whose calibrated probability is below this."""
+    score_key: str | None = None
+    """Metadata key of the base retriever's own score, sent with each document
+    (used only if every document has a number there)."""
+    honour_abstain: bool = True
+    """Return nothing when the service abstains."""
+    base_url: str = DEFAULT_URL
+    """Where normcal listens (unused when clients are given)."""
+    api_key: str | None = None
+    """Bearer token, when the service has ``NORMCAL_API_KEY`` set."""
+    timeout: float = 120.0
+    """Seconds per request."""
+    client: NormcalClient | None = None
+    """A ready sync client (caller-owned)."""
+    async_client: AsyncNormcalClient | None = None
+    """A ready async client (caller-owned)."""
+
+    def _request(self, documents: Sequence[Document]) -> list[dict[str, Any]]:
+        key = self.score_key
+        return rerank_documents(
+            [d.page_content for d in documents],
+            [d.id for d in documents],
+            [d.metadata.get(key) if key else None for d in documents],
+        )
+
+    def _kept(
+        self, documents: Sequence[Document], response: RerankResponse
+    ) -> list[Document]:
+        return [
+            Document(
+                id=documents[r.index].id,
+                page_content=documents[r.index].page_content,
+                metadata={
+                    **documents[r.index].metadata,
+                    **rerank_metadata(r, response),
+                },
+            )
+            for r in kept_results(
+                response,
+                min_probability=self.min_probability,
+                honour_abstain=self.honour_abstain,
+            )
+        ]
+
+    def compress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,  # noqa: ARG002 - LangChain's signature
+    ) -> Sequence[Document]:
+        """The documents worth keeping for ``query``, most probable first."""
+        if not documents:
+            return []
+        with self._sync() as client:
+            response = client.rerank(
+                query,
+                self._request(documents),
+                top_n=self.top_n,
+                collection=self.collection,
+            )
+        return self._kept(documents, response)
+
+    async def acompress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,  # noqa: ARG002 - LangChain's signature
+    ) -> Sequence[Document]:
+        """The documents worth keeping for ``query``, most probable first."""
+        if not documents:
+            return []
+        async with self._async() as client:
+            response = await client.rerank(
+                query,
+                self._request(documents),
+                top_n=self.top_n,
+                collection=self.collection,
+            )
+        return self._kept(documents, response)

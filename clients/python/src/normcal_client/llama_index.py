@@ -11,7 +11,9 @@ not sent, and the store asks LlamaIndex for no query embedding
 (``is_embedding_query = False``) — except a store with ``own_vectors=True``, over a
 collection of the client's own vectors, which sends both. :func:`to_filter` maps LlamaIndex
 ``MetadataFilters`` onto normcal's filter language and refuses what has no
-equivalent there.
+equivalent there. :class:`NormcalRerank` is a node postprocessor over any retriever
+(BM25, another vector store): it calibrates that retriever's nodes through the
+service's ``/v1/rerank`` and scores each by its probability.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import (
     BaseNode,
     MetadataMode,
@@ -40,16 +43,26 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryMode,
     VectorStoreQueryResult,
 )
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from normcal_client._async_client import AsyncNormcalClient
 from normcal_client._base import DEFAULT_URL
 from normcal_client._errors import refused
-from normcal_client._integration import HIT_KEYS, Connection, best_first, hit_metadata
+from normcal_client._integration import (
+    HIT_KEYS,
+    RERANK_KEYS,
+    Connection,
+    best_first,
+    hit_metadata,
+    kept_results,
+    rerank_documents,
+    rerank_metadata,
+)
 from normcal_client._models import (
     DocumentIn,
     DocumentOut,
     FilterJSON,
+    RerankResponse,
     SearchHit,
     SearchMode,
     SearchResult,
@@ -58,6 +71,7 @@ from normcal_client._sync_client import NormcalClient
 
 __all__ = [
     "REF_DOC_ID",
+    "NormcalRerank",
     "NormcalRetriever",
     "NormcalVectorStore",
     "nodes_from_result",
@@ -598,3 +612,106 @@ def _selection(filters: MetadataFilters | None) -> FilterJSON:
             "filters", "give node ids or filters (clear() deletes everything)"
         )
     return selected
+
+
+# -- the reranker
+
+
+class NormcalRerank(Connection, BaseNodePostprocessor):
+    """Calibrate any retriever's nodes: a LlamaIndex node postprocessor.
+
+    Over normcal's ``POST /v1/rerank``: the nodes go in the order the retriever
+    returned them (that order is evidence), each as its content with its embed
+    metadata (``MetadataMode.EMBED``, as LlamaIndex's rerankers send it), its node
+    id and its score when every node has one (the retriever's own scale), and come
+    back most probable first. Each returned node scores its calibrated probability
+    (the cosine when no calibrator serves) and is a copy of the retriever's node
+    with ``relevance_score``, ``probability``, ``probability_interval``, ``cosine``,
+    ``input_rank``, ``confidence`` and ``calibrator`` added to its metadata, kept out
+    of its LLM and embedding content. ``top_n`` keeps the most probable,
+    ``min_probability`` drops the rest, and when the service abstains nothing is
+    returned unless ``honour_abstain`` is False.
+    """
+
+    collection: str | None = None
+    """Calibrate with this collection's calibrator (it may hold no documents: a
+    namespace fitted from your judged lists); None: the shipped default."""
+    top_n: int | None = Field(None, ge=1)
+    """Keep at most this many nodes (the most probable); None keeps all."""
+    min_probability: float | None = Field(None, ge=0.0, le=1.0)
+    """Drop nodes whose calibrated probability is below this."""
+    honour_abstain: bool = True
+    """Return nothing when the service abstains."""
+    base_url: str = DEFAULT_URL
+    """Where normcal listens (unused when clients are given)."""
+    api_key: str | None = None
+    """Bearer token, when the service has ``NORMCAL_API_KEY`` set."""
+    timeout: float = 120.0
+    """Seconds per request."""
+    client: NormcalClient | None = Field(None, exclude=True)
+    """A ready sync client (caller-owned)."""
+    async_client: AsyncNormcalClient | None = Field(None, exclude=True)
+    """A ready async client (caller-owned)."""
+
+    @classmethod
+    def class_name(cls) -> str:
+        """LlamaIndex's name of the component."""
+        return "NormcalRerank"
+
+    def _call(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None
+    ) -> tuple[str, list[dict[str, Any]]]:
+        if query_bundle is None:
+            raise ValueError("NormcalRerank needs the query (a query bundle)")
+        documents = rerank_documents(
+            [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in nodes],
+            [n.node.node_id for n in nodes],
+            [n.score for n in nodes],
+        )
+        return query_bundle.query_str, documents
+
+    def _kept(
+        self, nodes: list[NodeWithScore], response: RerankResponse
+    ) -> list[NodeWithScore]:
+        kept = []
+        for result in kept_results(
+            response,
+            min_probability=self.min_probability,
+            honour_abstain=self.honour_abstain,
+        ):
+            node = nodes[result.index].node.model_copy()
+            node.metadata = {**node.metadata, **rerank_metadata(result, response)}
+            for excluded in (
+                "excluded_embed_metadata_keys",
+                "excluded_llm_metadata_keys",
+            ):
+                keys = getattr(node, excluded)
+                setattr(
+                    node, excluded, [*keys, *(k for k in RERANK_KEYS if k not in keys)]
+                )
+            kept.append(NodeWithScore(node=node, score=result.relevance_score))
+        return kept
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        if not nodes:
+            return []
+        query, documents = self._call(nodes, query_bundle)
+        with self._sync() as client:
+            response = client.rerank(
+                query, documents, top_n=self.top_n, collection=self.collection
+            )
+        return self._kept(nodes, response)
+
+    async def _apostprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        if not nodes:
+            return []
+        query, documents = self._call(nodes, query_bundle)
+        async with self._async() as client:
+            response = await client.rerank(
+                query, documents, top_n=self.top_n, collection=self.collection
+            )
+        return self._kept(nodes, response)
