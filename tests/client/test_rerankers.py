@@ -150,7 +150,10 @@ def test_llama_index_rerank_puts_the_relevant_node_first_behind_bm25(
         best, second = rerank.postprocess_nodes(retrieved, query_str=query)
         assert best.node.node_id == key, query
         assert best.score == best.node.metadata["probability"] > second.score
-        response = _rerank(live, query, [n.node.get_content() for n in retrieved])
+        # The same request: the texts and the retriever's scores (the default for
+        # external lists reads their gaps).
+        sent = [{"text": n.node.get_content(), "score": n.score} for n in retrieved]
+        response = _rerank(live, query, sent)
         _check_annotations([best.node.metadata, second.node.metadata], response)
         # The retriever's own scores travelled with the nodes and are kept there.
         assert retrieved[best.node.metadata["input_rank"]].node.node_id == key
@@ -203,15 +206,16 @@ def test_client_rerank_sync_and_async_agree(live):
 
 def test_cohere_client_reranks_against_normcal_unchanged(live):
     cohere = pytest.importorskip("cohere")
-    co = cohere.Client(base_url=live.url, api_key="unused", timeout=60)
     query = QUERIES["aspirin"]
-    answer = co.rerank(
-        model="rerank-v3.5",
-        query=query,
-        documents=TEXTS,
-        top_n=3,
-        return_documents=True,
-    )
+    # closed when done: its open connection would warn in whichever test runs next
+    with cohere.Client(base_url=live.url, api_key="unused", timeout=60) as co:
+        answer = co.rerank(
+            model="rerank-v3.5",
+            query=query,
+            documents=TEXTS,
+            top_n=3,
+            return_documents=True,
+        )
     ours = _rerank(live, query, TEXTS)
     assert [r.index for r in answer.results] == [r.index for r in ours.results[:3]]
     assert [r.relevance_score for r in answer.results] == [

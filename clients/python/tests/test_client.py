@@ -215,6 +215,28 @@ def test_requests_carry_auth_accept_and_quoted_paths():
     assert request.url.raw_path == b"/v1/collections/kb/documents/a%2Fb%20c%3F"
 
 
+def test_fit_sends_judged_lists_bare_texts_unjudged():
+    answer = {
+        "id": "c1", "collection": "ns", "method": "prior", "created_at": 1.0,
+        "active": True, "default": False, "reorders_hits": True, "cv": {},
+        "norm_lift": {}, "abstain": None, "report": {},
+    }  # fmt: skip
+    handler = Recorder(httpx.Response(201, json=answer))
+    nc, _ = mock(handler)
+    lists = [
+        {"query": "q", "documents": ["a", {"text": "b", "score": 2.5, "relevance": 1}]}
+    ]
+    nc.fit_calibrator("ns", [], lists=lists)
+    (body,) = (json.loads(r.content) for r in handler.requests)
+    assert body["judgments"] == []
+    (sent,) = body["lists"]
+    assert sent["query"] == "q"
+    assert [d["text"] for d in sent["documents"]] == ["a", "b"]
+    assert sent["documents"][0].get("relevance") is None
+    assert sent["documents"][1]["relevance"] == 1
+    assert sent["documents"][1]["score"] == 2.5
+
+
 def test_fit_sends_only_given_options_and_every_server_field():
     answer = {
         "id": "c1", "collection": "kb", "method": "platt", "created_at": 1.0,

@@ -456,11 +456,10 @@ def fit_request(
     )
     if options.get("abstain_target") is False:
         options["abstain_target"] = None  # no abstain rule
-    return FitRequest(
-        judgments=_judgments(judgments),
-        lists=[_judged_list(item) for item in lists],
-        **options,
-    )
+    listed = [_judged_list(item) for item in lists]
+    if listed:  # sent only when given, as the options are
+        options["lists"] = listed
+    return FitRequest(judgments=_judgments(judgments), **options)
 
 
 def wait_fit_job(
