@@ -53,7 +53,9 @@ from calibration.metrics import (
     auroc,
     brier_score,
     negative_log_likelihood,
+    paired_ndcg_gain,
     paired_nll_gain,
+    per_query_ndcg,
 )
 from calibration.models import (
     IsotonicCalibrator,
@@ -437,7 +439,7 @@ def evidence_lift(
     return tuple(out)
 
 
-RuleName = Literal["requested", "one-se", "ece-guard", "recalibration"]
+RuleName = Literal["requested", "one-se", "ece-guard", "rank-guard", "recalibration"]
 """The rules a choice records (:class:`SelectionRule`)."""
 
 
@@ -447,16 +449,18 @@ class SelectionRule:
 
     Attributes
     ----------
-    rule : {"requested", "one-se", "ece-guard", "recalibration"}
+    rule : {"requested", "one-se", "ece-guard", "rank-guard", "recalibration"}
         ``"requested"``: a named method was served as asked (``auto``'s rules were not
         applied). ``"one-se"``: the best held-out NLL against the baseline (the prior
         fit, else Platt). ``"ece-guard"``: the served map's held-out ECE against
-        ``ECE_GUARD`` times its noise floor. ``"recalibration"``: whether the final
+        ``ECE_GUARD`` times its noise floor. ``"rank-guard"``: the served map's
+        held-out order of each query's judged hits (nDCG@10) against the best-ordering
+        family at its ECE floor. ``"recalibration"``: whether the final
         recalibration stage is served on top of the chosen family.
     outcome : str
         Short verdict: ``"served as asked"``; ``"best is the baseline"``, ``"kept"``,
         ``"baseline served"``; ``"at its floor"``, ``"switched"``, ``"none at its
-        floor"``; ``"applied"``, ``"not applied"``.
+        floor"``; ``"kept"``, ``"switched"``; ``"applied"``, ``"not applied"``.
     detail : str
         User-readable explanation with the numbers.
     """
@@ -756,7 +760,9 @@ def select_calibrator(
     lifts = _lift_reports(data, fits, notes)
     stages = {m: _stage(m, fits.oof[lifts.served[m]], data) for m in methods}
     if method == "auto":
-        method, rules = _auto(methods, stages, data.y, data.codes, notes)
+        method, rules = _auto(
+            methods, stages, data.y, data.codes, notes, tie=data.X[:, 0]
+        )
         key = lifts.served[method]
         stage: _Stage | None = stages[method]
     else:
@@ -1025,10 +1031,13 @@ def _auto(
     y: FloatArray,
     codes: IntArray,
     notes: list[str],
+    *,
+    tie: FloatArray | None = None,
 ) -> tuple[str, list[SelectionRule]]:
-    """``auto``: best NLL, the one-SE rule against the baseline, then the ECE guard.
+    """``auto``: best NLL, the one-SE rule, the ECE guard, then the rank guard.
 
     Each family is represented by its candidate (:func:`_stage`: recalibrated or not).
+    ``tie`` (the cosines) breaks ties of probability in the rank guard, as search does.
     """
     base = methods[0]  # "prior" when a prior is given, else "platt"
     best = min(methods, key=lambda m: stages[m].scores.nll)
@@ -1042,7 +1051,12 @@ def _auto(
     guard, method = _ece_guard(method, methods, stages)
     if guard.outcome == "switched":
         notes.append(f"auto: {guard.detail}")
-    return method, [one_se, guard]
+    order, method = _rank_guard(
+        method, methods, stages, y, codes, np.zeros_like(y) if tie is None else tie
+    )
+    if order.outcome == "switched":
+        notes.append(f"auto: {order.detail}")
+    return method, [one_se, guard, order]
 
 
 def _one_se_rule(
@@ -1095,6 +1109,58 @@ def _ece_guard(
         f"{floor[method]:.4f}, while {guard} sits at its floor; serving {guard}."
     )
     return SelectionRule("ece-guard", "switched", detail), guard
+
+
+def _rank_guard(
+    method: str,
+    methods: tuple[str, ...],
+    stages: dict[str, _Stage],
+    y: FloatArray,
+    codes: IntArray,
+    tie: FloatArray,
+) -> tuple[SelectionRule, str]:
+    """Never serve a map whose order is clearly worse than another's at its ECE floor.
+
+    Search orders a hybrid pool by the served probabilities, so a map chosen for its
+    probabilities (NLL, ECE) must not throw away the evidence that orders hits: a
+    cosine-only map on a collection where BM25 finds what the cosine misses. Each
+    family's candidate orders each query's judged pairs held out (its out-of-fold
+    probabilities); the family with the best mean nDCG@10 among those within
+    ``ECE_GUARD`` times their noise floor replaces the chosen one when its paired
+    per-query gain exceeds one standard error (the one-SE rule, applied to order).
+    """
+    ndcg = {m: per_query_ndcg(y, stages[m].oof, codes, tie) for m in methods}
+    mean = {
+        m: float(np.nanmean(v)) if np.any(~np.isnan(v)) else 0.0
+        for m, v in ndcg.items()
+    }
+    eligible = [
+        m
+        for m in methods
+        if stages[m].scores.ece <= ECE_GUARD * BINNING.noise_floor(stages[m].oof)
+    ]
+    best = max(eligible, key=lambda m: mean[m], default=method)
+    if best == method:
+        detail = (
+            f"{method} orders the judged hits held out as well as any family at its "
+            f"ECE floor (mean nDCG@10 {mean[method]:.3f}): kept."
+        )
+        return SelectionRule("rank-guard", "kept", detail), method
+    gain, se = paired_ndcg_gain(stages[best].oof, stages[method].oof, y, codes, tie)
+    switch = gain > se
+    detail = (
+        f"{best} orders the judged hits held out better than {method} (mean nDCG@10 "
+        f"{mean[best]:.3f} against {mean[method]:.3f}, gain {gain:+.3g} +/- {se:.3g} "
+        "per query), "
+        + (
+            f"more than one standard error, at its ECE floor: serving {best}."
+            if switch
+            else f"within one standard error: {method} is kept."
+        )
+    )
+    return SelectionRule("rank-guard", "switched" if switch else "kept", detail), (
+        best if switch else method
+    )
 
 
 def _best(

@@ -162,10 +162,12 @@ def test_fit_reports_every_method_and_norm_lift(fitted):
 
 def test_fit_response_names_why_its_method_was_chosen(client, fitted):
     """The rules behind the choice are data in the response, stored and returned by
-    GET: the one-SE rule, the ECE guard and the recalibration stage, in that order."""
+    GET: the one-SE rule, the ECE and rank guards and the recalibration stage, in
+    that order."""
     why = fitted["selection"]
     assert why["chosen"] == fitted["method"]
-    assert [r["rule"] for r in why["rules"]] == ["one-se", "ece-guard", "recalibration"]
+    rules = [r["rule"] for r in why["rules"]]
+    assert rules == ["one-se", "ece-guard", "rank-guard", "recalibration"]
     assert all(r["outcome"] and r["detail"] for r in why["rules"])
     stage = why["rules"][-1]
     assert why["recalibrated"] is (stage["outcome"] == "applied")
