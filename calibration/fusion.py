@@ -20,7 +20,7 @@ from typing import Generic, Literal, TypeAlias, TypeVar
 import numpy as np
 
 from calibration._typing import FloatArray, IntArray
-from calibration.features import LEXICAL_DEPTH
+from calibration.features import LEX_RANK, LEXICAL_DEPTH, RANK
 
 __all__ = [
     "RRF_K",
@@ -31,6 +31,7 @@ __all__ = [
     "hybrid_pool",
     "lexical_ranks",
     "order_by_mode",
+    "pair_rrf",
 ]
 
 T = TypeVar("T", bound=Hashable)
@@ -146,3 +147,15 @@ def order_by_mode(
     else:
         raise ValueError(f"unknown mode {mode!r} (or no probabilities)")
     return np.lexsort((-cos, dense_rank, -score))
+
+
+def pair_rrf(X: FloatArray) -> FloatArray:
+    """The ``rrf`` score of judged pairs from their features (``FEATURES`` columns).
+
+    ``sum 1 / (60 + rank)`` over the pair's cosine-list rank and its BM25-list rank
+    (no term beyond :data:`LEXICAL_DEPTH`): the plain fusion of the evidence a
+    calibrated map sees, to compare its order with.
+    """
+    lex = X[:, LEX_RANK]
+    bm25 = np.where(lex <= LEXICAL_DEPTH, 1.0 / (RRF_K + lex), 0.0)
+    return np.asarray(1.0 / (RRF_K + X[:, RANK]) + bm25, dtype=np.float64)

@@ -46,7 +46,8 @@ from sklearn.model_selection import GroupKFold
 from calibration._typing import ArrayLike, FloatArray, IntArray, MethodName
 from calibration._validation import as_float_2d, as_groups, as_labels, require_queries
 from calibration.exceptions import InvalidInputError, SingleClassError
-from calibration.features import ELL_D, ELL_Q, FEATURES, LEX
+from calibration.features import COSINE, ELL_D, ELL_Q, FEATURES, LEX
+from calibration.fusion import pair_rrf
 from calibration.metrics import (
     BINNING,
     ReliabilityCurve,
@@ -454,8 +455,8 @@ class SelectionRule:
         applied). ``"one-se"``: the best held-out NLL against the baseline (the prior
         fit, else Platt). ``"ece-guard"``: the served map's held-out ECE against
         ``ECE_GUARD`` times its noise floor. ``"rank-guard"``: the served map's
-        held-out order of each query's judged hits (nDCG@10) against the best-ordering
-        family at its ECE floor. ``"recalibration"``: whether the final
+        held-out order of each query's judged hits (nDCG@10) against a plain fusion
+        (RRF) of their cosine and BM25 lists. ``"recalibration"``: whether the final
         recalibration stage is served on top of the chosen family.
     outcome : str
         Short verdict: ``"served as asked"``; ``"best is the baseline"``, ``"kept"``,
@@ -760,9 +761,7 @@ def select_calibrator(
     lifts = _lift_reports(data, fits, notes)
     stages = {m: _stage(m, fits.oof[lifts.served[m]], data) for m in methods}
     if method == "auto":
-        method, rules = _auto(
-            methods, stages, data.y, data.codes, notes, tie=data.X[:, 0]
-        )
+        method, rules = _auto(methods, stages, data.y, data.codes, notes, X=data.X)
         key = lifts.served[method]
         stage: _Stage | None = stages[method]
     else:
@@ -1032,12 +1031,13 @@ def _auto(
     codes: IntArray,
     notes: list[str],
     *,
-    tie: FloatArray | None = None,
+    X: FloatArray | None = None,
 ) -> tuple[str, list[SelectionRule]]:
     """``auto``: best NLL, the one-SE rule, the ECE guard, then the rank guard.
 
     Each family is represented by its candidate (:func:`_stage`: recalibrated or not).
-    ``tie`` (the cosines) breaks ties of probability in the rank guard, as search does.
+    ``X`` (the pairs' features) gives the rank guard its plain fusion (``pair_rrf``)
+    and the cosines that break ties; without it the pairs' own order stands for both.
     """
     base = methods[0]  # "prior" when a prior is given, else "platt"
     best = min(methods, key=lambda m: stages[m].scores.nll)
@@ -1051,9 +1051,9 @@ def _auto(
     guard, method = _ece_guard(method, methods, stages)
     if guard.outcome == "switched":
         notes.append(f"auto: {guard.detail}")
-    order, method = _rank_guard(
-        method, methods, stages, y, codes, np.zeros_like(y) if tie is None else tie
-    )
+    tie = np.zeros_like(y) if X is None else X[:, COSINE]
+    fusion = -np.arange(len(y), dtype=np.float64) if X is None else pair_rrf(X)
+    order, method = _rank_guard(method, methods, stages, y, codes, tie, fusion)
     if order.outcome == "switched":
         notes.append(f"auto: {order.detail}")
     return method, [one_se, guard, order]
@@ -1118,49 +1118,52 @@ def _rank_guard(
     y: FloatArray,
     codes: IntArray,
     tie: FloatArray,
+    fusion: FloatArray,
 ) -> tuple[SelectionRule, str]:
-    """Never serve a map whose order is clearly worse than another's at its ECE floor.
+    """Never serve a map that orders hits clearly worse than a plain fusion does.
 
     Search orders a hybrid pool by the served probabilities, so a map chosen for its
     probabilities (NLL, ECE) must not throw away the evidence that orders hits: a
     cosine-only map on a collection where BM25 finds what the cosine misses. Each
-    family's candidate orders each query's judged pairs held out (its out-of-fold
-    probabilities); the family with the best mean nDCG@10 among those within
-    ``ECE_GUARD`` times their noise floor replaces the chosen one when its paired
-    per-query gain exceeds one standard error (the one-SE rule, applied to order).
+    query's judged pairs are ordered held out by the chosen family's out-of-fold
+    probabilities and by ``fusion`` (RRF of their cosine-list and BM25-list ranks).
+    When the fusion's mean per-query nDCG@10 beats the map's by more than one
+    standard error of the paired difference, the family that orders them best among
+    those within ``ECE_GUARD`` times their noise floor is served instead (if it orders
+    better than the chosen one). Ties of probability fall back to ``tie`` (the cosine).
     """
+
+    def mean(v: FloatArray) -> float:
+        return float(np.nanmean(v)) if np.any(~np.isnan(v)) else 0.0
+
     ndcg = {m: per_query_ndcg(y, stages[m].oof, codes, tie) for m in methods}
-    mean = {
-        m: float(np.nanmean(v)) if np.any(~np.isnan(v)) else 0.0
-        for m, v in ndcg.items()
-    }
+    fused = mean(per_query_ndcg(y, fusion, codes, tie))
+    gain, se = paired_ndcg_gain(fusion, stages[method].oof, y, codes, tie)
+    said = (
+        f"{method} orders the judged hits held out with mean nDCG@10 "
+        f"{mean(ndcg[method]):.3f}; RRF of the cosine and BM25 lists {fused:.3f} "
+        f"(gain {gain:+.3g} +/- {se:.3g} per query)"
+    )
+    if not gain > se:
+        detail = f"{said}: not clearly better, {method} is kept."
+        return SelectionRule("rank-guard", "kept", detail), method
     eligible = [
         m
         for m in methods
         if stages[m].scores.ece <= ECE_GUARD * BINNING.noise_floor(stages[m].oof)
     ]
-    best = max(eligible, key=lambda m: mean[m], default=method)
-    if best == method:
+    best = max(eligible, key=lambda m: mean(ndcg[m]), default=method)
+    if mean(ndcg[best]) <= mean(ndcg[method]):
         detail = (
-            f"{method} orders the judged hits held out as well as any family at its "
-            f"ECE floor (mean nDCG@10 {mean[method]:.3f}): kept."
+            f"{said}: clearly better, but no family at its ECE floor orders them "
+            f"better than {method}, which is kept."
         )
         return SelectionRule("rank-guard", "kept", detail), method
-    gain, se = paired_ndcg_gain(stages[best].oof, stages[method].oof, y, codes, tie)
-    switch = gain > se
     detail = (
-        f"{best} orders the judged hits held out better than {method} (mean nDCG@10 "
-        f"{mean[best]:.3f} against {mean[method]:.3f}, gain {gain:+.3g} +/- {se:.3g} "
-        "per query), "
-        + (
-            f"more than one standard error, at its ECE floor: serving {best}."
-            if switch
-            else f"within one standard error: {method} is kept."
-        )
+        f"{said}: clearly better; {best} orders them best among the families at "
+        f"their ECE floor ({mean(ndcg[best]):.3f}): serving {best}."
     )
-    return SelectionRule("rank-guard", "switched" if switch else "kept", detail), (
-        best if switch else method
-    )
+    return SelectionRule("rank-guard", "switched", detail), best
 
 
 def _best(

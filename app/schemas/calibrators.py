@@ -87,8 +87,9 @@ class SelectionRule(BaseModel):
             "held-out NLL against the baseline (the prior fit, else Platt) by the "
             "one-standard-error rule; ece-guard: the served map's held-out ECE against "
             "twice its noise floor; rank-guard: the served map's held-out order of each "
-            "query's judged hits (nDCG@10) against the best-ordering family at its ECE "
-            "floor, by the one-standard-error rule; recalibration: whether the final "
+            "query's judged hits (nDCG@10) against RRF of their cosine and BM25 "
+            "lists; clearly worse (one standard error), the best-ordering family at "
+            "its ECE floor is served; recalibration: whether the final "
             "recalibration stage is served on top of the chosen family"
         )
     )
