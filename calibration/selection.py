@@ -1129,8 +1129,9 @@ def _rank_guard(
     probabilities and by ``fusion`` (RRF of their cosine-list and BM25-list ranks).
     When the fusion's mean per-query nDCG@10 beats the map's by more than one
     standard error of the paired difference, the family that orders them best among
-    those within ``ECE_GUARD`` times their noise floor is served instead (if it orders
-    better than the chosen one). Ties of probability fall back to ``tie`` (the cosine).
+    those within ``ECE_GUARD`` times their noise floor is served instead, if it orders
+    them better than the chosen one by more than one standard error too (a switch on
+    noise would give up NLL for nothing). Ties of probability fall back to ``tie``.
     """
 
     def mean(v: FloatArray) -> float:
@@ -1153,15 +1154,17 @@ def _rank_guard(
         if stages[m].scores.ece <= ECE_GUARD * BINNING.noise_floor(stages[m].oof)
     ]
     best = max(eligible, key=lambda m: mean(ndcg[m]), default=method)
-    if mean(ndcg[best]) <= mean(ndcg[method]):
+    b_gain, b_se = paired_ndcg_gain(stages[best].oof, stages[method].oof, y, codes, tie)
+    if best == method or not b_gain > b_se:
         detail = (
             f"{said}: clearly better, but no family at its ECE floor orders them "
-            f"better than {method}, which is kept."
+            f"clearly better than {method}, which is kept."
         )
         return SelectionRule("rank-guard", "kept", detail), method
     detail = (
         f"{said}: clearly better; {best} orders them best among the families at "
-        f"their ECE floor ({mean(ndcg[best]):.3f}): serving {best}."
+        f"their ECE floor ({mean(ndcg[best]):.3f}, gain {b_gain:+.3g} +/- {b_se:.3g}): "
+        f"serving {best}."
     )
     return SelectionRule("rank-guard", "switched", detail), best
 
