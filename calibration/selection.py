@@ -31,6 +31,12 @@ one standard error). The one-standard-error rule and the ECE guard then compare 
 candidates, so a better-discriminating family whose recalibrated map sits at its floor
 stays eligible; :class:`SelectionWhy` records each rule's outcome.
 
+Hybrid search orders hits by the served probabilities, so ``auto``'s last rule, the
+rank guard, checks the order too: when RRF of the judged pairs' cosine-list and
+BM25-list ranks orders them clearly better (held out, per-query nDCG@10, one standard
+error) than the chosen map, the family at its ECE floor that orders them best is served
+instead, if it too beats the chosen map by one standard error (:func:`_rank_guard`).
+
 :func:`select_calibrator` is a pure function of ``(X, y, groups)``, so the service can
 nest it inside an outer grouped CV for an honest evaluation of the whole procedure.
 """
