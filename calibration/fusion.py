@@ -102,6 +102,11 @@ def hybrid_pool(
     )
 
 
+def _rrf(dense_rank: FloatArray, lexical_rank: FloatArray) -> FloatArray:
+    """``sum 1 / (60 + rank)`` over the two lists (rank ``inf``: absent, no term)."""
+    return np.asarray(1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lexical_rank))
+
+
 def _minmax(v: FloatArray) -> FloatArray:
     span = float(v.max() - v.min()) if v.size else 0.0
     return (v - v.min()) / span if span > 0 else np.zeros_like(v)
@@ -137,7 +142,7 @@ def order_by_mode(
     if mode == "lexical":
         return np.lexsort((dense_rank, -cos, -np.asarray(bm25, float), lex_rank))
     if mode == "rrf":
-        score = 1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lex_rank)
+        score = _rrf(dense_rank, lex_rank)
     elif mode == "blend":
         score = weight * _minmax(cos) + (1.0 - weight) * _minmax(
             np.asarray(bm25, float)
@@ -157,5 +162,4 @@ def pair_rrf(X: FloatArray) -> FloatArray:
     calibrated map sees, to compare its order with.
     """
     lex = X[:, LEX_RANK]
-    bm25 = np.where(lex <= LEXICAL_DEPTH, 1.0 / (RRF_K + lex), 0.0)
-    return np.asarray(1.0 / (RRF_K + X[:, RANK]) + bm25, dtype=np.float64)
+    return _rrf(X[:, RANK], np.where(lex <= LEXICAL_DEPTH, lex, np.inf))
