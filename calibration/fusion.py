@@ -20,7 +20,7 @@ from typing import Generic, Literal, TypeAlias, TypeVar
 import numpy as np
 
 from calibration._typing import FloatArray, IntArray
-from calibration.features import LEXICAL_DEPTH
+from calibration.features import LEX_RANK, LEXICAL_DEPTH, RANK
 
 __all__ = [
     "RRF_K",
@@ -31,6 +31,7 @@ __all__ = [
     "hybrid_pool",
     "lexical_ranks",
     "order_by_mode",
+    "pair_rrf",
 ]
 
 T = TypeVar("T", bound=Hashable)
@@ -101,6 +102,11 @@ def hybrid_pool(
     )
 
 
+def _rrf(dense_rank: FloatArray, lexical_rank: FloatArray) -> FloatArray:
+    """``sum 1 / (60 + rank)`` over the two lists (rank ``inf``: absent, no term)."""
+    return np.asarray(1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lexical_rank))
+
+
 def _minmax(v: FloatArray) -> FloatArray:
     span = float(v.max() - v.min()) if v.size else 0.0
     return (v - v.min()) / span if span > 0 else np.zeros_like(v)
@@ -136,7 +142,7 @@ def order_by_mode(
     if mode == "lexical":
         return np.lexsort((dense_rank, -cos, -np.asarray(bm25, float), lex_rank))
     if mode == "rrf":
-        score = 1.0 / (RRF_K + dense_rank) + 1.0 / (RRF_K + lex_rank)
+        score = _rrf(dense_rank, lex_rank)
     elif mode == "blend":
         score = weight * _minmax(cos) + (1.0 - weight) * _minmax(
             np.asarray(bm25, float)
@@ -146,3 +152,14 @@ def order_by_mode(
     else:
         raise ValueError(f"unknown mode {mode!r} (or no probabilities)")
     return np.lexsort((-cos, dense_rank, -score))
+
+
+def pair_rrf(X: FloatArray) -> FloatArray:
+    """The ``rrf`` score of judged pairs from their features (``FEATURES`` columns).
+
+    ``sum 1 / (60 + rank)`` over the pair's cosine-list rank and its BM25-list rank
+    (no term beyond :data:`LEXICAL_DEPTH`): the plain fusion of the evidence a
+    calibrated map sees, to compare its order with.
+    """
+    lex = X[:, LEX_RANK]
+    return _rrf(X[:, RANK], np.where(lex <= LEXICAL_DEPTH, lex, np.inf))

@@ -32,7 +32,9 @@ __all__ = [
     "clear_nll_gain",
     "expected_calibration_error",
     "negative_log_likelihood",
+    "paired_ndcg_gain",
     "paired_nll_gain",
+    "per_query_ndcg",
     "reliability_by_tercile",
     "reliability_curve",
 ]
@@ -406,3 +408,49 @@ def clear_nll_gain(
     """
     gain, se = paired_nll_gain(p_new, p_base, y, codes)
     return gain > se
+
+
+def per_query_ndcg(
+    y: FloatArray, p: FloatArray, codes: IntArray, tie: FloatArray, k: int = 10
+) -> FloatArray:
+    """nDCG@k of each query's judged pairs ordered by ``p`` (binary gains).
+
+    Ties in ``p`` fall back to ``tie`` (descending; the cosine, as search orders
+    them). A query whose pairs are all relevant or all irrelevant says nothing about
+    an order: NaN.
+    """
+    n_q = int(codes.max()) + 1 if codes.size else 0
+    out = np.full(n_q, np.nan)
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    for q in range(n_q):
+        rows = np.flatnonzero(codes == q)
+        labels = y[rows]
+        n_pos = int(labels.sum())
+        if n_pos == 0 or n_pos == len(rows):
+            continue
+        top = np.lexsort((-tie[rows], -p[rows]))[:k]
+        dcg = float(labels[top] @ discount[: len(top)])
+        out[q] = dcg / float(discount[: min(k, n_pos)].sum())
+    return out
+
+
+def paired_ndcg_gain(
+    p_new: FloatArray,
+    p_base: FloatArray,
+    y: FloatArray,
+    codes: IntArray,
+    tie: FloatArray,
+    k: int = 10,
+) -> tuple[float, float]:
+    """Mean per-query nDCG@k gain of ordering by ``p_new`` over ``p_base``, and its SE.
+
+    Over the queries with both classes among their pairs (:func:`per_query_ndcg`);
+    queries are the independent units. ``(0, inf)`` with fewer than two of them.
+    """
+    diff = per_query_ndcg(y, p_new, codes, tie, k) - per_query_ndcg(
+        y, p_base, codes, tie, k
+    )
+    diff = diff[~np.isnan(diff)]
+    if diff.size < 2:
+        return 0.0, float("inf")
+    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(diff.size))

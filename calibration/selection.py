@@ -31,6 +31,12 @@ one standard error). The one-standard-error rule and the ECE guard then compare 
 candidates, so a better-discriminating family whose recalibrated map sits at its floor
 stays eligible; :class:`SelectionWhy` records each rule's outcome.
 
+Hybrid search orders hits by the served probabilities, so ``auto``'s last rule, the
+rank guard, checks the order too: when RRF of the judged pairs' cosine-list and
+BM25-list ranks orders them clearly better (held out, per-query nDCG@10, one standard
+error) than the chosen map, the family at its ECE floor that orders them best is served
+instead, if it too beats the chosen map by one standard error (:func:`_rank_guard`).
+
 :func:`select_calibrator` is a pure function of ``(X, y, groups)``, so the service can
 nest it inside an outer grouped CV for an honest evaluation of the whole procedure.
 """
@@ -46,14 +52,17 @@ from sklearn.model_selection import GroupKFold
 from calibration._typing import ArrayLike, FloatArray, IntArray, MethodName
 from calibration._validation import as_float_2d, as_groups, as_labels, require_queries
 from calibration.exceptions import InvalidInputError, SingleClassError
-from calibration.features import ELL_D, ELL_Q, FEATURES, LEX, LEX_RANK
+from calibration.features import COSINE, ELL_D, ELL_Q, FEATURES, LEX, LEX_RANK
+from calibration.fusion import pair_rrf
 from calibration.metrics import (
     BINNING,
     ReliabilityCurve,
     auroc,
     brier_score,
     negative_log_likelihood,
+    paired_ndcg_gain,
     paired_nll_gain,
+    per_query_ndcg,
 )
 from calibration.models import (
     IsotonicCalibrator,
@@ -437,7 +446,7 @@ def evidence_lift(
     return tuple(out)
 
 
-RuleName = Literal["requested", "one-se", "ece-guard", "recalibration"]
+RuleName = Literal["requested", "one-se", "ece-guard", "rank-guard", "recalibration"]
 """The rules a choice records (:class:`SelectionRule`)."""
 
 
@@ -447,16 +456,18 @@ class SelectionRule:
 
     Attributes
     ----------
-    rule : {"requested", "one-se", "ece-guard", "recalibration"}
+    rule : {"requested", "one-se", "ece-guard", "rank-guard", "recalibration"}
         ``"requested"``: a named method was served as asked (``auto``'s rules were not
         applied). ``"one-se"``: the best held-out NLL against the baseline (the prior
         fit, else Platt). ``"ece-guard"``: the served map's held-out ECE against
-        ``ECE_GUARD`` times its noise floor. ``"recalibration"``: whether the final
+        ``ECE_GUARD`` times its noise floor. ``"rank-guard"``: the served map's
+        held-out order of each query's judged hits (nDCG@10) against a plain fusion
+        (RRF) of their cosine and BM25 lists. ``"recalibration"``: whether the final
         recalibration stage is served on top of the chosen family.
     outcome : str
         Short verdict: ``"served as asked"``; ``"best is the baseline"``, ``"kept"``,
         ``"baseline served"``; ``"at its floor"``, ``"switched"``, ``"none at its
-        floor"``; ``"applied"``, ``"not applied"``.
+        floor"``; ``"kept"``, ``"switched"``; ``"applied"``, ``"not applied"``.
     detail : str
         User-readable explanation with the numbers.
     """
@@ -756,7 +767,7 @@ def select_calibrator(
     lifts = _lift_reports(data, fits, notes)
     stages = {m: _stage(m, fits.oof[lifts.served[m]], data) for m in methods}
     if method == "auto":
-        method, rules = _auto(methods, stages, data.y, data.codes, notes)
+        method, rules = _auto(methods, stages, data.y, data.codes, notes, X=data.X)
         key = lifts.served[method]
         stage: _Stage | None = stages[method]
     else:
@@ -1025,10 +1036,14 @@ def _auto(
     y: FloatArray,
     codes: IntArray,
     notes: list[str],
+    *,
+    X: FloatArray | None = None,
 ) -> tuple[str, list[SelectionRule]]:
-    """``auto``: best NLL, the one-SE rule against the baseline, then the ECE guard.
+    """``auto``: best NLL, the one-SE rule, the ECE guard, then the rank guard.
 
     Each family is represented by its candidate (:func:`_stage`: recalibrated or not).
+    ``X`` (the pairs' features) gives the rank guard its plain fusion (``pair_rrf``)
+    and the cosines that break ties; without it the pairs' own order stands for both.
     """
     base = methods[0]  # "prior" when a prior is given, else "platt"
     best = min(methods, key=lambda m: stages[m].scores.nll)
@@ -1042,7 +1057,12 @@ def _auto(
     guard, method = _ece_guard(method, methods, stages)
     if guard.outcome == "switched":
         notes.append(f"auto: {guard.detail}")
-    return method, [one_se, guard]
+    tie = np.zeros_like(y) if X is None else X[:, COSINE]
+    fusion = -np.arange(len(y), dtype=np.float64) if X is None else pair_rrf(X)
+    order, method = _rank_guard(method, methods, stages, y, codes, tie, fusion)
+    if order.outcome == "switched":
+        notes.append(f"auto: {order.detail}")
+    return method, [one_se, guard, order]
 
 
 def _one_se_rule(
@@ -1095,6 +1115,64 @@ def _ece_guard(
         f"{floor[method]:.4f}, while {guard} sits at its floor; serving {guard}."
     )
     return SelectionRule("ece-guard", "switched", detail), guard
+
+
+def _rank_guard(
+    method: str,
+    methods: tuple[str, ...],
+    stages: dict[str, _Stage],
+    y: FloatArray,
+    codes: IntArray,
+    tie: FloatArray,
+    fusion: FloatArray,
+) -> tuple[SelectionRule, str]:
+    """Never serve a map that orders hits clearly worse than a plain fusion does.
+
+    Search orders a hybrid pool by the served probabilities, so a map chosen for its
+    probabilities (NLL, ECE) must not throw away the evidence that orders hits: a
+    cosine-only map on a collection where BM25 finds what the cosine misses. Each
+    query's judged pairs are ordered held out by the chosen family's out-of-fold
+    probabilities and by ``fusion`` (RRF of their cosine-list and BM25-list ranks).
+    When the fusion's mean per-query nDCG@10 beats the map's by more than one
+    standard error of the paired difference, the family that orders them best among
+    those within ``ECE_GUARD`` times their noise floor is served instead, if it orders
+    them better than the chosen one by more than one standard error too (a switch on
+    noise would give up NLL for nothing). Ties of probability fall back to ``tie``.
+    """
+
+    def mean(v: FloatArray) -> float:
+        return float(np.nanmean(v)) if np.any(~np.isnan(v)) else 0.0
+
+    ndcg = {m: per_query_ndcg(y, stages[m].oof, codes, tie) for m in methods}
+    fused = mean(per_query_ndcg(y, fusion, codes, tie))
+    gain, se = paired_ndcg_gain(fusion, stages[method].oof, y, codes, tie)
+    said = (
+        f"{method} orders the judged hits held out with mean nDCG@10 "
+        f"{mean(ndcg[method]):.3f}; RRF of the cosine and BM25 lists {fused:.3f} "
+        f"(gain {gain:+.3g} +/- {se:.3g} per query)"
+    )
+    if not gain > se:
+        detail = f"{said}: not clearly better, {method} is kept."
+        return SelectionRule("rank-guard", "kept", detail), method
+    eligible = [
+        m
+        for m in methods
+        if stages[m].scores.ece <= ECE_GUARD * BINNING.noise_floor(stages[m].oof)
+    ]
+    best = max(eligible, key=lambda m: mean(ndcg[m]), default=method)
+    b_gain, b_se = paired_ndcg_gain(stages[best].oof, stages[method].oof, y, codes, tie)
+    if best == method or not b_gain > b_se:
+        detail = (
+            f"{said}: clearly better, but no family at its ECE floor orders them "
+            f"clearly better than {method}, which is kept."
+        )
+        return SelectionRule("rank-guard", "kept", detail), method
+    detail = (
+        f"{said}: clearly better; {best} orders them best among the families at "
+        f"their ECE floor ({mean(ndcg[best]):.3f}, gain {b_gain:+.3g} +/- {b_se:.3g}): "
+        f"serving {best}."
+    )
+    return SelectionRule("rank-guard", "switched", detail), best
 
 
 def _best(

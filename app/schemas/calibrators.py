@@ -114,12 +114,17 @@ class MethodMetrics(BaseModel):
 class SelectionRule(BaseModel):
     """One rule behind the served method, its outcome and why."""
 
-    rule: Literal["requested", "one-se", "ece-guard", "recalibration"] = Field(
-        description="requested: a named method served as asked; one-se: the best "
-        "held-out NLL against the baseline (the prior fit, else Platt) by the "
-        "one-standard-error rule; ece-guard: the served map's held-out ECE against "
-        "twice its noise floor; recalibration: whether the final recalibration "
-        "stage is served on top of the chosen family"
+    rule: Literal["requested", "one-se", "ece-guard", "rank-guard", "recalibration"] = (
+        Field(
+            description="requested: a named method served as asked; one-se: the best "
+            "held-out NLL against the baseline (the prior fit, else Platt) by the "
+            "one-standard-error rule; ece-guard: the served map's held-out ECE against "
+            "twice its noise floor; rank-guard: the served map's held-out order of each "
+            "query's judged hits (nDCG@10) against RRF of their cosine and BM25 "
+            "lists; clearly worse (one standard error), the best-ordering family at "
+            "its ECE floor is served; recalibration: whether the final "
+            "recalibration stage is served on top of the chosen family"
+        )
     )
     outcome: str = Field(
         description='e.g. "kept", "baseline served", "at its floor", "switched", '

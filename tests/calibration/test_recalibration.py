@@ -294,7 +294,7 @@ def test_auto_serves_the_recalibrated_better_shape(s_shaped):
     assert why.recalibrated and isinstance(res.estimator, Recalibrated)
     assert isinstance(res.estimator.base, ListAwareCalibrator)
     rules = {r.rule: r for r in why.rules}
-    assert list(rules) == ["one-se", "ece-guard", "recalibration"]
+    assert list(rules) == ["one-se", "ece-guard", "rank-guard", "recalibration"]
     assert rules["recalibration"].outcome == "applied"
     assert rules["ece-guard"].outcome == "at its floor"
     # At its noise floor, with the list model's discrimination and the best NLL.

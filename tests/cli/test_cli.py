@@ -170,7 +170,7 @@ def test_ingest_then_fit(tmp_path, embedder, beir_dir, capsys):
         out = capsys.readouterr().out
         served = re.search(
             r"^served: (\S+)( \+ recalibration)? \(one-se: [^;]+; "
-            r"ece-guard: [^;]+; recalibration: (not )?applied\)$",
+            r"ece-guard: [^;]+; rank-guard: [^;]+; recalibration: (not )?applied\)$",
             out,
             re.MULTILINE,
         )

@@ -635,7 +635,7 @@ class MethodMetrics(ResponseModel):
 class SelectionRule(ResponseModel):
     """One rule behind the served method, its outcome and why."""
 
-    rule: Literal["requested", "one-se", "ece-guard", "recalibration"]
+    rule: Literal["requested", "one-se", "ece-guard", "rank-guard", "recalibration"]
     outcome: str
     detail: str
 
