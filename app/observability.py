@@ -8,7 +8,6 @@ by raw path, so hostile or numerous URLs cannot explode label cardinality.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -532,9 +531,10 @@ def _adopt_transformers_logging() -> None:
     propagation; configuring it now (transformers' API) and then taking the handler
     away leaves its records to ours. Absent in the torch-free image: nothing to do.
     """
-    if importlib.util.find_spec("transformers") is None:
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:
         return
-    from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_default_handler()
     transformers_logging.enable_propagation()

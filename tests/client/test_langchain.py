@@ -123,7 +123,12 @@ def test_retriever_and_vector_store_take_a_search_mode(kb):
     assert [d.id for d in dense.invoke(query, mode="lexical")] == [
         d.id for d in documents_from_result(expected)
     ]
-    hybrid = lexical.invoke(query, mode="hybrid", candidates=5)
+    # Both words' documents are in the hybrid pool, whether or not the service
+    # abstains on this two-word query (the day-one rule may).
+    every = NormcalRetriever(
+        collection="kb", base_url=kb.url, k=5, mode="lexical", honour_abstain=False
+    )
+    hybrid = every.invoke(query, mode="hybrid", candidates=5)
     assert {"paris", "photosynthesis"} <= {d.id for d in hybrid}
     store = NormcalVectorStore("kb", base_url=kb.url, mode="lexical")
     assert [d.id for d in store.similarity_search(query, k=5)] == [
