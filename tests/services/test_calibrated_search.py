@@ -421,6 +421,10 @@ def test_calibrators_survive_restart(tmp_path, embedder, scifact):
             "/v1/collections/sci/search", json={"query": judgments[1]["query"]}
         ).json()
         assert after["calibrator"]["id"] == fitted["id"]
-        assert [h["probability"] for h in after["hits"]] == [
-            h["probability"] for h in before["hits"]
-        ]
+        # The same calibrator on the same query; the query's vector may differ in
+        # its last float32 bits (before the restart the embedding cache held the
+        # fit's pass of it, padded with other queries; after, it is embedded alone).
+        assert [h["id"] for h in after["hits"]] == [h["id"] for h in before["hits"]]
+        assert [h["probability"] for h in after["hits"]] == pytest.approx(
+            [h["probability"] for h in before["hits"]], rel=1e-5, abs=1e-7
+        )
