@@ -265,15 +265,8 @@ class LocalState(Generic[C]):
         Each is kept to its first ``max_chars`` characters: longer texts sharing
         them count as one entry, ``truncated`` from the first cut on.
         """
-        now = time.time()
         with self._writing() as conn:
-            conn.executemany(
-                "INSERT INTO query_log(query, first_seen, last_seen, count, truncated)"
-                " VALUES (?, ?, ?, 1, ?) ON CONFLICT(query) DO UPDATE SET"
-                " last_seen = excluded.last_seen, count = count + 1,"
-                " truncated = max(truncated, excluded.truncated)",
-                [(q[:max_chars], now, now, int(len(q) > max_chars)) for q in queries],
-            )
+            _count_in_log(conn, queries, max_chars, time.time())
             _trim_query_log(conn, retention)
 
     def truncated_in_log(self, query: str) -> bool:
@@ -298,19 +291,12 @@ class LocalState(Generic[C]):
         they are dropped with the query when the log trims it.
         """
         now = time.time()
-        text = query[:max_chars]
         with self._writing() as conn:
-            conn.execute(  # counted as a searched query (log_queries)
-                "INSERT INTO query_log(query, first_seen, last_seen, count, truncated)"
-                " VALUES (?, ?, ?, 1, ?) ON CONFLICT(query) DO UPDATE SET"
-                " last_seen = excluded.last_seen, count = count + 1,"
-                " truncated = max(truncated, excluded.truncated)",
-                (text, now, now, int(len(query) > max_chars)),
-            )
+            _count_in_log(conn, [query], max_chars, now)  # as a searched query
             conn.execute(
                 "INSERT OR REPLACE INTO rerank_log(query, documents, confidence,"
                 " logged_at) VALUES (?, ?, ?, ?)",
-                (text, documents, confidence, now),
+                (query[:max_chars], documents, confidence, now),
             )
             _trim_query_log(conn, retention)
 
@@ -420,6 +406,19 @@ class LocalState(Generic[C]):
 
 def _count_calibrators(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT COUNT(*) FROM calibrators").fetchone()[0])
+
+
+def _count_in_log(
+    conn: sqlite3.Connection, queries: Sequence[str], max_chars: int, now: float
+) -> None:
+    """Count ``queries`` in the query log, each kept to its first ``max_chars``."""
+    conn.executemany(
+        "INSERT INTO query_log(query, first_seen, last_seen, count, truncated)"
+        " VALUES (?, ?, ?, 1, ?) ON CONFLICT(query) DO UPDATE SET"
+        " last_seen = excluded.last_seen, count = count + 1,"
+        " truncated = max(truncated, excluded.truncated)",
+        [(q[:max_chars], now, now, int(len(q) > max_chars)) for q in queries],
+    )
 
 
 def _trim_query_log(conn: sqlite3.Connection, retention: int) -> None:
