@@ -57,7 +57,8 @@ from calibration.exceptions import (
     NotFittedCalibratorError,
     UnsupportedFormatError,
 )
-from calibration.features import FEATURES, LEXICAL_FEATURES, ORDER_FEATURES
+from calibration.features import FEATURES, LEX_RANK, LEXICAL_FEATURES, ORDER_FEATURES
+from calibration.fusion import pair_rrf
 from calibration.metrics import (
     brier_score,
     clear_nll_gain,
@@ -67,6 +68,7 @@ from calibration.metrics import (
 
 __all__ = [
     "AGNOSTIC_FEATURES",
+    "FUSION_FEATURES",
     "NORM_FEATURES",
     "PRIOR_FEATURES",
     "CrossDomainPrior",
@@ -100,6 +102,13 @@ query length and lexical evidence — no raw cosine, whose scale is the model's.
 NORM_FEATURES: tuple[str, ...] = ("ell_q", "ell_d")
 """Residual-norm columns; add them to ``features`` only where they earn it."""
 
+FUSION_FEATURES: tuple[str, ...] = ("rrf",)
+"""Derived, not a column: the pair's reciprocal-rank fusion of its cosine-list and
+BM25-list ranks (:func:`calibration.fusion.pair_rrf`). ``log(rank)`` and
+``log(lex_rank)`` weigh the top of each list steeply; ``rrf`` is nearly linear in the
+ranks and rewards a hit both lists hold, so the map can order like RRF where that is
+what the judgments say."""
+
 # Within one query rank and gap fall as the cosine rises: with these signs the logit is
 # non-decreasing in the cosine, so the prior never reorders a query's hits. Lexical
 # evidence can only raise a hit (more of the query's terms, a better BM25 rank), and
@@ -111,11 +120,14 @@ _SIGN: dict[str, int] = {
     "lex": +1,
     "lex_rel": +1,
     "lex_rank": -1,
+    "rrf": +1,
     "in_rank": -1,
     "in_gap": -1,
 }
 _LOG_COLUMNS = frozenset({"rank", "lex_rank", "in_rank"})
-_DOC_SIDE = frozenset({"ell_d", "len_d", *LEXICAL_FEATURES, *ORDER_FEATURES})
+_DOC_SIDE = frozenset(
+    {"ell_d", "len_d", *LEXICAL_FEATURES, *ORDER_FEATURES, *FUSION_FEATURES}
+)
 _SLOPE_PRIOR_SD = 10.0  # weak ridge of the pooled fit (standardised units)
 _PER_SET_SD = 1.0  # per-set refits shrink toward the shared slope with this SD
 _MIN_SLOPE_SD = 0.05  # floor of the across-domain slope spread
@@ -133,24 +145,34 @@ WIDTH_GRID = np.round(np.arange(0.5, 6.0001, 0.05), 2)
 
 
 def _columns(features: Sequence[str]) -> int:
-    """Columns of ``X`` a prior over ``features`` reads."""
-    return max(FEATURES.index(name) for name in features) + 1
+    """Columns of ``X`` a prior over ``features`` reads (``rrf``: up to ``lex_rank``)."""
+    return (
+        max(
+            LEX_RANK if name in FUSION_FEATURES else FEATURES.index(name)
+            for name in features
+        )
+        + 1
+    )
 
 
 def _design(X: FloatArray, features: Sequence[str]) -> FloatArray:
-    """Raw transferable features; ranks enter as ``log(rank)``."""
+    """Raw transferable features; ranks enter as ``log(rank)``, ``rrf`` is derived."""
     cols = []
     for name in features:
+        if name in FUSION_FEATURES:
+            cols.append(pair_rrf(X))
+            continue
         col = X[:, FEATURES.index(name)]
         cols.append(np.log(np.maximum(col, 1.0)) if name in _LOG_COLUMNS else col)
     return np.column_stack(cols)
 
 
 def _check_features(features: Sequence[str]) -> tuple[str, ...]:
-    unknown = [f for f in features if f not in FEATURES]
+    known = (*FEATURES, *FUSION_FEATURES)
+    unknown = [f for f in features if f not in known]
     if unknown or not features:
         raise InvalidInputError(
-            f"features must be a non-empty subset of {FEATURES}, got {unknown}.",
+            f"features must be a non-empty subset of {known}, got {unknown}.",
             field="features",
         )
     return tuple(features)

@@ -21,6 +21,7 @@ from calibration import (
     coherent_confidence,
     fit_prior,
     interval_coverage,
+    negative_log_likelihood,
     norm_lift_verdict,
 )
 from calibration.exceptions import InvalidInputError, UnsupportedFormatError
@@ -337,3 +338,69 @@ def test_prior_refuses_level_df_and_width_out_of_bounds(prior, key, value):
     data = prior.to_dict()
     with pytest.raises(UnsupportedFormatError):
         CrossDomainPrior.from_dict(data | {"fields": data["fields"] | {key: value}})
+
+
+def fusion_domain(
+    level: float, n_queries: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """A domain whose relevance follows the reciprocal-rank fusion of two lists.
+
+    Each query's 20 hits hold random cosine-list and BM25-list ranks (BM25 rank 101:
+    not in the list); ``logit P = level + 3000 * (rrf - 0.025)``, so a hit both lists
+    hold at rank 15 (rrf 0.0267) beats the cosine list's top hit with no BM25 match
+    (0.0164): an order log(rank) terms cannot give without the fusion feature.
+    """
+    rank = np.column_stack(
+        [rng.permutation(np.arange(1.0, 41.0))[:20] for _ in range(n_queries)]
+    ).T
+    lex_rank = rng.choice(np.r_[np.arange(1.0, 41.0), [101.0] * 20], (n_queries, 20))
+    rrf = 1 / (60 + rank) + np.where(lex_rank <= 100, 1 / (60 + lex_rank), 0.0)
+    y = (rng.random(rank.shape) < expit(level + 3000 * (rrf - 0.025))).astype(float)
+    X = np.zeros((rank.size, len(FEATURES)))
+    X[:, FEATURES.index("rank")] = rank.ravel()
+    X[:, FEATURES.index("lex_rank")] = lex_rank.ravel()
+    X[:, FEATURES.index("cosine")] = 0.5
+    return X, y.ravel()
+
+
+def test_the_fusion_feature_is_the_pairs_rrf_of_its_two_list_ranks():
+    X = np.zeros((3, len(FEATURES)))
+    X[:, FEATURES.index("rank")] = [1.0, 15.0, 30.0]
+    X[:, FEATURES.index("lex_rank")] = [101.0, 15.0, 100.0]  # 101: not in the list
+    prior = CrossDomainPrior(
+        features=("rrf",),
+        center=(0.0,),
+        scale=(1.0,),
+        slope=(1.0,),
+        slope_sd=(0.1,),
+        level_mean=0.0,
+        level_sd=1.0,
+        levels=(0.0, 0.0, 0.0),
+        domains=("a", "b", "c"),
+    )
+    np.testing.assert_allclose(
+        prior.standardise(X)[:, 1], [1 / 61, 2 / 75, 1 / 90 + 1 / 160]
+    )
+    assert prior.reorders_hits  # the BM25 rank is the document's, not the cosine's
+    back = CrossDomainPrior.from_dict(json.loads(json.dumps(prior.to_dict())))
+    assert back == prior
+    with pytest.raises(InvalidInputError):
+        fit_prior({"a": (X, np.ones(3))}, features=("rrf", "fusion"))
+
+
+def test_a_prior_with_the_fusion_feature_orders_like_rrf_where_the_labels_do():
+    rng = np.random.default_rng(11)
+    sets = {f"d{k}": fusion_domain(level, 200, rng) for k, level in enumerate(LEVELS)}
+    logs = fit_prior(sets, features=("rank", "lex_rank"))
+    fused = fit_prior(sets, features=("rank", "lex_rank", "rrf"))
+    both_at_15, top_alone = np.zeros((2, len(FEATURES)))
+    both_at_15[[FEATURES.index("rank"), FEATURES.index("lex_rank")]] = 15.0
+    top_alone[[FEATURES.index("rank"), FEATURES.index("lex_rank")]] = [1.0, 101.0]
+    pair = np.vstack([both_at_15, top_alone])
+    assert fused.slope[-1] > 0
+    p = fused.predict_proba(pair)
+    assert p[0] > p[1]
+    X, y = fusion_domain(-1.0, 300, rng)
+    held_fused = negative_log_likelihood(y, fused.predict_proba(X))
+    held_logs = negative_log_likelihood(y, logs.predict_proba(X))
+    assert held_fused < held_logs
