@@ -106,8 +106,9 @@ FUSION_FEATURES: tuple[str, ...] = ("rrf",)
 """Derived, not a column: the pair's reciprocal-rank fusion of its cosine-list and
 BM25-list ranks (:func:`calibration.fusion.pair_rrf`). ``log(rank)`` and
 ``log(lex_rank)`` weigh the top of each list steeply; ``rrf`` is nearly linear in the
-ranks and rewards a hit both lists hold, so the map can order like RRF where that is
-what the judgments say."""
+ranks and rewards a hit both lists hold, so a prior can order like RRF where that is
+what the judgments say. The shipped profiles do not use it: leave one dataset out it
+did not order the whole hybrid pool better (``benchmarks/fusion_lodo.py``)."""
 
 # Within one query rank and gap fall as the cosine rises: with these signs the logit is
 # non-decreasing in the cosine, so the prior never reorders a query's hits. Lexical
@@ -146,13 +147,8 @@ WIDTH_GRID = np.round(np.arange(0.5, 6.0001, 0.05), 2)
 
 def _columns(features: Sequence[str]) -> int:
     """Columns of ``X`` a prior over ``features`` reads (``rrf``: up to ``lex_rank``)."""
-    return (
-        max(
-            LEX_RANK if name in FUSION_FEATURES else FEATURES.index(name)
-            for name in features
-        )
-        + 1
-    )
+    last = (LEX_RANK if f in FUSION_FEATURES else FEATURES.index(f) for f in features)
+    return max(last) + 1
 
 
 def _design(X: FloatArray, features: Sequence[str]) -> FloatArray:

@@ -6,9 +6,7 @@
 pool of 20** per query: the exact cosine top-20 and the BM25 top-20, every hit with its
 lexical evidence. Two evidence groups must earn their place by the one-SE rule on
 leave-one-dataset-out predictions (paired per-query NLL): first the residual query norm
-(``ell_q``) over the list features, then the lexical columns over what was kept, then
-the fusion feature (``rrf``, the pair's reciprocal-rank fusion of its two list ranks)
-over that.
+(``ell_q``) over the list features, then the lexical columns over what was kept.
 
 **The model-agnostic profile** (``app/profiles/_agnostic.json``, ``--agnostic``) is
 the prior over :data:`calibration.prior.AGNOSTIC_FEATURES` (evidence that means the
@@ -59,7 +57,6 @@ from calibration import (  # noqa: E402
 from calibration.features import LEXICAL_FEATURES  # noqa: E402
 from calibration.prior import (  # noqa: E402
     AGNOSTIC_FEATURES,
-    FUSION_FEATURES,
     PRIOR_FEATURES,
     CrossDomainPrior,
     LodoChoice,
@@ -179,13 +176,7 @@ def model_profile(data: Labelled) -> tuple[Profile, list[str]]:
     with_lexical = (*base, *LEXICAL_FEATURES)
     p_lex = data.lodo(with_lexical)
     lexical = norm_lift_verdict(y, p_lex, p_base, groups)
-    before_lex = p_base
-    if lexical.kept:
-        base, p_base = with_lexical, p_lex
-    with_fusion = (*base, *FUSION_FEATURES)
-    p_fusion = data.lodo(with_fusion)
-    fusion = norm_lift_verdict(y, p_fusion, p_base, groups)
-    features = with_fusion if fusion.kept else base
+    features = with_lexical if lexical.kept else base
     prior, choice = calibrated_prior(data, features)
     lift = NormLift(
         base_method="prior",
@@ -218,17 +209,6 @@ def model_profile(data: Labelled) -> tuple[Profile, list[str]]:
                 "nll_with": lexical.nll_with,
                 "nll_without": lexical.nll_without,
                 "brier_with": float(np.mean((p_lex - y) ** 2)),
-                "brier_without": float(np.mean((before_lex - y) ** 2)),
-                "how": "leave-one-dataset-out, one SE of the paired per-query NLL "
-                "difference, over the features kept before it",
-            },
-            "fusion_lift": {
-                "features": list(FUSION_FEATURES),
-                "kept": fusion.kept,
-                "verdict": fusion.verdict,
-                "nll_with": fusion.nll_with,
-                "nll_without": fusion.nll_without,
-                "brier_with": float(np.mean((p_fusion - y) ** 2)),
                 "brier_without": float(np.mean((p_base - y) ** 2)),
                 "how": "leave-one-dataset-out, one SE of the paired per-query NLL "
                 "difference, over the features kept before it",
@@ -238,8 +218,7 @@ def model_profile(data: Labelled) -> tuple[Profile, list[str]]:
         },
     )
     return profile, [
-        f"norm: {verdict.verdict}; lexical: {lexical.verdict}; "
-        f"fusion: {fusion.verdict}",
+        f"norm: {verdict.verdict}; lexical: {lexical.verdict}",
         *_summary(prior, choice),
     ]
 
