@@ -400,6 +400,8 @@ def test_a_prior_with_the_fusion_feature_orders_like_rrf_where_the_labels_do():
     assert fused.slope[-1] > 0
     p = fused.predict_proba(pair)
     assert p[0] > p[1]
+    p_logs = logs.predict_proba(pair)  # the log ranks alone put the top hit first
+    assert p_logs[0] < p_logs[1]
     X, y = fusion_domain(-1.0, 300, rng)
     held_fused = negative_log_likelihood(y, fused.predict_proba(X))
     held_logs = negative_log_likelihood(y, logs.predict_proba(X))
