@@ -12,7 +12,9 @@ prints each variant's nDCG@10 (binary gains) per held-out set beside RRF's on th
 pool, and each variant's held-out NLL on the pool of 20. The variants: the shipped
 features (``base``), plus the pair's RRF of its two list ranks (``+rrf``,
 :data:`calibration.prior.FUSION_FEATURES`), and RRF in place of the log ranks
-(``rrf-for-log-ranks``). Corpus embeddings and lists are cached under
+(``rrf-for-log-ranks``); and ``base, refitted``: the ``base`` prior refitted on the
+held-out set's own judged pools of 20 (:func:`refitted`, five folds by query), as
+``auto``'s few-label candidate is. Corpus embeddings and lists are cached under
 ``~/.cache/normcal/corpus``; about 5 minutes on 2 cores once cached.
 """
 
@@ -28,11 +30,18 @@ from app.embedding import Embedder
 from app.settings import Settings
 from benchmarks.eval_all import CACHE, DATA
 from benchmarks.transfer import FEATURES_SHIPPED, SETS, Domain, K, domain_of
-from calibration import fit_prior, negative_log_likelihood
+from calibration import (
+    CrossDomainPrior,
+    PriorCalibrator,
+    fit_prior,
+    negative_log_likelihood,
+)
 from calibration.features import LEXICAL_DEPTH, RANK
 from calibration.fusion import pair_rrf
 from calibration.profile import single_threaded_blas
 
+FOLDS = 5
+REFIT = "base, refitted"
 VARIANTS: dict[str, tuple[str, ...]] = {
     "base": FEATURES_SHIPPED,
     "+rrf": (*FEATURES_SHIPPED, "rrf"),
@@ -74,6 +83,23 @@ def ndcg10(score: np.ndarray, d: Domain, n_relevant: np.ndarray) -> float:
     return float(np.mean(values))
 
 
+def refitted(prior: CrossDomainPrior, top: Domain, whole: Domain) -> np.ndarray:
+    """Whole-pool probabilities of ``prior`` refitted on the set's own pool of ``K``.
+
+    Five folds by query: the prior is refitted (:class:`PriorCalibrator`, as ``auto``'s
+    few-label candidate) on four fifths of the judged queries' pools of ``K`` and
+    scores the whole pools of the other fifth.
+    """
+    out = np.zeros(len(whole.y))
+    for fold in range(FOLDS):
+        train = top.groups % FOLDS != fold
+        est = PriorCalibrator(prior=prior.to_dict())
+        est.fit(top.X[train], top.y[train], top.groups[train])
+        test = whole.groups % FOLDS == fold
+        out[test] = est.predict_proba(whole.X[test])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS))
@@ -81,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     embedder = load_embedder(Settings())
     with single_threaded_blas():
         data = {name: pools(name, embedder) for name in SETS}
-        names = list(VARIANTS)
+        names = [*VARIANTS, REFIT]
+        nll_names = list(VARIANTS)
         print(
-            f"| held-out set | RRF | {' | '.join(names)} | NLL@20 {' / '.join(names)} |"
+            f"| held-out set | RRF | {' | '.join(names)} | NLL@20 {' / '.join(nll_names)} |"
         )
         print("|---|---|" + "---|" * len(names) + "---|")
         totals: dict[str, list[float]] = {n: [] for n in ["RRF", *names]}
@@ -97,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                 ranked[variant] = ndcg10(
                     prior.predict_proba(whole.X), whole, n_relevant
                 )
+                if variant == "base":
+                    refit = refitted(prior, top, whole)
+                    ranked[REFIT] = ndcg10(refit, whole, n_relevant)
                 nll.append(negative_log_likelihood(top.y, prior.predict_proba(top.X)))
             for k, v in ranked.items():
                 totals[k].append(v)
