@@ -1,9 +1,10 @@
 """What every request pays: no dependency hands the request to a worker thread.
 
 FastAPI runs a dependency that is a plain function in anyio's worker threads: a
-hand-off to another thread and back, on every request of every route that has it
-(two of them cost a search about as much as its BM25 ranking; docs/performance.md,
-"The cold tail"). Every dependency of the app is ``async``; a new plain one fails here.
+hand-off to another thread and back, on every request of every route that has it,
+each a wake-up that waits for a core on a busy machine (docs/performance.md, "The
+per-request floor"). Every dependency of the app is ``async``; a new plain one fails
+here.
 """
 
 from __future__ import annotations
