@@ -137,7 +137,12 @@ def request_key(request: Request) -> Identity:
     return key
 
 
-KeyDep = Annotated[Identity, Depends(request_key)]
+async def _key_dependency(request: Request) -> Identity:
+    # async: FastAPI would run :func:`request_key` itself in a worker thread.
+    return request_key(request)
+
+
+KeyDep = Annotated[Identity, Depends(_key_dependency)]
 
 
 class RoleCheck:

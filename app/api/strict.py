@@ -39,8 +39,11 @@ def query_names(route: APIRoute) -> frozenset[str]:
     return cached
 
 
-def refuse_unknown_query(request: Request) -> None:
-    """Refuse (422) query parameters the matched route does not declare, naming them."""
+async def refuse_unknown_query(request: Request) -> None:
+    """Refuse (422) query parameters the matched route does not declare, naming them.
+
+    ``async``, so it runs on the event loop, not in a worker thread.
+    """
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return

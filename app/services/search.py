@@ -23,7 +23,7 @@ from app.services.calibrators import DEFAULT_FIT_K
 from app.services.context import Part, query_log_settings
 from calibration.drift import query_summary
 from calibration.fusion import SearchMode, order_by_mode
-from calibration.profile import Profile
+from calibration.profile import Profile, Scored
 
 logger = logging.getLogger(__name__)
 
@@ -199,27 +199,39 @@ def _result(
     """One query's answer: score the whole pool, order it by mode, cut.
 
     The whole pool is scored once, so a document's probability for a query is the
-    same number whichever mode returned it; the mode alone picks and orders the hits.
+    same number whichever mode returned it; the mode alone picks and orders the hits,
+    and only those become response objects (a pool is ~10 times ``k``).
     With a calibrator, also the query's drift summary, taken from the whole pool.
     """
     norm, n_tokens = float(batch.norms[i]), int(batch.n_tokens[i])
-    hits, intervals = _scored(pool, profile, norm, n_tokens, request.include_text)
-    out = [hits[j] for j in _order(pool, request.mode, hits, k)]
-    confidence = abstain = band = summary = None
-    if profile is not None and hits:
-        summary = query_summary(
-            [h.score for h in hits],
+    scores = np.array([h.score for h in pool.hits], dtype=np.float64)
+    scored = (
+        None
+        if profile is None
+        else profile.score(
+            norm,
             n_tokens,
+            scores,
+            np.array([h.document.norm for h in pool.hits]),
+            np.array([h.document.n_tokens for h in pool.hits], dtype=np.int64),
             pool.lexical,
-            [h.probability or 0.0 for h in hits],
         )
+    )
+    probabilities = None if scored is None else scored.probabilities
+    out = [
+        _hit(pool, j, scored, request.include_text)
+        for j in _order(pool, request.mode, scores, probabilities, k)
+    ]
+    confidence = abstain = band = summary = None
+    if probabilities is not None and len(pool.hits):
+        summary = query_summary(scores, n_tokens, pool.lexical, probabilities)
     if profile is not None:
         out = _cut(out, request.min_probability, request.target_precision)
         # Confidence of the hits actually returned (after the cut).
         returned = profile.verdict(
             np.array([h.probability or 0.0 for h in out]),
             None
-            if not intervals
+            if scored is None or scored.intervals is None
             else (
                 np.array([(h.probability_interval or (0.0, 0.0))[0] for h in out]),
                 np.array([(h.probability_interval or (0.0, 0.0))[1] for h in out]),
@@ -241,49 +253,33 @@ def _result(
     return result, summary
 
 
-def _scored(
-    pool: Pool,
-    profile: Profile | None,
-    norm: float,
-    n_tokens: int,
-    include_text: bool,
-) -> tuple[list[SearchHit], bool]:
-    """Every pool member as a hit, with its probability when a calibrator serves.
-
-    Also whether the probabilities come with intervals.
-    """
-    hits = [
-        SearchHit(
-            id=h.document.id,
-            score=h.score,
-            bm25=float(pool.lexical.bm25[j]),
-            probability=None,
-            norm=h.document.norm,
-            n_tokens=h.document.n_tokens,
-            metadata=h.document.metadata,
-            text=h.document.text if include_text else None,
-        )
-        for j, h in enumerate(pool.hits)
-    ]
-    if profile is None:
-        return hits, False
-    scored = profile.score(
-        norm,
-        n_tokens,
-        np.array([h.score for h in pool.hits]),
-        np.array([h.document.norm for h in pool.hits]),
-        np.array([h.document.n_tokens for h in pool.hits], dtype=np.int64),
-        pool.lexical,
+def _hit(pool: Pool, j: int, scored: Scored | None, include_text: bool) -> SearchHit:
+    """Pool member ``j`` as a hit, with its probability when a calibrator serves."""
+    h = pool.hits[j]
+    interval = None
+    if scored is not None and scored.intervals is not None:
+        lo, hi = scored.intervals
+        interval = (float(lo[j]), float(hi[j]))
+    return SearchHit(
+        id=h.document.id,
+        score=h.score,
+        bm25=float(pool.lexical.bm25[j]),
+        probability=None if scored is None else float(scored.probabilities[j]),
+        probability_interval=interval,
+        norm=h.document.norm,
+        n_tokens=h.document.n_tokens,
+        metadata=h.document.metadata,
+        text=h.document.text if include_text else None,
     )
-    for j, (hit, p) in enumerate(zip(hits, scored.probabilities, strict=True)):
-        hit.probability = float(p)
-        if scored.intervals is not None:
-            lo, hi = scored.intervals
-            hit.probability_interval = (float(lo[j]), float(hi[j]))
-    return hits, scored.intervals is not None
 
 
-def _order(pool: Pool, mode: SearchMode, hits: list[SearchHit], k: int) -> list[int]:
+def _order(
+    pool: Pool,
+    mode: SearchMode,
+    scores: NDArray[np.float64],
+    probabilities: NDArray[np.float64] | None,
+    k: int,
+) -> list[int]:
     """Indices of the (at most ``k``) hits ``mode`` returns, best first.
 
     The order is ``calibration.fusion.order_by_mode``'s, as in evaluation; ``dense``
@@ -293,13 +289,11 @@ def _order(pool: Pool, mode: SearchMode, hits: list[SearchHit], k: int) -> list[
     position[pool.lexical_order] = np.arange(1, len(pool.lexical_order) + 1)
     order = order_by_mode(
         mode,
-        np.array([h.score for h in pool.hits], dtype=np.float64),
+        scores,
         pool.n_dense,
         position,
         pool.lexical.bm25,
-        probability=np.array([h.probability or 0.0 for h in hits])
-        if mode == "hybrid"
-        else None,
+        probability=probabilities if mode == "hybrid" else None,
     )
     listed = {"dense": pool.n_dense, "lexical": len(pool.lexical_order)}
     return [int(j) for j in order[: min(k, listed.get(mode, len(order)))]]
