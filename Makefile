@@ -28,9 +28,11 @@ ENGINE_VENV ?= .venv-milvus-engine
 # quiet 2-core machine (2026-12-06): `make test` 2,219 tests in 24 min, `make
 # test-fast` 1,820 in 5 min.
 TEST_WORKERS ?= auto
-XDIST := -n $(TEST_WORKERS) --dist loadfile
+# Files start longest first (tests/file_seconds.json, `make test-seconds`), not in
+# xdist's order by number of tests.
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: install install-dev lock run test test-fast lint fmt bench clean
+.PHONY: install install-dev lock run test test-fast test-seconds lint fmt bench clean
 
 # The pins every install uses (refresh: `make lock`).
 RUNTIME_LOCK := requirements/runtime.txt
@@ -91,6 +93,11 @@ test: install-dev $(ENGINE_VENV)/.installed
 # smoke set); every module still runs.
 test-fast: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(XDIST) -m "not slow"
+
+# Measure each test file's seconds in a whole run into tests/file_seconds.json, the
+# order `make test` starts files in (a file not in it counts a second a test).
+test-seconds: install-dev $(ENGINE_VENV)/.installed
+	HF_HUB_OFFLINE=1 NORMCAL_TEST_MILVUS_ENGINE=$(ENGINE_VENV) NORMCAL_TEST_SECONDS_OUT=tests/file_seconds.json $(BIN)/python -m pytest $(XDIST)
 
 lint: install-dev
 	$(BIN)/ruff check .

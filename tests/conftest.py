@@ -8,6 +8,7 @@ Tests that end up with the real model are marked ``model`` at collection, so
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -28,6 +29,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("NORMCAL_EMBED_PRECISION", "fp32")
 
 REPO = Path(__file__).resolve().parents[1]
+# Each test file's seconds in a whole run (``make test-seconds``), to start the
+# longest first.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 SHARED_DATA = Path(
     os.environ.get("NORMCAL_SHARED_DATA", REPO.parent / "shared" / "data")
 )
@@ -44,7 +48,8 @@ def clean_environ() -> Iterator[None]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that gets the real model ``model``; a server test loads it
-    too, in its subprocess, and is slow. Every test gets its own node id."""
+    too, in its subprocess, and is slow. Every test gets its own node id. The
+    longest files come first (:func:`_longest_files_first`)."""
     _name_node_ids_after_their_items(items)
     for item in items:
         server = item.get_closest_marker("server") is not None
@@ -52,6 +57,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.model)
         if server:
             item.add_marker(pytest.mark.slow)
+    _longest_files_first(items)
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files by their measured seconds (``FILE_SECONDS``), longest first,
+    each file's tests in their own order.
+
+    pytest-xdist hands whole files to workers in collection order (``make test``
+    passes ``--no-loadscope-reorder``; its own order is by number of tests, which
+    left a 6-test file of four minutes to the end, one core idle meanwhile). A file
+    not measured yet counts one second a test.
+    """
+    seconds: dict[str, float] = json.loads(FILE_SECONDS.read_text())
+    counts = Counter(item.nodeid.split("::")[0] for item in items)
+    place = {path: i for i, path in enumerate(dict.fromkeys(counts))}
+
+    def cost(item: pytest.Item) -> tuple[float, int]:
+        path = item.nodeid.split("::")[0]
+        return -seconds.get(path, counts[path]), place[path]
+
+    items.sort(key=cost)  # stable: a file's tests keep their order
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``NORMCAL_TEST_SECONDS_OUT=path``, write each file's seconds there (setup,
+    call and teardown of its tests; the controller hears every worker's reports) in
+    ``FILE_SECONDS``'s format: ``make test-seconds`` refreshes it."""
+    out = os.environ.get("NORMCAL_TEST_SECONDS_OUT")
+    if out and not hasattr(session.config, "workerinput"):
+        measured = {path: round(s, 1) for path, s in sorted(_SECONDS.items())}
+        Path(out).write_text(json.dumps(measured, indent=0) + "\n")
+
+
+_SECONDS: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[report.nodeid.split("::")[0]] += report.duration
 
 
 def _name_node_ids_after_their_items(items: list[pytest.Item]) -> None:
@@ -86,13 +129,25 @@ def _uses_real_model(item: pytest.Item) -> bool:
     return "embedder" in names and item.get_closest_marker("fake_embedder") is None
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection imported (torch, scikit-learn, every test module), as
+    ``normcal serve`` freezes its start-up: a full collection no longer walks it
+    (~0.4 s each, ~15% of a worker's CPU before)."""
+    from app.api.lifespan import freeze_start_up
+
+    freeze_start_up()
+
+
 @pytest.fixture(scope="session")
 def real_embedder():
-    """The real all-MiniLM-L6-v2 embedder, loaded once per test session."""
-    from app.api.lifespan import load_embedder
+    """The real all-MiniLM-L6-v2 embedder, loaded once per test session (and frozen
+    with the rest of start-up, see :func:`pytest_collection_finish`)."""
+    from app.api.lifespan import freeze_start_up, load_embedder
     from app.settings import Settings
 
-    return load_embedder(Settings())
+    model = load_embedder(Settings())
+    freeze_start_up()
+    return model
 
 
 @pytest.fixture(scope="module")

@@ -285,15 +285,18 @@ def host_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
 
 def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"entrypoint exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+    with httpx.Client(
+        timeout=1
+    ) as http:  # one client: each new one costs a TLS context
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"entrypoint exited with {proc.returncode}")
+            try:
+                if http.get(f"{url}/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
     raise AssertionError("/readyz never answered 200")
 
 

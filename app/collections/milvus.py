@@ -295,6 +295,10 @@ class MilvusStorage(Generic[C]):
                 output_field_names=["sparse"],
             )
         )
+        # The collection is empty, so its indexes have nothing to build: pymilvus's
+        # default (sync) create_index sleeps 0.5 s per index before it first asks
+        # whether the build is done, 2 s of every create. The index is recorded when
+        # the call returns; load_collection then waits for the load itself.
         steps = [
             (
                 _BM25_FEATURE,
@@ -307,11 +311,13 @@ class MilvusStorage(Generic[C]):
             ),
             (
                 f"the {self._index_type.upper()} vector index",
-                lambda raw: raw.create_index(milvus, self._vector_index()),
+                lambda raw: raw.create_index(milvus, self._vector_index(), sync=False),
             ),
             (
                 _BM25_FEATURE,
-                lambda raw: raw.create_index(milvus, self._lexical_indexes()),
+                lambda raw: raw.create_index(
+                    milvus, self._lexical_indexes(), sync=False
+                ),
             ),
         ]
         for feature, step in steps:

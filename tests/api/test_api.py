@@ -28,6 +28,22 @@ def test_health_and_readiness(client):
     assert ready["status"] == "ready" and ready["dim"] == 384
 
 
+def test_an_app_given_a_shared_model_leaves_the_garbage_collector_alone(app):
+    """Only a process that loaded its model (``normcal serve``) freezes its start-up
+    heap (``lifespan.freeze_start_up``): tests sharing one model must not, or every
+    test's objects would outlive it."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    frozen = gc.get_freeze_count()
+    with TestClient(app) as client:  # runs the lifespan
+        assert client.get("/healthz").status_code == 200
+        garbage = [[]]
+        garbage[0].append(garbage)  # a cycle made while serving
+    assert gc.get_freeze_count() == frozen
+
+
 def test_embed_returns_unit_vectors_and_norms(client):
     r = client.post(
         "/v1/embed", json={"texts": ["hello", "world peace"], "input_type": "query"}

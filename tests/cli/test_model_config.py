@@ -211,12 +211,15 @@ def test_make_run_ends_cleanly_when_the_server_is_stopped(tmp_path):
     )
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).is_success:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+        with httpx.Client(
+            timeout=1
+        ) as http:  # one client: each new one costs a TLS context
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if http.get(f"http://127.0.0.1:{port}/readyz").is_success:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.3)
         assert proc.poll() is None, proc.communicate()[0]
         serve = _descendant(proc.pid, b"serve")
         os.kill(serve, signal.SIGTERM)  # `kill PID`, a supervisor's stop

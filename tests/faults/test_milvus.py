@@ -195,12 +195,13 @@ def search_while_starting(
 
     def send() -> None:
         url = f"http://127.0.0.1:{port()}/v1/collections/c0/search"
-        while True:
-            try:
-                answers.append(httpx.post(url, json=body, timeout=120))
-                return
-            except httpx.TransportError:  # bound, not yet accepting
-                threading.Event().wait(0.05)
+        with httpx.Client(timeout=120) as http:  # one: each new one costs a TLS context
+            while True:
+                try:
+                    answers.append(http.post(url, json=body))
+                    return
+                except httpx.TransportError:  # bound, not yet accepting
+                    threading.Event().wait(0.05)
 
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
