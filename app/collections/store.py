@@ -620,17 +620,20 @@ class CollectionStore:
     def close(self) -> None:
         """Close the connection (checkpointing the WAL) for good.
 
-        A build under way is cancelled and waited for (its connection is closed too).
+        A build under way is cancelled and waited for first: its connection is
+        read-only, and the last connection to close removes the WAL only if it can
+        checkpoint (a read-only last closer left ``-wal`` and ``-shm`` behind).
         """
         with self._mutex:
             self._closed = True
             self._drop_postings()
             build = self._cancel_build()
+        if build is not None:
+            build.done.wait()
+        with self._mutex:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-        if build is not None:
-            build.done.wait()
         if self._own_builds:
             self._builds.join()
         if self._connections is not None:

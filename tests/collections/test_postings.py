@@ -496,6 +496,27 @@ def test_searches_during_a_build_use_fts5_and_its_writes_are_kept(
     assert postings is not None and postings.count == len(TEXTS) - 1
 
 
+def test_closing_during_a_build_leaves_no_wal_behind(
+    registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build's read-only connection closes before the store's own: the last to
+    close checkpoints and removes ``-wal`` and ``-shm`` (a read-only one cannot)."""
+    collection = registry.create("kb")
+    path = registry.file_of("kb")
+    collection.upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    _check(collection, path)
+    gate = _Gate(monkeypatch)
+    _write_elsewhere(path, "DELETE FROM documents WHERE id = ?", ("d6",))
+    _check(collection, path, built=False)  # starts a build, held with its connection
+    assert gate.entered.wait(timeout=60)
+    closing = threading.Thread(target=collection.close)
+    closing.start()  # cancels the build and waits for it
+    gate.opened.set()
+    closing.join(120)
+    assert not closing.is_alive()
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
 def test_a_build_overtaken_by_another_connection_is_discarded(
     registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
