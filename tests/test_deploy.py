@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.server import source_env, wait_for_port_file
+from tests.support.server import source_env, wait_for_port_file, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -283,23 +283,6 @@ def host_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    with httpx.Client(
-        timeout=1
-    ) as http:  # one client: each new one costs a TLS context
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"entrypoint exited with {proc.returncode}")
-            try:
-                if http.get(f"{url}/readyz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-    raise AssertionError("/readyz never answered 200")
-
-
 @pytest.mark.server
 def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
     entry = instr("ENTRYPOINT")[-1]
@@ -325,7 +308,7 @@ def test_entrypoint_serves_and_healthcheck_passes(tmp_path):
     try:
         env["NORMCAL_PORT"] = str(wait_for_port_file(port_file, proc, 120))
         url = f"http://127.0.0.1:{env['NORMCAL_PORT']}"
-        wait_ready(proc, url)
+        wait_ready(proc, url, time.monotonic() + 120)
         # exec: the server replaced the shell, so SIGTERM reaches uvicorn directly
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
         assert b"serve" in cmdline and not cmdline[0].endswith(b"sh")
@@ -465,7 +448,7 @@ def test_every_setting_of_the_env_file_reaches_the_normcal_container(tmp_path, c
         )
     try:
         url = f"http://127.0.0.1:{wait_for_port_file(port_file, proc, 120)}"
-        wait_ready(proc, url)
+        wait_ready(proc, url, time.monotonic() + 120)
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
         assert b"NORMCAL_PUBLIC_METRICS=true" in environ
         assert httpx.get(f"{url}/metrics").status_code == 200  # public, from .env

@@ -34,6 +34,26 @@ def wait_for_port_file(
     raise TimeoutError("server did not bind its port")
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, deadline: float) -> None:
+    """Poll ``url``'s ``/readyz`` until it answers 200 (by ``deadline``, monotonic).
+
+    One client for every poll: each new one builds a TLS context (~35 ms of CPU)
+    even for ``http://``, which five polls a second would pay each time. Raises
+    ``RuntimeError`` if ``proc`` exits, ``TimeoutError`` past the deadline.
+    """
+    with httpx.Client(base_url=url, timeout=1) as http:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            try:
+                if http.get("/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError("server did not become ready")
+
+
 class ServerProcess:
     """``python -m app.cli serve`` on 127.0.0.1, started and stopped by the caller.
 
@@ -73,20 +93,8 @@ class ServerProcess:
         started = time.monotonic()
         self.port = wait_for_port_file(self._port_file, self.proc, timeout)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = started + timeout
-        # One client for every poll: each new one builds a TLS context (~35 ms CPU)
-        # even for http://, which polling five times a second would pay each time.
-        with httpx.Client(base_url=self.url, timeout=1) as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}")
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        return self
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-        raise TimeoutError("server did not become ready")
+        wait_ready(self.proc, self.url, started + timeout)
+        return self
 
     def _limit_files(self) -> None:
         """In the child, before exec: apply ``nofile``."""

