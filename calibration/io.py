@@ -44,7 +44,7 @@ from calibration.models import (
     NormTemperedCalibrator,
     PlattCalibrator,
 )
-from calibration.prior import MAX_JUDGED_DEPTH, PriorCalibrator
+from calibration.prior import PriorCalibrator
 from calibration.query import AbstainPolicy, QueryConfidenceModel
 from calibration.recalibration import RECAL_MAX_SHIFT, RECAL_MAX_SLOPE, Recalibrated
 from calibration.report import FitReport, QueryLevelReport
@@ -134,7 +134,6 @@ _ESTIMATORS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
 # State that only some estimators of a class have: the lexical shifts of a list model
 # fitted with ``use_lexical=True`` (payloads written before they existed lack them).
 _OPTIONAL_STATE: dict[str, tuple[str, ...]] = {
-    "PriorCalibrator": ("judged_depth_",),  # refits before the judged depth existed
     "ListAwareCalibrator": (
         *(f"{n}_" for n in LEXICAL_PARAMS),
         *(f"{n}_sd_" for n in LEXICAL_PARAMS),
@@ -483,7 +482,7 @@ def _estimator(
         if a in state:
             setattr(obj, a, _dec(state[a], _join(state_path, a), budget, depth + 1))
     for rule in _ESTIMATOR_RULES.get(name, ()):
-        rule(obj, path)
+        rule(obj, params_path)
     return obj
 
 
@@ -725,7 +724,6 @@ _RECALIBRATED_BASES = (
 
 def _recalibration_map(obj: Recalibrated, path: str) -> None:
     """A recalibrated calibrator wraps one fitted family, through a bounded map."""
-    path = _join(path, "params")
     if not isinstance(obj.base, _RECALIBRATED_BASES):
         names = " or ".join(c.__name__ for c in _RECALIBRATED_BASES)
         raise _bad(_join(path, "base"), f"must be a {names}")
@@ -744,26 +742,8 @@ def _recalibration_map(obj: Recalibrated, path: str) -> None:
             raise _bad(_join(path, name), f"must be a number in [{low:g}, {high:g}]")
 
 
-def _judged_depth(obj: PriorCalibrator, path: str) -> None:
-    """A refit's judged depth: two ranks (cosine list, BM25 list) in [1, max]."""
-    depth = getattr(obj, "judged_depth_", None)
-    if depth is None:
-        return
-    if not (
-        isinstance(depth, np.ndarray)
-        and depth.dtype == np.float64
-        and depth.shape == (2,)
-        and np.all((depth >= 1.0) & (depth <= MAX_JUDGED_DEPTH))
-    ):
-        raise _bad(
-            _join(path, "state.judged_depth_"),
-            f"must be 2 float64 ranks in [1, {MAX_JUDGED_DEPTH:g}]",
-        )
-
-
 _ESTIMATOR_RULES: dict[str, tuple[Callable[[Any, str], None], ...]] = {
     "Recalibrated": (_recalibration_map,),
-    "PriorCalibrator": (_judged_depth,),
 }
 
 

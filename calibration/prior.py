@@ -58,13 +58,7 @@ from calibration.exceptions import (
     NotFittedCalibratorError,
     UnsupportedFormatError,
 )
-from calibration.features import (
-    FEATURES,
-    LEX_RANK,
-    LEXICAL_FEATURES,
-    ORDER_FEATURES,
-    RANK,
-)
+from calibration.features import FEATURES, LEX_RANK, LEXICAL_FEATURES, ORDER_FEATURES
 from calibration.fusion import pair_rrf
 from calibration.metrics import (
     brier_score,
@@ -136,10 +130,6 @@ _LOG_COLUMNS = frozenset({"rank", "lex_rank", "in_rank"})
 _DOC_SIDE = frozenset(
     {"ell_d", "len_d", *LEXICAL_FEATURES, *ORDER_FEATURES, *FUSION_FEATURES}
 )
-DEPTH_COLUMNS: tuple[int, ...] = (RANK, LEX_RANK)
-"""The list ranks whose judged depth a refit records (``PriorCalibrator.judged_depth_``)."""
-MAX_JUDGED_DEPTH = 1e6
-"""Largest judged depth a stored :class:`PriorCalibrator` may carry."""
 _SLOPE_PRIOR_SD = 10.0  # weak ridge of the pooled fit (standardised units)
 _PER_SET_SD = 1.0  # per-set refits shrink toward the shared slope with this SD
 _MIN_SLOPE_SD = 0.05  # floor of the across-domain slope spread
@@ -417,17 +407,10 @@ class CrossDomainPrior:
 
 
 def _interval(
-    Z: FloatArray,
-    mean: FloatArray,
-    cov: FloatArray,
-    q: float,
-    shift: FloatArray | float = 0.0,
-    var: FloatArray | float = 0.0,
+    Z: FloatArray, mean: FloatArray, cov: FloatArray, q: float
 ) -> tuple[FloatArray, FloatArray]:
-    """``q`` SDs around ``Z @ mean + shift``, of variance ``Z cov Z' + var``."""
-    z = Z @ mean + shift
-    quad = np.einsum("ij,jk,ik->i", Z, cov, Z) + var
-    half = q * np.sqrt(np.maximum(quad, 0.0))
+    z = Z @ mean
+    half = q * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", Z, cov, Z), 0.0))
     return expit(z - half), expit(z + half)
 
 
@@ -701,13 +684,6 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
         Judged queries seen by ``fit``.
     n_features_in_ : int
         Columns of ``X`` seen by ``fit``.
-    judged_depth_ : ndarray of shape (2,)
-        The deepest cosine-list and BM25-list rank (:data:`DEPTH_COLUMNS`) among the
-        pairs ``fit`` saw. The judgments say nothing about the slopes of the ranks
-        beyond it, so there a pair's rank terms are the refit's value at the judged
-        depth plus the *prior's* slope for the excess (and its across-domain
-        variance): the refit inside, the prior's order outside. Absent at the prior
-        (:meth:`at_prior`) and in payloads written before it existed: no clipping.
     """
 
     def __init__(self, *, prior: dict[str, Any] | None = None):
@@ -773,13 +749,6 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
         self.level_sd_ = float(np.sqrt(cov[0, 0]))
         self.n_queries_ = n_queries
         self.n_features_in_ = len(FEATURES)
-        Xa = as_float_2d(X, "X")
-        self.judged_depth_ = np.array(
-            [
-                Xa[:, c].max() if c < Xa.shape[1] else MAX_JUDGED_DEPTH
-                for c in DEPTH_COLUMNS
-            ]
-        ).clip(1.0, MAX_JUDGED_DEPTH)
         return self
 
     @classmethod
@@ -804,31 +773,10 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
                 "This PriorCalibrator is not fitted yet; call fit(X, y) first."
             )
 
-    def _split(self, X: ArrayLike) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """The design within the judged depth, and the prior's logit and variance past it.
-
-        Ranks past ``judged_depth_`` are clipped to it in the design the fitted
-        coefficients read; the excess enters with the prior's slopes.
-        """
-        prior = self.prior_
-        Z = prior.standardise(X)
-        depth = getattr(self, "judged_depth_", None)
-        if depth is None:
-            return Z, np.zeros(len(Z)), np.zeros(len(Z))
-        clipped = np.array(X, dtype=np.float64)
-        for col, d in zip(DEPTH_COLUMNS, depth, strict=True):
-            if col < clipped.shape[1]:
-                clipped[:, col] = np.minimum(clipped[:, col], d)
-        inside = prior.standardise(clipped)
-        excess = Z - inside
-        mean, sd = prior.prior_mean_sd()
-        return inside, excess @ mean, np.square(excess) @ np.square(sd)
-
     def decision_function(self, X: ArrayLike) -> FloatArray:
         """Calibrated logit of each pair."""
         self._check()
-        inside, beyond, _ = self._split(X)
-        out: FloatArray = inside @ self.coef_ + beyond
+        out: FloatArray = self.prior_.standardise(X) @ self.coef_
         return out
 
     def predict_proba(self, X: ArrayLike) -> FloatArray:
@@ -839,9 +787,9 @@ class PriorCalibrator(BaseEstimator):  # type: ignore[misc]
     def predict_interval(self, X: ArrayLike) -> tuple[FloatArray, FloatArray]:
         """``(lo, hi)`` per pair at the prior's nominal coverage (posterior)."""
         self._check()
-        inside, beyond, var = self._split(X)
+        prior = self.prior_
         return _interval(
-            inside, self.coef_, self.covariance_, self.prior_.quantile, beyond, var
+            prior.standardise(X), self.coef_, self.covariance_, prior.quantile
         )
 
 

@@ -21,13 +21,12 @@ from calibration import (
     coherent_confidence,
     fit_prior,
     interval_coverage,
-    io,
     negative_log_likelihood,
     norm_lift_verdict,
 )
 from calibration.exceptions import InvalidInputError, UnsupportedFormatError
 from calibration.features import FEATURES
-from calibration.prior import MAX_JUDGED_DEPTH, lodo_calibrate, t_location_scale
+from calibration.prior import lodo_calibrate, t_location_scale
 
 K_HITS = 20
 # True raw slopes on cosine, log(rank), gap, len_q.
@@ -407,136 +406,3 @@ def test_a_prior_with_the_fusion_feature_orders_like_rrf_where_the_labels_do():
     held_fused = negative_log_likelihood(y, fused.predict_proba(X))
     held_logs = negative_log_likelihood(y, logs.predict_proba(X))
     assert held_fused < held_logs
-
-
-# ------------------------------------------------- the refit beyond its judged depth
-RANK_COL = FEATURES.index("rank")
-
-
-def deep_pairs(rng: np.random.Generator) -> np.ndarray:
-    """Pairs with cosine ranks 1..200: the judged pools stop at rank 20."""
-    X, _, _ = domain(-1.0, 10, rng)
-    X = np.vstack([X] * 10)
-    X[:, RANK_COL] = np.arange(1.0, len(X) + 1) % 200 + 1
-    return X
-
-
-@pytest.fixture(scope="module")
-def refit(prior) -> PriorCalibrator:
-    """A refit on pools of 20 whose log-rank slope is twice the prior's, as a set
-    whose top ranks carry steeper evidence than the training domains' would give."""
-    X, y, g = domain(-1.0, 40, np.random.default_rng(12))
-    est = PriorCalibrator(prior=prior.to_dict()).fit(X, y, g)
-    est.coef_ = est.coef_.copy()
-    j = prior.features.index("rank")
-    est.coef_[1 + j] = 2.0 * prior.slope[j]
-    return est
-
-
-def unclipped(est: PriorCalibrator) -> PriorCalibrator:
-    """The same refit with no judged depth (how a refit extrapolated before it)."""
-    out = io.loads(io.dumps(est))
-    del out.judged_depth_
-    return out
-
-
-def test_a_refit_records_its_judged_depth(refit):
-    np.testing.assert_array_equal(refit.judged_depth_, [20.0, 101.0])
-    assert not hasattr(PriorCalibrator.at_prior(refit.prior_), "judged_depth_")
-
-
-def test_within_the_judged_depth_probabilities_and_intervals_are_unchanged(refit):
-    X = deep_pairs(np.random.default_rng(13))
-    inside = X[:, RANK_COL] <= 20
-    before = unclipped(refit)
-    np.testing.assert_array_equal(
-        refit.predict_proba(X[inside]), before.predict_proba(X[inside])
-    )
-    for now, then in zip(
-        refit.predict_interval(X[inside]),
-        before.predict_interval(X[inside]),
-        strict=True,
-    ):
-        np.testing.assert_array_equal(now, then)
-    assert not np.allclose(refit.predict_proba(X), before.predict_proba(X))
-
-
-def test_beyond_the_judged_depth_the_rank_slope_is_the_priors(prior, refit):
-    """Two pairs that differ only in their cosine rank, both past the depth: their
-    logits differ by the prior's log-rank slope, not the refit's (twice as steep);
-    a pair just inside and one past it join continuously at the depth."""
-    base = deep_pairs(np.random.default_rng(14))[:1]
-    ranks = np.array([20.0, 40.0, 160.0])
-    X = np.repeat(base, len(ranks), axis=0)
-    X[:, RANK_COL] = ranks
-    j = prior.features.index("rank")
-    prior_slope = prior.slope[j] / prior.scale[j]
-    refit_slope = refit.coef_[1 + j] / prior.scale[j]
-    assert refit_slope == pytest.approx(2.0 * prior_slope)
-    z = refit.decision_function(X)
-    np.testing.assert_allclose(np.diff(z), prior_slope * np.diff(np.log(ranks)))
-    z_then = unclipped(refit).decision_function(X)
-    np.testing.assert_allclose(np.diff(z_then), refit_slope * np.diff(np.log(ranks)))
-    lo, hi = refit.predict_interval(X)
-    p = refit.predict_proba(X)
-    assert np.all((lo <= p) & (p <= hi))
-    # past the depth the prior's slope spread widens the interval (on the logit scale)
-    assert np.all(np.diff(logit(hi) - logit(lo)) > 0)
-
-
-def test_a_flat_refit_still_orders_the_deep_pool_by_the_priors_rank_slope(prior):
-    X, y, g = domain(-1.0, 40, np.random.default_rng(15))
-    est = PriorCalibrator(prior=prior.to_dict()).fit(X, y, g)
-    est.coef_ = est.coef_.copy()
-    est.coef_[1 + prior.features.index("rank")] = 0.0  # the judgments saw no slope
-    deep = np.repeat(X[:1], 4, axis=0)
-    deep[:, RANK_COL] = [10.0, 20.0, 50.0, 150.0]
-    p = est.predict_proba(deep)
-    assert p[0] == p[1] > p[2] > p[3]  # flat within the depth, the prior's beyond
-
-
-def test_the_judged_depth_round_trips_and_old_refits_decode(refit):
-    X = deep_pairs(np.random.default_rng(16))
-    back = io.loads(io.dumps(refit))
-    np.testing.assert_array_equal(back.judged_depth_, refit.judged_depth_)
-    np.testing.assert_array_equal(back.predict_proba(X), refit.predict_proba(X))
-    old = json.loads(io.dumps(refit))
-    del old["state"]["judged_depth_"]  # a refit stored before the field existed
-    then = io.from_dict(old)
-    assert not hasattr(then, "judged_depth_")
-    np.testing.assert_array_equal(
-        then.predict_proba(X), unclipped(refit).predict_proba(X)
-    )
-
-
-def _depth(value: list[float], dtype: str = "float64") -> dict[str, object]:
-    return {"__ndarray__": value, "dtype": dtype, "shape": [len(value)]}
-
-
-@pytest.mark.parametrize(
-    "depth", [_depth([1.0, 1.0]), _depth([MAX_JUDGED_DEPTH, MAX_JUDGED_DEPTH])]
-)
-def test_judged_depth_at_its_bounds_decodes(refit, depth):
-    data = json.loads(io.dumps(refit))
-    data["state"]["judged_depth_"] = depth
-    np.testing.assert_array_equal(
-        io.from_dict(data).judged_depth_, depth["__ndarray__"]
-    )
-
-
-@pytest.mark.parametrize(
-    "depth",
-    [
-        _depth([0.999, 20.0]),
-        _depth([20.0, MAX_JUDGED_DEPTH + 1.0]),
-        _depth([20.0, 101.0, 5.0]),
-        _depth([20, 101], "int64"),
-        _depth([20.0, {"__float__": "inf"}]),
-    ],
-)
-def test_judged_depth_out_of_bounds_is_refused_and_named(refit, depth):
-    data = json.loads(io.dumps(refit))
-    data["state"]["judged_depth_"] = depth
-    with pytest.raises(UnsupportedFormatError) as err:
-        io.from_dict(data)
-    assert err.value.field == "state.judged_depth_"
