@@ -22,7 +22,8 @@ of their four fifths (every pair judged, as the set's qrels allow), what judging
 in the pool would give. ``--slopes SET ...`` also prints, for those sets, each refitted
 slope beside the prior's and the refit's nDCG@10 with that one slope put back to the
 prior's (:func:`slope_resets`). Corpus embeddings and lists are cached under
-``~/.cache/normcal/corpus``; about 5 minutes on 2 cores once cached.
+``~/.cache/normcal/corpus``; under a minute once cached (embedding the fourteen
+corpora first takes about 15 minutes on 2 cores).
 """
 
 from __future__ import annotations
