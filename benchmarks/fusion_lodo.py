@@ -23,7 +23,7 @@ in the pool would give. ``--slopes SET ...`` also prints, for those sets, each r
 slope beside the prior's and the refit's nDCG@10 with that one slope put back to the
 prior's (:func:`slope_resets`). Corpus embeddings and lists are cached under
 ``~/.cache/normcal/corpus``; under a minute once cached (embedding the fourteen
-corpora first takes about 15 minutes on 2 cores).
+corpora first took 18 minutes here).
 """
 
 from __future__ import annotations
