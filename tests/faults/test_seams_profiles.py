@@ -19,12 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-# The product's own ServerProcess (a fresh interpreter a start, no zygote), so that
-# path stays tested.
-from app.cli.process import ServerProcess
 from calibration.metrics import BINNING
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.server
 
