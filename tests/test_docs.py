@@ -28,7 +28,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.server import ServerProcess, source_env
+# The product's own ServerProcess (a fresh interpreter a start, not the suite's
+# zygote), so that path stays tested: the README's tour runs as a user runs it.
+from app.cli.process import ServerProcess
+from tests.support.server import source_env
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"

@@ -15,14 +15,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import httpx
 
 
-def wait_for_port_file(
-    path: Path, proc: subprocess.Popen[bytes], timeout: float
-) -> int:
+class Process(Protocol):
+    """What :class:`ServerProcess` needs of a started process (a ``Popen`` has it)."""
+
+    pid: int
+    returncode: int | Any
+
+    def poll(self) -> int | None:
+        """The exit code if it has exited, else None."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code, once it exits (``subprocess.TimeoutExpired`` past it)."""
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` if it is still running."""
+
+
+def wait_for_port_file(path: Path, proc: Process, timeout: float) -> int:
     """The port ``normcal serve --port-file path`` bound (polls until written)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -34,7 +48,7 @@ def wait_for_port_file(
     raise TimeoutError("server did not bind its port")
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, deadline: float) -> None:
+def wait_ready(proc: Process, url: str, deadline: float) -> None:
     """Poll ``url``'s ``/readyz`` until it answers 200 (by ``deadline``, monotonic).
 
     One client for every poll: each new one builds a TLS context (~35 ms of CPU)
@@ -77,7 +91,7 @@ class ServerProcess:
         self.env.update(env or {})
         self.log = log
         self.nofile = nofile
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self._port_file = data_dir.with_name(f"{data_dir.name}.port")
 
     def start(self, timeout: float = 120.0) -> ServerProcess:
@@ -85,16 +99,24 @@ class ServerProcess:
         self._port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "app.cli", "serve", "--port", "0"]
         cmd += ["--port-file", str(self._port_file), "--data-dir", str(self.data_dir)]
-        # preexec_fn only when asked, so a caller's own Popen hook keeps working.
-        extra: dict[str, Any] = {"preexec_fn": self._limit_files} if self.nofile else {}
-        self.proc = subprocess.Popen(
-            cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log, **extra
-        )
         started = time.monotonic()
+        self.proc = self.spawn(cmd)
         self.port = wait_for_port_file(self._port_file, self.proc, timeout)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_ready(self.proc, self.url, started + timeout)
         return self
+
+    def spawn(self, cmd: list[str]) -> Process:
+        """Start ``cmd`` (the server) with ``env``, ``log`` and ``nofile``.
+
+        A subclass may start it another way (the test suite forks it from an
+        interpreter that has imported the server already: tests/support/zygote.py).
+        """
+        # preexec_fn only when asked, so a caller's own Popen hook keeps working.
+        extra: dict[str, Any] = {"preexec_fn": self._limit_files} if self.nofile else {}
+        return subprocess.Popen(
+            cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log, **extra
+        )
 
     def _limit_files(self) -> None:
         """In the child, before exec: apply ``nofile``."""

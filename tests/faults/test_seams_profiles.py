@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.cli.process import ServerProcess
 from calibration.metrics import BINNING
 from tests.conftest import assert_problem
 from tests.support.corpus import CORPUS, QUERIES
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.server
 

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.cli.process import ServerProcess, wait_for_port_file, wait_ready
+from app.cli import process
+from app.cli.process import Process, wait_for_port_file, wait_ready
+from tests.support import zygote
 
 __all__ = [
     "ServerProcess",
@@ -30,6 +32,14 @@ def source_env(**extra: str) -> dict[str, str]:
     """
     paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **extra}
+
+
+class ServerProcess(process.ServerProcess):
+    """:class:`app.cli.process.ServerProcess`, forked from a pre-imported interpreter
+    (:mod:`tests.support.zygote`): the same server without ~10 s of imports a start."""
+
+    def spawn(self, cmd: list[str]) -> Process:
+        return zygote.spawn(cmd, self.env, self.log, self.nofile)
 
 
 @contextmanager
