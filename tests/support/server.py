@@ -39,7 +39,8 @@ class ServerProcess(process.ServerProcess):
     (:mod:`tests.support.zygote`): the same server without ~10 s of imports a start."""
 
     def spawn(self, cmd: list[str]) -> Process:
-        return zygote.spawn(cmd, self.env, self.log, self.nofile)
+        forked = zygote.spawn(cmd, self.env, self.log, self.nofile)
+        return forked if forked is not None else super().spawn(cmd)
 
 
 @contextmanager

@@ -13,8 +13,8 @@ between the zygote's environment and a server's: they are read at run time. A se
 ``PYTHONPATH``, say) gets a zygote of its own environment. The zygote refuses to fork
 if its imports started a Python thread (a forked child keeps only the forking thread;
 the native pools they start, OpenBLAS's and pyarrow's jemalloc's, handle a fork
-themselves); :func:`spawn` then falls back to a plain ``Popen``, as it does where
-Linux's pidfds are missing.
+themselves); :func:`spawn` then returns ``None`` and the caller starts the server
+the product's way (a fresh interpreter), as it does where Linux's pidfds are missing.
 
 Protocol, over a ``SOCK_SEQPACKET`` socket pair: ``{"spawn": argv, "env", "cwd",
 "nofile"}`` with stdin, stdout and stderr attached (``SCM_RIGHTS``) answers
@@ -40,8 +40,6 @@ import threading
 import traceback
 from collections.abc import Mapping
 from typing import IO, Any
-
-from app.cli.process import Process
 
 # What ``python -m app.cli serve`` imports on its way to serving, heaviest first.
 PRELOAD = (
@@ -135,8 +133,13 @@ class Zygote:
         with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
             fds = [null_in.fileno(), null_out.fileno()]
             fds.append(stderr.fileno() if stderr is not None else sys.stderr.fileno())
-            message = {"spawn": argv, "env": dict(env), "cwd": os.getcwd()}
-            answer = self.ask({**message, "nofile": nofile}, fds)
+            message = {
+                "spawn": argv,
+                "env": dict(env),
+                "cwd": os.getcwd(),
+                "nofile": nofile,
+            }
+            answer = self.ask(message, fds)
         return ForkedProcess(self, answer["pid"])
 
     def close(self) -> None:
@@ -153,25 +156,19 @@ def spawn(
     env: Mapping[str, str],
     stderr: IO[bytes] | None,
     nofile: tuple[int, int] | None,
-) -> Process:
+) -> ForkedProcess | None:
     """``cmd`` (``python -m app.cli ...``) forked from a zygote of ``env``'s
-    interpreter, or a plain ``Popen`` where a zygote cannot fork."""
+    interpreter, or ``None`` where none can fork it (the caller starts it itself)."""
+    if cmd[1:3] != ["-m", "app.cli"] or not hasattr(os, "pidfd_open"):
+        return None
     key = _same_interpreter(env)
     if key not in _zygotes:
-        zygote = Zygote(env) if hasattr(os, "pidfd_open") else None
-        _zygotes[key] = zygote if zygote is not None and zygote.ready else None
+        zygote = Zygote(env)
+        if not zygote.ready:
+            zygote.close()
+        _zygotes[key] = zygote if zygote.ready else None
     zygote = _zygotes[key]
-    if zygote is not None and cmd[1:3] == ["-m", "app.cli"]:
-        return zygote.spawn(cmd[3:], env, stderr, nofile)
-
-    def limit() -> None:
-        assert nofile is not None
-        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
-
-    extra: dict[str, Any] = {"preexec_fn": limit} if nofile else {}
-    return subprocess.Popen(
-        cmd, env=dict(env), stdout=subprocess.DEVNULL, stderr=stderr, **extra
-    )
+    return None if zygote is None else zygote.spawn(cmd[3:], env, stderr, nofile)
 
 
 # -- the zygote's side ---------------------------------------------------------------
