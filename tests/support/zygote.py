@@ -129,9 +129,10 @@ class Zygote:
         env: Mapping[str, str],
         stderr: IO[bytes] | None,
         nofile: tuple[int, int] | None,
+        stdout: IO[bytes] | None = None,
     ) -> ForkedProcess:
         with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
-            fds = [null_in.fileno(), null_out.fileno()]
+            fds = [null_in.fileno(), (stdout or null_out).fileno()]
             fds.append(stderr.fileno() if stderr is not None else sys.stderr.fileno())
             message = {
                 "spawn": argv,
@@ -156,9 +157,11 @@ def spawn(
     env: Mapping[str, str],
     stderr: IO[bytes] | None,
     nofile: tuple[int, int] | None,
+    stdout: IO[bytes] | None = None,
 ) -> ForkedProcess | None:
     """``cmd`` (``python -m app.cli ...``) forked from a zygote of ``env``'s
-    interpreter, or ``None`` where none can fork it (the caller starts it itself)."""
+    interpreter, or ``None`` where none can fork it (the caller starts it itself).
+    Its stdin is ``/dev/null``, its stdout ``stdout`` (default ``/dev/null``)."""
     if cmd[1:3] != ["-m", "app.cli"] or not hasattr(os, "pidfd_open"):
         return None
     key = _same_interpreter(env)
@@ -168,7 +171,9 @@ def spawn(
             zygote.close()
         _zygotes[key] = zygote if zygote.ready else None
     zygote = _zygotes[key]
-    return None if zygote is None else zygote.spawn(cmd[3:], env, stderr, nofile)
+    return (
+        None if zygote is None else zygote.spawn(cmd[3:], env, stderr, nofile, stdout)
+    )
 
 
 # -- the zygote's side ---------------------------------------------------------------
