@@ -64,8 +64,10 @@ logger = logging.getLogger(__name__)
 # (docs/performance.md). Rounding leaves 32 widths up to 256 tokens instead of 256,
 # few enough to build them all before the first request.
 WIDTH_STEP = 8
-# Interleaved rounds timed per candidate graph at start-up (``_graph_costs``).
+# Interleaved rounds timed per candidate graph at start-up (``_graph_costs``), on
+# the probes of at most this many tokens: the shape of a search's query.
 TIMED_ROUNDS = 5
+QUERY_TOKENS = 32
 
 
 class SentenceTransformerEmbedder:
@@ -241,7 +243,7 @@ class SentenceTransformerEmbedder:
         note = "; ".join(
             [*failures, f"texts run a traced {kept} graph{timed}", checks[kept], warmed]
         )
-        logger.info("embedding graph: %s", note)
+        logger.info("embedding precision %s, the traced graph's: %s", kept, note)
         return note
 
     def _graph_costs(
@@ -257,7 +259,7 @@ class SentenceTransformerEmbedder:
         queries = [
             e
             for e in Tokenised(self._tokenizer, list(PROBES)).encodings
-            if len(e.ids) <= 32
+            if len(e.ids) <= QUERY_TOKENS
         ]
         by_width = {self._width(len(e.ids)): e for e in queries}
         passes = [
