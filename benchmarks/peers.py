@@ -208,6 +208,10 @@ class Normcal:
         self.pid = self.server.proc.pid
         self.client = httpx.Client(base_url=self.server.url, timeout=1800)
         self.client.post("/v1/collections", json={"name": "bench"}).raise_for_status()
+        # What the server runs: its precision and, with auto, which traced graph.
+        embedding = self.client.get("/version").json()["embedding"]
+        ran = [p for p in embedding["reason"].split("; ") if p.startswith("texts run")]
+        self.embedding = "; ".join([embedding["precision"], *ran])
         self.local = threading.local()
         self.url = self.server.url
 
@@ -274,6 +278,7 @@ def child(system: str, args: argparse.Namespace) -> dict:
                 list(pool.map(target.query, batch))
             out[f"rps_{clients}"] = len(batch) / (time.perf_counter() - started)
         if is_normcal:
+            out["embedding"] = target.embedding
             target.stop()
     return out
 

@@ -12,14 +12,19 @@ identical (:class:`Agreement`).
 Three levels, cheapest first: ``bf16`` (every matrix product, under autocast),
 ``mixed`` (only the feed-forward layers, about two thirds of a transformer's
 products; attention, whose softmax magnifies rounding, stays fp32) and ``fp32``.
-``auto`` takes the cheapest that passes the self-check, and logs why. This module
-loads no model library.
+``auto`` takes the cheapest that passes the self-check, and logs why. Where a backend
+then runs a traced graph, nominal capability is not cost: a native bf16 flag does not
+say which kernels run (oneDNN without AMX, capped by ``ONEDNN_MAX_CPU_ISA``, or a
+hypervisor's), and without AMX the bf16 layers' conversions cost more than they save.
+:func:`cheaper_graph` keeps the reduced graph only if its measured CPU time is lower
+by a margin. This module loads no model library.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -30,11 +35,13 @@ from app.embedding.base import EmbeddingBatch, InputType
 
 __all__ = [
     "BF16_FLAGS",
+    "GRAPH_MARGIN",
     "PROBES",
     "Agreement",
     "Precision",
     "PrecisionChoice",
     "PrecisionSetting",
+    "cheaper_graph",
     "cpu_bf16_flag",
     "precision_of",
     "select_precision",
@@ -49,6 +56,10 @@ REDUCED: tuple[Precision, ...] = ("bf16", "mixed")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 MAX_NORM_ERROR = 0.005  # relative
 MIN_COSINE = 0.9999
+# A reduced-precision graph is kept only if it costs at most this fraction of the
+# fp32 graph's CPU time: rounding must buy a margin that repeated start-ups' noise
+# does not flip (docs/performance.md: 0.80-0.83 with AMX, 1.11-1.17 without, here).
+GRAPH_MARGIN = 0.95
 
 _ABSTRACT = (
     "Alterations of the architecture of cerebral white matter in the developing human "
@@ -168,6 +179,28 @@ def cpu_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
             flags = set(line.partition(":")[2].split())
             return next((f for f in BF16_FLAGS if f in flags), None)
     return None
+
+
+def cheaper_graph(
+    costs: Mapping[Precision, float], margin: float = GRAPH_MARGIN
+) -> Precision:
+    """The precision whose traced graph to keep, from its measured costs.
+
+    ``costs`` holds the CPU time per pass of each graph that passed its self-check.
+    fp32 (exact, as the shipped profiles were fitted) is kept unless a reduced
+    graph costs at most ``margin`` times as much; then the cheapest reduced one.
+    """
+    if not costs:
+        raise ValueError("no graph to choose from")
+    reduced = min(
+        (p for p in costs if p != "fp32"), key=costs.__getitem__, default=None
+    )
+    if "fp32" not in costs:
+        assert reduced is not None
+        return reduced
+    if reduced is not None and costs[reduced] <= margin * costs["fp32"]:
+        return reduced
+    return "fp32"
 
 
 class SwitchablePrecision(Protocol):

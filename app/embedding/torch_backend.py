@@ -11,10 +11,13 @@ traced once at start-up into a frozen TorchScript graph at the chosen precision 
 feed-forward layers in bf16 when mixed), its output pooled here as
 sentence-transformers' ``Pooling`` does. A short query spends most of its eager pass
 in Python and in small matrix products, which the graph runs in about half the CPU
-time; an abstract costs about a fifth less (docs/performance.md). The graph is used
-only if its probes pass the chosen precision's gate against the eager fp32 pipeline:
-a reduced precision's gate, or one 50 times tighter for fp32 (where only the order of
-summation differs).
+time; an abstract costs about a fifth less (docs/performance.md). A graph is used
+only if its probes pass its precision's gate against the eager fp32 pipeline: a
+reduced precision's gate, or one 50 times tighter for fp32 (where only the order of
+summation differs). Where a reduced precision was chosen, an fp32 graph is traced
+too and both are timed on query-shaped passes: the reduced one is kept only if it
+is measurably cheaper (:func:`~app.embedding.precision.cheaper_graph`; without AMX
+it is not), and ``precision`` is then the kept graph's.
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ from app.embedding.base import EmbeddingBatch, InputType, forward_passes, requir
 from app.embedding.identity import model_identity
 from app.embedding.onnx_backend import PipelineConfig, UnsupportedModelError, pool
 from app.embedding.precision import (
+    GRAPH_MARGIN,
     PROBES,
     Agreement,
     Precision,
     PrecisionChoice,
     PrecisionSetting,
+    cheaper_graph,
     cpu_bf16_flag,
     select_precision,
 )
@@ -59,6 +64,10 @@ logger = logging.getLogger(__name__)
 # (docs/performance.md). Rounding leaves 32 widths up to 256 tokens instead of 256,
 # few enough to build them all before the first request.
 WIDTH_STEP = 8
+# Interleaved rounds timed per candidate graph at start-up (``_graph_costs``), on
+# the probes of at most this many tokens: the shape of a search's query.
+TIMED_ROUNDS = 5
+QUERY_TOKENS = 32
 
 
 class SentenceTransformerEmbedder:
@@ -147,15 +156,18 @@ class SentenceTransformerEmbedder:
         self._graph: Any = None
         for layer in _bf16_layers(model, "mixed", torch).values():
             layer.forward = self._mixed(layer, torch)
+        # Measured CPU ms per query-shaped pass of each traced graph timed at
+        # start-up (empty where none was): what ``auto`` chose the graph by.
+        self.graph_costs: dict[Precision, float] = {}
         self.precision_choice = select_precision(
             precision, self, native=self._native_bf16()
         )
-        chosen = self.precision_choice.precision
         if precision == "auto" and self._device.type == "cpu":
             graph_note = self._trace_graph(model_path, torch)
             self.precision_choice = PrecisionChoice(
-                chosen, f"{self.precision_choice.reason}; {graph_note}"
+                self.precision, f"{self.precision_choice.reason}; {graph_note}"
             )
+        chosen = self.precision_choice.precision
         # Autocast casts every Linear weight to bf16 on each call (its cache lives as
         # long as one autocast block), as mixed does its layers'; cast them once
         # instead. The result is bit for bit the same, and a query costs ~7% less
@@ -164,9 +176,11 @@ class SentenceTransformerEmbedder:
             layer.to(torch.bfloat16)
 
     def _trace_graph(self, model_path: str, torch: Any) -> str:
-        """Trace the transformer at the chosen precision, gated.
+        """Trace the transformer at the chosen precision and in fp32, gated, timed.
 
-        The graph is kept if it passes that precision's gate against eager fp32. Runs
+        Each graph is a candidate if it passes its precision's gate against eager
+        fp32; of two, :func:`cheaper_graph` keeps one by their measured CPU time
+        (:meth:`_graph_costs`), and ``precision`` becomes the kept graph's. Runs
         before the eager model's layers are cast. Returns what was done, for
         ``precision_choice``'s reason (and the log).
         """
@@ -176,32 +190,93 @@ class SentenceTransformerEmbedder:
             return (
                 "texts run the eager model (its pipeline is not Transformer, Pooling)"
             )
-        started, chosen = time.perf_counter(), self.precision
+        chosen = self.precision
         self.precision = "fp32"
         reference = self.embed(list(PROBES), "query")
-        self.precision = chosen
-        self._graph = _frozen_transformer(
-            self._model[0].auto_model,
-            torch,
-            bf16=set(_bf16_layers(self._model, chosen, torch)),
-        )
-        agreement = Agreement.between(reference, self.embed(list(PROBES), "query"))
-        # In fp32 only the kernels' order of summation differs, so the gate is far
-        # tighter than a reduced precision's (a masking error would pass that).
-        tight = {"max_norm_error": 1e-4, "min_cosine": 0.99999}
-        failure = agreement.failure(**(tight if chosen == "fp32" else {}))
-        check = (
-            f"self-check on {len(PROBES)} probes against the eager fp32 model: "
-            f"{agreement} ({time.perf_counter() - started:.2f} s)"
-        )
-        if failure is not None:
-            self._graph = None
-            logger.warning(
-                "texts run the eager model: the traced graph failed its %s", check
+        graphs: dict[Precision, Any] = {}
+        checks: dict[Precision, str] = {}
+        failures: list[str] = []
+        for precision in dict.fromkeys((chosen, "fp32")):
+            started = time.perf_counter()
+            self._graph = _frozen_transformer(
+                self._model[0].auto_model,
+                torch,
+                bf16=set(_bf16_layers(self._model, precision, torch)),
             )
-            return f"texts run the eager model (the traced graph failed: {failure})"
+            agreement = Agreement.between(reference, self.embed(list(PROBES), "query"))
+            # In fp32 only the kernels' order of summation differs, so the gate is
+            # far tighter than a reduced precision's (a masking error would pass that).
+            tight = {"max_norm_error": 1e-4, "min_cosine": 0.99999}
+            failure = agreement.failure(**(tight if precision == "fp32" else {}))
+            checks[precision] = (
+                f"self-check on {len(PROBES)} probes against the eager fp32 model: "
+                f"{agreement} ({time.perf_counter() - started:.2f} s)"
+            )
+            if failure is None:
+                graphs[precision] = self._graph
+            else:
+                logger.warning(
+                    "the traced %s graph is not used: it failed its %s",
+                    precision,
+                    checks[precision],
+                )
+                failures.append(f"the traced {precision} graph failed: {failure}")
+        self._graph = None
+        self.precision = chosen
+        if not graphs:
+            return f"texts run the eager model ({'; '.join(failures)})"
+        timed = ""
+        if len(graphs) > 1:
+            started = time.perf_counter()
+            self.graph_costs = self._graph_costs(graphs, torch)
+            kept = cheaper_graph(self.graph_costs)
+            costs = ", ".join(f"{p} {ms:.2f}" for p, ms in self.graph_costs.items())
+            timed = (
+                f", kept by CPU ms per query-shaped pass ({costs}; medians of "
+                f"{TIMED_ROUNDS} interleaved rounds, {time.perf_counter() - started:.2f}"
+                f" s; a reduced graph only if at most {GRAPH_MARGIN:.0%} of fp32's)"
+            )
+        else:
+            [kept] = graphs
+        self.precision, self._graph = kept, graphs[kept]
         warmed = self._warm_widths(torch)
-        return f"texts run a traced {chosen} graph, {check}; {warmed}"
+        note = "; ".join(
+            [*failures, f"texts run a traced {kept} graph{timed}", checks[kept], warmed]
+        )
+        logger.info("embedding precision %s, the traced graph's: %s", kept, note)
+        return note
+
+    def _graph_costs(
+        self, graphs: dict[Precision, Any], torch: Any
+    ) -> dict[Precision, float]:
+        """Each graph's CPU ms per one-query pass, the median of interleaved rounds.
+
+        A round runs every graph once over the short probes (one pass per width
+        they take), in alternating order; a first, untimed round builds their
+        kernels. CPU time of this thread (``time.thread_time``): what the pass
+        costs, not what a busy neighbour takes from it.
+        """
+        queries = [
+            e
+            for e in Tokenised(self._tokenizer, list(PROBES)).encodings
+            if len(e.ids) <= QUERY_TOKENS
+        ]
+        by_width = {self._width(len(e.ids)): e for e in queries}
+        passes = [
+            tuple(torch.from_numpy(a) for a in padded([e], self._pad_id, width=w))
+            for w, e in sorted(by_width.items())
+        ]
+        rounds: dict[Precision, list[float]] = {p: [] for p in graphs}
+        order = list(graphs)
+        with torch.inference_mode():
+            for index in range(TIMED_ROUNDS + 1):
+                for precision in order if index % 2 else order[::-1]:
+                    started = time.thread_time()
+                    for inputs in passes:
+                        graphs[precision](*inputs)
+                    if index:
+                        rounds[precision].append(time.thread_time() - started)
+        return {p: 1000 * float(np.median(r)) / len(passes) for p, r in rounds.items()}
 
     def _width(self, longest: int) -> int:
         """The width a pass whose longest text has ``longest`` tokens runs at."""

@@ -13,9 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.api.app import create_app
 from app.embedding.base import EmbeddingBatch, forward_passes
 from app.embedding.precision import (
+    GRAPH_MARGIN,
     PROBES,
     Agreement,
     PrecisionChoice,
+    cheaper_graph,
     cpu_bf16_flag,
     select_precision,
 )
@@ -72,6 +74,27 @@ def test_the_gate_passes_at_its_bounds_and_fails_one_step_past():
 def test_zero_vectors_agree_with_themselves():
     ref = _batch([[0, 0], [1, 0]], [0.0, 2.0])
     assert Agreement.between(ref, ref).failure() is None
+
+
+@pytest.mark.parametrize(
+    ("costs", "kept"),
+    [
+        ({"fp32": 10.0, "mixed": 10 * GRAPH_MARGIN}, "mixed"),  # at the margin
+        ({"fp32": 10.0, "mixed": 10 * GRAPH_MARGIN + 0.01}, "fp32"),  # one past
+        ({"fp32": 8.8, "mixed": 10.6}, "fp32"),  # measured here without AMX
+        ({"fp32": 9.3, "mixed": 6.7}, "mixed"),  # and with AMX
+        ({"mixed": 9.0, "fp32": 10.0, "bf16": 8.0}, "bf16"),  # the cheapest reduced
+        ({"mixed": 12.0}, "mixed"),  # the fp32 graph failed its check
+        ({"fp32": 12.0}, "fp32"),  # the reduced graph failed its check
+    ],
+)
+def test_a_reduced_graph_is_kept_only_if_it_costs_a_margin_less_than_fp32(costs, kept):
+    assert cheaper_graph(costs) == kept
+
+
+def test_there_is_no_cheaper_graph_of_none():
+    with pytest.raises(ValueError, match="no graph"):
+        cheaper_graph({})
 
 
 class _Recorder:
@@ -225,8 +248,7 @@ def test_forced_bf16_keeps_bf16_and_says_what_the_check_found(fp32):
 
 
 @pytest.mark.skipif(cpu_bf16_flag() is None, reason="this CPU has no native bf16")
-def test_auto_on_a_native_bf16_cpu_follows_its_self_check(fp32):
-    auto = _model("auto")
+def test_auto_on_a_native_bf16_cpu_follows_its_self_check(auto, fp32):
     reason = auto.precision_choice.reason
     assert f"on {len(PROBES)} probes against fp32" in reason
     ref, got = fp32.embed(TEXTS, "document"), auto.embed(TEXTS, "document")
@@ -234,9 +256,12 @@ def test_auto_on_a_native_bf16_cpu_follows_its_self_check(fp32):
         # (this CPU: bf16 moves the Cyrillic probe 0.6%, mixed 0.25%: mixed)
         assert not np.array_equal(ref.vectors, got.vectors)
         assert Agreement.between(ref, got).failure() is None
-    else:  # both failed: exactly fp32
-        assert "mixed failed its self-check" in reason
-        np.testing.assert_array_equal(ref.vectors, got.vectors)
+    else:  # both failed, or the fp32 graph was the cheaper: fp32 to rounding
+        assert "mixed failed its self-check" in reason or (
+            "texts run a traced fp32 graph, kept by" in reason
+        )
+        tight = {"max_norm_error": 1e-5, "min_cosine": 0.999999}
+        assert Agreement.between(ref, got).failure(**tight) is None
 
 
 @pytest.mark.parametrize("precision", ["bf16", "mixed"])
@@ -312,7 +337,10 @@ def _graph_agrees(model, fp32, gate: dict[str, float]) -> None:
 
 def test_auto_runs_queries_through_a_graph_at_the_chosen_precision(auto, fp32):
     if auto.precision == "fp32":
-        pytest.skip("no native bf16 on this CPU: auto_fp32's test covers it")
+        pytest.skip(
+            "auto kept the fp32 graph here (no native bf16, or it measured cheaper "
+            "at start-up): auto_fp32's test covers it"
+        )
     assert auto._graph is not None
     assert f"texts run a traced {auto.precision} graph" in (
         auto.precision_choice.reason
@@ -324,6 +352,59 @@ def test_auto_runs_queries_through_a_graph_at_the_chosen_precision(auto, fp32):
     assert Agreement.between(fp32.embed(TEXTS, "query"), got).max_norm_error > 1e-5
     # Documents take the graph too (the model has no prompts).
     np.testing.assert_array_equal(auto.embed(TEXTS, "document").vectors, got.vectors)
+
+
+@pytest.mark.skipif(cpu_bf16_flag() is None, reason="this CPU has no native bf16")
+def test_auto_keeps_the_graph_its_start_up_timing_found_cheaper_and_says_so(
+    auto, tmp_path
+):
+    """Both graphs passed their checks here; which one is cheaper is the CPU's
+    (with AMX mixed, without fp32): what was kept follows the figures reported."""
+    costs = auto.graph_costs
+    assert len(costs) == 2 and "fp32" in costs and {"bf16", "mixed"} & set(costs)
+    assert all(ms > 0 for ms in costs.values())
+    assert auto.precision == auto.precision_choice.precision == cheaper_graph(costs)
+    reason = auto.precision_choice.reason
+    figures = ", ".join(f"{p} {ms:.2f}" for p, ms in costs.items())
+    assert (
+        f"texts run a traced {auto.precision} graph, kept by CPU ms per "
+        f"query-shaped pass ({figures}; medians of 5 interleaved rounds"
+    ) in reason
+    with TestClient(
+        create_app(Settings(data_dir=tmp_path / "data"), embedder=auto)
+    ) as c:
+        embedding = c.get("/version").json()["embedding"]
+    assert embedding["precision"] == auto.precision
+    assert embedding["reason"] == reason
+
+
+@pytest.mark.skipif(cpu_bf16_flag() is None, reason="this CPU has no native bf16")
+def test_a_reduced_graph_that_fails_its_check_leaves_the_fp32_graph(monkeypatch, fp32):
+    import torch
+
+    from app.embedding import torch_backend
+
+    real = torch_backend._frozen_transformer
+
+    def reduced_off(transformer, torch, bf16):
+        graph = real(transformer, torch, bf16)
+        if not bf16:
+            return graph
+        return lambda ids, mask, types: graph(ids, mask, types) * 1.006
+
+    monkeypatch.setattr(torch_backend, "_frozen_transformer", reduced_off)
+    model = _model("auto")
+    assert model.precision == model.precision_choice.precision == "fp32"
+    assert model.graph_costs == {}  # one candidate: nothing to time
+    reason = model.precision_choice.reason
+    assert "graph failed: a norm moved by 0.6" in reason
+    assert "texts run a traced fp32 graph; self-check on" in reason
+    # The eager layers stay fp32 too, and the graph is fp32 to rounding.
+    linears = [m for m in model._model.modules() if isinstance(m, torch.nn.Linear)]
+    assert {m.weight.dtype for m in linears} == {torch.float32}
+    ref, got = fp32.embed(TEXTS, "query"), model.embed(TEXTS, "query")
+    tight = {"max_norm_error": 1e-5, "min_cosine": 0.999999}
+    assert Agreement.between(ref, got).failure(**tight) is None
 
 
 def test_an_fp32_graph_equals_the_eager_model_to_rounding(auto_fp32, fp32):
@@ -361,10 +442,11 @@ def test_a_traced_graph_that_fails_its_self_check_is_not_used(
     model = _model("auto")
     assert model._graph is None
     reason = model.precision_choice.reason
-    assert "texts run the eager model (the traced graph failed: a norm moved by" in (
-        reason
-    )
+    assert "texts run the eager model (the traced " in reason
+    assert "graph failed: a norm moved by" in reason
     assert gate in reason
+    # Native or not, the fp32 graph was tried, and failed its tighter gate.
+    assert "the traced fp32 graph failed" in reason and "gate 0.01%" in reason
 
 
 def test_queries_through_the_graph_from_several_threads_are_the_sequential_ones(auto):
