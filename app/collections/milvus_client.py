@@ -221,7 +221,9 @@ def _superset(node: filters.Node, *, positive: bool) -> tuple[str | None, bool]:
 
 def _leaf(node: filters.In | filters.Compare) -> tuple[str | None, bool]:
     """``(expression, exact)`` of a positive comparison of one key."""
-    if not node.key:  # the engine refuses metadata[""]: matched in Python
+    if not node.key or "][" in node.key:
+        # The engine refuses metadata[""], and cuts a key at "][" as if it were a
+        # path (it matched nothing, or refused the call): both matched in Python.
         return None, False
     field = f"metadata[{_filter_text(node.key)}]"
     if isinstance(node, filters.Compare):

@@ -410,6 +410,7 @@ INJECTIONS = [
     'x\\" or true or "',
     "x or 1==1",
     "x) or (1==1",
+    'k"]["x',  # the engine (Lite 2.5) cut a key at "][" as a JSON path
     "ünïcödé ✓ 日本語",
     "tab\tnew\nline",
     "control \x01 \x1f \x7f characters",

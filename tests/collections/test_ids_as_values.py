@@ -171,6 +171,7 @@ def held(collection: CollectionBackend[Any], found: list[str]) -> dict[str, Any]
 @example(hostile=[LONGEST])
 @example(hostile=["O'Brien", "' or id != '", '"] or tpk != ["'])
 @example(hostile=["x'", "y\\", 'x"]'])
+@example(hostile=["\\][%"])  # the engine read the key k\][% as a path: no match
 def test_get_patch_and_delete_touch_exactly_their_own_id(
     engine: str,
     pair: tuple[CollectionBackend[Any], CollectionBackend[Any]],

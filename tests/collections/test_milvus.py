@@ -312,6 +312,7 @@ def test_what_milvus_cannot_write_is_left_to_python() -> None:
     everything = MilvusFilter("", exact=False)
     assert milvus_filter(where({"k": {"$gt": "a\x1fb"}})) == everything
     assert milvus_filter(where({"$or": [{"k\x01": 1}, {"j": 2}]})) == everything
+    assert milvus_filter(where({"k][": "y"})) == everything  # not a key to the engine
     assert milvus_filter(where({"k": {"$in": [1, 2**64]}})) == everything
     assert milvus_filter(where({"k": {"$lt": float("nan")}})) == everything
     at = [f"v{i}" for i in range(milvus_client._MAX_IN_VALUES)]
