@@ -173,6 +173,33 @@ def test_connect_errors_are_retried_read_timeouts_are_not():
     assert len(handler.requests) == 1
 
 
+def test_clients_share_one_tls_context_built_once(monkeypatch):
+    """Building a TLS context reads the CA bundle (~45 ms of CPU); a client built
+    per request (a retriever in a web handler) paid it every time, even on http://."""
+    import ssl
+
+    from normcal_client._base import default_tls
+
+    built: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counted(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    default_tls.cache_clear()
+    try:
+        clients = [NormcalClient("https://example.invalid") for _ in range(3)]
+        clients.append(AsyncNormcalClient("http://127.0.0.1:1"))
+        assert len(built) == 1 and default_tls() is built[0]
+        assert built[0].verify_mode == ssl.CERT_REQUIRED and built[0].check_hostname
+        for client in clients[:3]:
+            client.close()
+    finally:
+        default_tls.cache_clear()
+
+
 def test_with_options_leaves_the_shared_client_alone():
     """Per-call options make a copy; the old client swapped ``self.retry`` in place,
     so a concurrent call on a shared client lost its retries.

@@ -26,6 +26,7 @@ from normcal_client._base import (
     ClientBase,
     R,
     atomic_paths,
+    default_tls,
     env_key,
     env_url,
     finish,
@@ -104,7 +105,11 @@ class AsyncNormcalClient(ClientBase):
         headers = self._setup(api_key, retry, owns_http=http_client is None)
         if http_client is None:
             http_client = httpx.AsyncClient(
-                base_url=base_url, headers=headers, timeout=timeout, transport=transport
+                base_url=base_url,
+                headers=headers,
+                timeout=timeout,
+                transport=transport,
+                verify=default_tls(),
             )
         else:
             http_client.headers.update(headers)

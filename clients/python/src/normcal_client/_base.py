@@ -7,7 +7,9 @@ blocking :class:`NormcalClient`, is generated from it by ``scripts/unasync.py``.
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -26,6 +28,17 @@ AsyncSleep = Callable[[float], Awaitable[None]]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+@functools.cache
+def default_tls() -> ssl.SSLContext:
+    """The TLS context every client uses, built once a process.
+
+    It is httpx's default (its CA bundle, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as
+    set when the first client is built). Building one reads the CA bundle: ~45 ms
+    of CPU that every client paid before, also on plain ``http://``.
+    """
+    return httpx.create_ssl_context()
 
 
 class ClientBase:

@@ -22,6 +22,7 @@ from normcal_client._base import (
     R,
     Sleep,
     atomic_paths,
+    default_tls,
     env_key,
     env_url,
     finish,
@@ -100,7 +101,11 @@ class NormcalClient(ClientBase):
         headers = self._setup(api_key, retry, owns_http=http_client is None)
         if http_client is None:
             http_client = httpx.Client(
-                base_url=base_url, headers=headers, timeout=timeout, transport=transport
+                base_url=base_url,
+                headers=headers,
+                timeout=timeout,
+                transport=transport,
+                verify=default_tls(),
             )
         else:
             http_client.headers.update(headers)
