@@ -122,10 +122,12 @@ def test_fp32_forced_and_auto_without_native_bf16_run_no_self_check():
 
 
 def _model(precision: str):
+    """The model as the service loads it (one intra-op thread: ``embed_threads``'s
+    default; torch's own, one per core, spins against the other test worker)."""
     from app.embedding import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder(
-        default_model_path(), model_name="m", precision=precision
+        default_model_path(), model_name="m", precision=precision, threads=1
     )
 
 
