@@ -42,6 +42,7 @@ def _loaded_heavy(modules: list[str]) -> list[str]:
     return [m for m in out.stdout.strip().split(",") if m]
 
 
+@pytest.mark.slow  # starts a Python process
 def test_schemas_and_path_params_load_no_heavy_library():
     schemas = [
         m.name
@@ -52,6 +53,7 @@ def test_schemas_and_path_params_load_no_heavy_library():
     assert _loaded_heavy(modules) == []
 
 
+@pytest.mark.slow  # starts a Python process
 def test_embedding_package_loads_no_model_library():
     assert _loaded_heavy(["app.embedding"]) == []
 

@@ -561,6 +561,7 @@ def test_a_bad_file_fails_create_app(tmp_path, embedder):
         create_app(settings, embedder=embedder)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_normcal_serve_refuses_a_bad_file_in_one_line(tmp_path):
     path = write_keys(
         tmp_path / "keys.json",

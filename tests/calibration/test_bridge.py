@@ -15,6 +15,7 @@ from calibration.query import noisy_or
 from calibration.selection import VARIANTS
 
 
+@pytest.mark.slow  # starts a Python process
 def test_bridge_modules_import_no_service_dependencies():
     code = (
         "import calibration.profile, calibration.evaluation, calibration.report, sys; "

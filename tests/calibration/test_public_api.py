@@ -4,6 +4,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 import calibration
 
 
@@ -23,6 +25,7 @@ def test_all_is_sorted_and_matches_public_names():
         assert getattr(calibration, name) is not None
 
 
+@pytest.mark.slow  # starts a Python process
 def test_import_does_not_pull_service_dependencies():
     code = (
         "import calibration, sys; "

@@ -292,6 +292,7 @@ def test_input_errors_are_one_line_and_exit_3(tmp_path, beir_dir):
         assert message in line, (args, line)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_usage_errors_exit_2(tmp_path, beir_dir):
     code, err = _cli("ingest", beir_dir, "--collection", "c", "--url", "localhost:8000")
     assert code == EXIT_USAGE and "Traceback" not in err
@@ -614,6 +615,7 @@ def test_serve_honours_normcal_host_and_port(tmp_path):
         proc.wait(60)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_restore_is_refused_on_milvus_storage_and_touches_nothing(tmp_path):
     """Local-only: with NORMCAL_STORAGE=milvus, one line naming what to use instead."""
     snapshot = tmp_path / "kb.snapshot"

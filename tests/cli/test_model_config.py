@@ -116,6 +116,7 @@ def test_create_app_refuses_to_start_a_model_under_another_models_name(tmp_path)
 # ------------------------------------------------------------------ the commands
 
 
+@pytest.mark.slow  # starts a Python process
 def test_serve_refuses_a_model_name_the_files_contradict_in_one_line(tmp_path):
     code, line = _cli(
         "serve", "--port", "0", "--data-dir", str(tmp_path / "d"),
@@ -127,6 +128,7 @@ def test_serve_refuses_a_model_name_the_files_contradict_in_one_line(tmp_path):
     assert not (tmp_path / "d").exists()  # refused before anything was made
 
 
+@pytest.mark.slow  # starts a Python process
 @pytest.mark.parametrize("command", ["serve", "export-onnx", "eval"])
 def test_a_missing_model_path_is_one_line_and_exit_3(tmp_path, command):
     args = {

@@ -34,6 +34,7 @@ DOCS = [
 ]
 
 
+@pytest.mark.slow  # starts a Python process
 def test_service_cli_and_client_do_not_import_langchain():
     """LangChain is the client's optional extra: nothing else may need it."""
     code = (

@@ -53,6 +53,7 @@ DOCS = [
 F = MetadataFilter
 
 
+@pytest.mark.slow  # starts a Python process
 def test_service_cli_and_client_do_not_import_llama_index():
     """LlamaIndex is the client's optional extra: nothing else may need it."""
     code = (

@@ -206,6 +206,7 @@ def _assert_same_top(
     assert {r for r, s in top if s > floor} <= set(hits.seqs[:depth].tolist())
 
 
+@pytest.mark.slow  # real data (3,000 scifact abstracts)
 def test_pruned_search_gives_the_full_query_top_on_a_real_corpus(scifact):
     """Terms in half the collection are skipped, yet the BM25 top to LEXICAL_DEPTH,
     every score of a document still matched and the IDF mass are unchanged."""
@@ -229,6 +230,7 @@ def test_pruned_search_gives_the_full_query_top_on_a_real_corpus(scifact):
     assert pruned > 10  # the queries did exercise the pruning
 
 
+@pytest.mark.slow  # real data (3,000 scifact abstracts)
 def test_pruned_search_respects_allowed_and_n(scifact):
     conn, queries = scifact
     allowed = np.arange(1, 3001, 3, dtype=np.int64)
@@ -239,6 +241,7 @@ def test_pruned_search_respects_allowed_and_n(scifact):
         _assert_same_top(hits, reference, 10)
 
 
+@pytest.mark.slow  # real data (3,000 scifact abstracts)
 def test_too_few_rare_matches_fall_back_to_the_full_query(scifact):
     """When the informative terms match fewer than ``depth`` documents, the ones that
     match only common terms still fill the tail, in FTS5's order."""

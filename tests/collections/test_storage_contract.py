@@ -695,6 +695,7 @@ def test_lexical_evidence_agrees_between_milvus_lite_and_the_engine(
         )
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_app_runs_locally_without_pymilvus_and_names_the_extra_for_milvus(
     tmp_path,
 ):
