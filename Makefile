@@ -27,8 +27,8 @@ ENGINE_VENV ?= .venv-milvus-engine
 # calibrator) are set up once (docs/development.md: Tests in parallel), and servers fork
 # from a pre-imported interpreter (tests/support/zygote.py). Measured on a quiet 2-core
 # machine, clean clone, first run after building the venvs (2026-12-06): `make test`
-# 2,238 tests in 10.7 min (12.7 min with the builds; coverage's tracer costs ~2/3 more
-# CPU in-process), `make test-fast` 1,837 in 3.5 min.
+# 2,239 tests in 8.7 min (11.0 min with the builds; coverage's tracer costs ~2/3 more
+# CPU in-process), `make test-fast` 1,821 in 2.2 min.
 TEST_WORKERS ?= auto
 # Files start longest first (tests/file_seconds.json, `make test-seconds`), not in
 # xdist's order by number of tests.
@@ -90,7 +90,8 @@ run: install
 test: install-dev $(ENGINE_VENV)/.installed
 	HF_HUB_OFFLINE=1 NORMCAL_TEST_MILVUS_ENGINE=$(ENGINE_VENV) $(BIN)/python -m pytest $(XDIST) --cov --cov-report=term --durations=15
 
-# The edit-test loop (3.5 min on 2 cores): everything but the tests marked slow (subprocesses,
+# The edit-test loop (2.2 min on 2 cores, measured as above):
+# everything but the tests marked slow (a server or another Python process started,
 # durability, concurrency, real-data runs, the fresh-venv install, Milvus beyond a
 # smoke set); every module still runs.
 test-fast: install-dev
