@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -78,6 +79,9 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._zygote = zygote
         self._pidfd = os.pidfd_open(pid)
+        # Closed once reaped, or when this object goes unreaped (a test that never
+        # waited for its server kept the descriptor until its worker exited).
+        self._close_pidfd = weakref.finalize(self, os.close, self._pidfd)
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._pidfd], [], [], 0)[0]:
@@ -99,7 +103,7 @@ class ForkedProcess:
     def _reap(self) -> None:
         status = self._zygote.ask({"reap": self.pid})["status"]
         self.returncode = os.waitstatus_to_exitcode(status)
-        os.close(self._pidfd)
+        self._close_pidfd()
 
 
 class Zygote:
