@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
                     n
                     for n in args.sets
                     if not args.cached_only
-                    or corpus_is_cached(other.model_name, args.data / n, args.cache)
+                    or corpus_is_cached(other, args.data / n, args.cache)
                 ]
                 print(f"model: {other.model_name} {names}", file=sys.stderr)
                 by_model[other.model_name] = {

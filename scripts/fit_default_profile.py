@@ -127,9 +127,7 @@ def labelled(
         names = [
             n
             for n in SETS
-            if i == 0
-            or not cached_only
-            or corpus_is_cached(embedder.model_name, data / n, cache)
+            if i == 0 or not cached_only or corpus_is_cached(embedder, data / n, cache)
         ]
         for name, (d, corpus) in hybrid_domains(embedder, names, data, cache).items():
             key = name if len(embedders) == 1 else f"{embedder.model_name}/{name}"

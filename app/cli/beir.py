@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 
 from app.collections import lexical
 from app.embedding import Embedder, EmbeddingBatch
+from app.embedding.precision import precision_of
 from calibration.features import LEXICAL_DEPTH, LexicalEvidence
 from calibration.fusion import HybridPool, hybrid_pool
 from calibration.profile import QueryEvidence
@@ -93,26 +94,34 @@ class EmbeddedCorpus:
     n_tokens: NDArray[np.int64]
 
 
-def _corpus_key(model_name: str, data_dir: Path) -> str:
+def _corpus_key(embedder: Embedder, data_dir: Path) -> str:
+    """The cache key of a corpus' embeddings: whatever decides them.
+
+    The model's files (``model_id``: another model under the same configured name
+    must not read this one's vectors), the precision it runs, and the corpus file
+    (path, size, mtime).
+    """
     corpus_file = data_dir / "corpus.jsonl"
     stat = corpus_file.stat()
+    precision = precision_of(embedder).precision
+    model = f"{embedder.model_name}|{embedder.model_id}|{precision}"
     return hashlib.sha256(
-        f"{model_name}|{corpus_file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+        f"{model}|{corpus_file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
     ).hexdigest()[:16]
 
 
-def corpus_is_cached(model_name: str, data_dir: Path, cache_dir: Path) -> bool:
+def corpus_is_cached(embedder: Embedder, data_dir: Path, cache_dir: Path) -> bool:
     """Whether :func:`embed_corpus` would read this corpus from ``cache_dir``."""
     return (
-        cache_dir / f"{data_dir.name}-{_corpus_key(model_name, data_dir)}.npz"
+        cache_dir / f"{data_dir.name}-{_corpus_key(embedder, data_dir)}.npz"
     ).exists()
 
 
 def embed_corpus(
     embedder: Embedder, data_dir: Path, cache_dir: Path | None = None
 ) -> EmbeddedCorpus:
-    """Embed a corpus, reusing a cache keyed by model, file size and mtime."""
-    key = _corpus_key(embedder.model_name, data_dir)
+    """Embed a corpus, reusing a cache keyed by :func:`_corpus_key`."""
+    key = _corpus_key(embedder, data_dir)
     cache = None if cache_dir is None else cache_dir / f"{data_dir.name}-{key}.npz"
     if cache is not None and cache.exists():
         with np.load(cache, allow_pickle=False) as npz:
@@ -338,7 +347,7 @@ def hybrid_retrieve(
     key = hashlib.sha256(
         "|".join(
             [
-                _corpus_key(embedder.model_name, data_dir),
+                _corpus_key(embedder, data_dir),
                 str(depth),
                 *(f"{q}\t{queries[q]}" for q in query_ids),
             ]

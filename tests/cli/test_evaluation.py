@@ -328,6 +328,36 @@ def scifact_slice(tmp_path: Path, n_queries: int = 30, n_extra: int = 40) -> Pat
     return dst
 
 
+def test_a_corpus_cache_is_read_only_by_the_model_files_and_precision_it_holds(
+    tmp_path: Path,
+) -> None:
+    """Keyed by the configured name alone, the cache served one model's vectors to
+    another model under the same name, and fp32 vectors to a mixed-precision run."""
+    from app.cli.beir import corpus_is_cached, embed_corpus
+    from app.embedding.precision import PrecisionChoice
+    from tests.support.fakes import HashEmbedder
+
+    data = tmp_path / "set"
+    data.mkdir()
+    rows = [{"_id": f"d{i}", "title": "", "text": f"text {i}"} for i in range(3)]
+    (data / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache"
+    first = HashEmbedder(model_name="m", model_id="files-a")
+    stored = embed_corpus(first, data, cache)
+    assert corpus_is_cached(first, data, cache)
+    same = HashEmbedder(model_name="m", model_id="files-a")
+    np.testing.assert_array_equal(
+        embed_corpus(same, data, cache).vectors, stored.vectors
+    )
+    other_files = HashEmbedder(model_name="m", model_id="files-b", dim=16)
+    assert not corpus_is_cached(other_files, data, cache)
+    assert embed_corpus(other_files, data, cache).vectors.shape == (3, 16)
+    mixed = HashEmbedder(model_name="m", model_id="files-a")
+    mixed.precision_choice = PrecisionChoice("mixed", "a test's")  # type: ignore[attr-defined]
+    assert not corpus_is_cached(mixed, data, cache)
+    assert len(list(cache.glob("set-*.npz"))) == 2
+
+
 def test_few_label_sizes_include_5_10_and_30_by_default() -> None:
     from app.cli.main import build_parser
 
