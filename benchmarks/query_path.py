@@ -11,7 +11,11 @@ at a time (as searches do), interleaved over ``--rounds`` rounds:
    query (what the server does: the event loop hands each pass to a pool thread and
    waits), and from one pool job for all of them; and the pool's own round trip with
    an empty job. The difference between the first two is what a hand-off costs the
-   model here, beyond the round trip.
+   model here, beyond the round trip;
+3. thread CPU per query of the auto model, one query after another as in (1), and
+   after a pause of ``--pause-ms`` before each query, sleeping or spinning: what a
+   served pass pays that an in-process loop does not (a served pass waits for the
+   next request; ``benchmarks/peers.py``'s raw peer encodes back to back).
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/query_path.py [--rounds 4]``.
 """
@@ -51,6 +55,7 @@ def queries() -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--pause-ms", type=float, default=5.0)
     args = parser.parse_args()
     texts = queries()
     models = {
@@ -116,7 +121,40 @@ def main() -> int:
     print("|---|---|")
     for label, rounds in walls.items():
         print(f"| {label} | {1000 * statistics.median(rounds) / len(texts):.2f} |")
+    print_pauses(auto, texts, args.rounds, args.pause_ms / 1000)
     return 0
+
+
+def print_pauses(
+    model: SentenceTransformerEmbedder, texts: list[str], rounds: int, pause: float
+) -> None:
+    """(3): each query's thread CPU, back to back and after a pause, interleaved."""
+
+    def spin() -> None:
+        until = time.perf_counter() + pause
+        while time.perf_counter() < until:
+            pass
+
+    before = {
+        "back to back": lambda: None,
+        f"after sleeping {pause * 1000:g} ms": lambda: time.sleep(pause),
+        f"after spinning {pause * 1000:g} ms": spin,
+    }
+    cpu: dict[str, list[float]] = {label: [] for label in before}
+    for _ in range(rounds):
+        for label, wait in before.items():
+            for text in texts:
+                wait()
+                started = time.thread_time()
+                model.embed([text], "query")
+                cpu[label].append(1000 * (time.thread_time() - started))
+    print(f"\n| torch auto, {len(texts)} queries x {rounds} | CPU ms p50 | p99 |")
+    print("|---|---|---|")
+    for label, ms in cpu.items():
+        ms.sort()
+        print(
+            f"| {label} | {statistics.median(ms):.2f} | {ms[int(0.99 * len(ms))]:.2f} |"
+        )
 
 
 if __name__ == "__main__":
