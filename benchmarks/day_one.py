@@ -176,7 +176,8 @@ def off_topic_evidence(
     embedder: Any, name: str, corpus: Any, data: Path, cache: Path, seed: int
 ) -> list[QueryEvidence]:
     """Queries of every set of another group, searched against ``name``'s documents."""
-    from app.cli.beir import hybrid_retrieve, read_queries
+    from app.cli.beir import hybrid_retrieve
+    from app.cli.inputs import read_queries
     from calibration.features import LEXICAL_DEPTH
 
     rng = np.random.default_rng(seed)

@@ -58,11 +58,9 @@ from app.cli.beir import (
     HybridRetrieval,
     embed_corpus,
     hybrid_retrieve,
-    read_corpus,
-    read_qrels,
-    read_queries,
     save_npz,
 )
+from app.cli.inputs import read_corpus, read_qrels, read_queries
 from app.collections import lexical
 from app.collections.postings import K1, B, Tokenizer
 from calibration.features import LEXICAL_DEPTH, LexicalEvidence

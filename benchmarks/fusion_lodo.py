@@ -34,7 +34,8 @@ import numpy as np
 from scipy.special import expit
 
 from app.api.lifespan import load_embedder
-from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
+from app.cli.beir import embed_corpus, hybrid_retrieve
+from app.cli.inputs import read_qrels, read_queries
 from app.embedding import Embedder
 from app.settings import Settings
 from benchmarks.eval_all import CACHE, DATA

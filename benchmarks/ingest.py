@@ -42,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from normcal_client import NormcalClient  # noqa: E402
 
-from app.cli.beir import read_corpus  # noqa: E402
+from app.cli.inputs import read_corpus  # noqa: E402
 from app.cli.main import ingest_documents  # noqa: E402
 from app.cli.process import ServerProcess  # noqa: E402
 from app.settings import default_model_path  # noqa: E402

@@ -269,7 +269,7 @@ def main() -> int:
     if not (SCIFACT / "corpus.jsonl").exists():
         print(f"needs {SCIFACT}", file=sys.stderr)
         return 2
-    from app.cli.beir import read_corpus
+    from app.cli.inputs import read_corpus
 
     served = [
         {"id": d["id"], "text": d["text"]}

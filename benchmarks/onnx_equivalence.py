@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from app.api.lifespan import load_embedder  # noqa: E402
-from app.cli.beir import read_corpus  # noqa: E402
+from app.cli.inputs import read_corpus  # noqa: E402
 from app.embedding.base import EmbeddingBatch  # noqa: E402
 from app.embedding.onnx_export import export_onnx  # noqa: E402
 from app.embedding.precision import Agreement  # noqa: E402

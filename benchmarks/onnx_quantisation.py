@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from app.cli.beir import read_corpus  # noqa: E402
+from app.cli.inputs import read_corpus  # noqa: E402
 from app.embedding.onnx_backend import OnnxEmbedder  # noqa: E402
 from app.embedding.onnx_export import GRAPH, export_onnx  # noqa: E402
 from app.settings import default_model_path  # noqa: E402

@@ -68,7 +68,7 @@ def _cpu() -> float:
 
 
 def _texts(n: int) -> tuple[list[dict], list[str]]:
-    from app.cli.beir import read_corpus
+    from app.cli.inputs import read_corpus
 
     docs = list(read_corpus(DATA / "scifact", n))
     with (DATA / "scifact" / "queries.jsonl").open() as fh:

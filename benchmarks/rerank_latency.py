@@ -67,7 +67,7 @@ def cpu_name() -> str:
 
 def scifact_lists(n: int, docs: int) -> list[tuple[str, list[str]]] | None:
     """``n`` lists of a query and ``docs`` abstracts, none shared between lists."""
-    from app.cli.beir import read_corpus, read_qrels, read_queries
+    from app.cli.inputs import read_corpus, read_qrels, read_queries
 
     path = SHARED / "scifact"
     if not (path / "corpus.jsonl").exists():

@@ -201,7 +201,7 @@ def embed_worker(args: argparse.Namespace) -> dict[str, Any]:
     source = "synthetic sentences"
     texts = [d.text for d in Corpus().batch(0, args.embed_texts)]
     if (DATA / "scifact").is_dir():
-        from app.cli.beir import read_corpus
+        from app.cli.inputs import read_corpus
 
         texts = [d["text"] for d in read_corpus(DATA / "scifact", args.embed_texts)]
         source = "scifact abstracts"

@@ -126,7 +126,7 @@ def _upload(client: Any, name: str, docs: list[dict[str, Any]]) -> None:
 
 def neighbours(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """``--neighbours`` documents, other domain (cranfield) and same (scifact)."""
-    from app.cli.beir import read_corpus
+    from app.cli.inputs import read_corpus
 
     scifact = list(read_corpus(DATA / "scifact", args.docs + args.neighbours))
     return {
@@ -147,7 +147,7 @@ def bm25(args: argparse.Namespace, where: Path) -> dict[str, dict[str, float]]:
     from fastapi.testclient import TestClient
 
     from app.api.app import create_app
-    from app.cli.beir import read_queries
+    from app.cli.inputs import read_queries
     from app.settings import Settings
 
     corpora = neighbours(args)
@@ -181,7 +181,7 @@ def engine_bm25(args: argparse.Namespace, binary: Path, where: Path) -> dict[str
     """
     from pymilvus import DataType, Function, FunctionType, MilvusClient
 
-    from app.cli.beir import read_queries
+    from app.cli.inputs import read_queries
     from tests.support.milvus_engine import engine_server
 
     corpora = neighbours(args)

@@ -50,7 +50,7 @@ def _cpu() -> float:
 def child(config: str, docs: int, queries: int, onnx_path: str | None) -> dict:
     """Measure one configuration in this (fresh) process."""
     from app.api.lifespan import load_embedder
-    from app.cli.beir import read_corpus
+    from app.cli.inputs import read_corpus
     from app.settings import Settings
 
     shape, _, backend = config.partition(":")

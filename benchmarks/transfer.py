@@ -91,7 +91,8 @@ def hybrid_domains(
     embeddings and the dense/BM25 lists are cached under ``cache`` (shared with
     ``benchmarks/eval_all.py``); a missing set is embedded with ``embedder``.
     """
-    from app.cli.beir import embed_corpus, hybrid_retrieve, read_qrels, read_queries
+    from app.cli.beir import embed_corpus, hybrid_retrieve
+    from app.cli.inputs import read_qrels, read_queries
     from calibration.features import LEXICAL_DEPTH
 
     out = {}

@@ -29,11 +29,13 @@ APP = Path(__file__).resolve().parents[1] / "app"
 HEAVY = ("faiss", "torch", "sentence_transformers", "sklearn")
 
 
-def _loaded_heavy(modules: list[str]) -> list[str]:
-    """Heavy libraries in ``sys.modules`` after a fresh interpreter imports ``modules``."""
+def _loaded_heavy(modules: list[str], then: str = "") -> list[str]:
+    """Heavy libraries in ``sys.modules`` after a fresh interpreter imports ``modules``
+    (and runs the statement ``then``)."""
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"{then}\n"
         f"print(','.join(h for h in {HEAVY!r} if h in sys.modules))\n"
     )
     out = subprocess.run(
@@ -56,6 +58,15 @@ def test_schemas_and_path_params_load_no_heavy_library():
 @pytest.mark.slow  # starts a Python process
 def test_embedding_package_loads_no_model_library():
     assert _loaded_heavy(["app.embedding"]) == []
+
+
+@pytest.mark.slow  # starts a Python process
+def test_reading_a_beir_folder_for_ingest_loads_no_heavy_library(tmp_path):
+    """``normcal ingest`` of a BEIR folder read it through ``app.cli.beir``, which
+    imports scikit-learn (~2.3 s before the first request)."""
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d", "title": "", "text": "t"}\n')
+    read = f"sys.modules['app.cli.inputs'].read_documents(__import__('pathlib').Path({str(tmp_path)!r}))"
+    assert _loaded_heavy(["app.cli.main", "app.cli.inputs"], then=read) == []
 
 
 def _attributes(path: Path) -> list[tuple[str, str, int]]:

@@ -1,7 +1,8 @@
 """BEIR-layout datasets (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``).
 
-Used by ``normcal ingest``, ``normcal fit``, ``normcal eval`` and the default-profile
-script. Embeddings of a corpus are cached per model and dataset, so re-runs are fast.
+Used by ``normcal fit``, ``normcal eval``, the benchmarks and the default-profile
+script; the files themselves are read by :mod:`app.cli.inputs`. Embeddings of a corpus
+are cached per model and dataset, so re-runs are fast.
 
 Hybrid retrieval (:func:`hybrid_retrieve`) indexes the same texts with the product's own
 lexical code (:mod:`app.collections.lexical`, an in-memory SQLite FTS5 index with the
@@ -12,13 +13,10 @@ so any smaller pool (the calibration pairs) is a lookup.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from app.cli.inputs import Qrels, read_corpus
 from app.collections import lexical
 from app.embedding import Embedder, EmbeddingBatch
 from app.embedding.precision import precision_of
@@ -34,54 +33,6 @@ from calibration.fusion import HybridPool, hybrid_pool
 from calibration.profile import QueryEvidence
 
 logger = logging.getLogger(__name__)
-
-Qrels = dict[str, dict[str, int]]
-
-
-def read_corpus(
-    data_dir: Path, limit: int | None = None, skipped: list[str] | None = None
-) -> Iterator[dict[str, Any]]:
-    """Yield ``{"id", "text", "metadata"}`` from a BEIR ``corpus.jsonl``.
-
-    The title, when present, is the first line of the text (BEIR's convention of
-    embedding title and body together). A row whose title and text are both empty
-    has nothing to embed and is left out; its id goes to ``skipped`` when given.
-    ``limit`` counts rows, left-out ones included.
-    """
-    with (data_dir / "corpus.jsonl").open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh):
-            if limit is not None and n >= limit:
-                return
-            row = json.loads(line)
-            title = (row.get("title") or "").strip()
-            body = (row.get("text") or "").strip()
-            text = f"{title}\n{body}" if title and body else (title or body)
-            if text:
-                yield {"id": str(row["_id"]), "text": text, "metadata": {}}
-            elif skipped is not None:
-                skipped.append(str(row["_id"]))
-
-
-def read_queries(data_dir: Path) -> dict[str, str]:
-    """Query id -> text."""
-    out: dict[str, str] = {}
-    with (data_dir / "queries.jsonl").open(encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            out[str(row["_id"])] = str(row["text"])
-    return out
-
-
-def read_qrels(data_dir: Path, split: str) -> Qrels:
-    """Query id -> {document id: graded relevance} (``0`` rows kept as judged)."""
-    path = data_dir / "qrels" / f"{split}.tsv"
-    out: Qrels = {}
-    with path.open(encoding="utf-8") as fh:
-        for row in csv.DictReader(fh, delimiter="\t"):
-            out.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(
-                row["score"]
-            )
-    return out
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.cli.beir import EmbeddedCorpus, HybridRetrieval, Qrels
+from app.cli.beir import EmbeddedCorpus, HybridRetrieval
+from app.cli.inputs import Qrels
 from app.cli.main import selection_summary
 from app.profiles import load_default_profile
 from calibration.evaluation import (
@@ -120,7 +121,7 @@ def read_splits(
     data_dir: Path, split: str, fit_split: str | None
 ) -> tuple[dict[str, str], Qrels, Qrels]:
     """The queries, the evaluated split's qrels and the fitting split's (or empty)."""
-    from app.cli.beir import read_qrels, read_queries
+    from app.cli.inputs import read_qrels, read_queries
 
     fit_qrels = {} if fit_split is None else read_qrels(data_dir, fit_split)
     return read_queries(data_dir), read_qrels(data_dir, split), fit_qrels

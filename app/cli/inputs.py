@@ -20,20 +20,74 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-# app.cli.beir is imported where it is used: it pulls in the calibration package
-# (scikit-learn, scipy), seconds that a mistyped path should not wait for.
+# The BEIR readers live here, not in app.cli.beir: that module pulls in the
+# calibration package (scikit-learn, scipy), ~2.3 s that neither a mistyped path nor
+# `normcal ingest` of a BEIR folder should wait for.
 
 __all__ = [
     "ColumnKind",
     "InputError",
+    "Qrels",
     "check_beir_split",
     "column_kinds",
     "default_split",
+    "read_corpus",
     "read_documents",
     "read_judged",
+    "read_qrels",
+    "read_queries",
 ]
 
 FORMATS = "a BEIR folder (corpus.jsonl), a .jsonl file or a .csv file"
+
+
+Qrels = dict[str, dict[str, int]]
+
+
+def read_corpus(
+    data_dir: Path, limit: int | None = None, skipped: list[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield ``{"id", "text", "metadata"}`` from a BEIR ``corpus.jsonl``.
+
+    The title, when present, is the first line of the text (BEIR's convention of
+    embedding title and body together). A row whose title and text are both empty
+    has nothing to embed and is left out; its id goes to ``skipped`` when given.
+    ``limit`` counts rows, left-out ones included.
+    """
+    with (data_dir / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh):
+            if limit is not None and n >= limit:
+                return
+            row = json.loads(line)
+            title = (row.get("title") or "").strip()
+            body = (row.get("text") or "").strip()
+            text = f"{title}\n{body}" if title and body else (title or body)
+            if text:
+                yield {"id": str(row["_id"]), "text": text, "metadata": {}}
+            elif skipped is not None:
+                skipped.append(str(row["_id"]))
+
+
+def read_queries(data_dir: Path) -> dict[str, str]:
+    """Query id -> text."""
+    out: dict[str, str] = {}
+    with (data_dir / "queries.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            out[str(row["_id"])] = str(row["text"])
+    return out
+
+
+def read_qrels(data_dir: Path, split: str) -> Qrels:
+    """Query id -> {document id: graded relevance} (``0`` rows kept as judged)."""
+    path = data_dir / "qrels" / f"{split}.tsv"
+    out: Qrels = {}
+    with path.open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh, delimiter="\t"):
+            out.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(
+                row["score"]
+            )
+    return out
 
 
 class InputError(Exception):
@@ -59,8 +113,6 @@ def read_documents(
     if text_columns and (path.is_dir() or path.suffix.lower() != ".csv"):
         raise InputError(f"{path}: --text-column applies to a .csv file only")
     if path.is_dir():
-        from app.cli.beir import read_corpus
-
         corpus = path / "corpus.jsonl"
         if not corpus.is_file():
             raise InputError(
@@ -298,8 +350,6 @@ def read_judged(
     data_dir: Path, split: str
 ) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """Queries (id -> text) and one split's qrels of a BEIR folder, checked."""
-    from app.cli.beir import read_qrels, read_queries
-
     check_beir_split(data_dir, split)
     try:
         return read_queries(data_dir), read_qrels(data_dir, split)

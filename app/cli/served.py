@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.cli.beir import EmbeddedCorpus, HybridRetrieval, Qrels, lexical_index
+from app.cli.beir import EmbeddedCorpus, HybridRetrieval, lexical_index
 from app.cli.evaluation import (
     Retrieved,
     eval_depth,
@@ -37,6 +37,7 @@ from app.cli.evaluation import (
     judged_ids,
     read_splits,
 )
+from app.cli.inputs import Qrels
 from app.collections import lexical
 from calibration.evaluation import EvalOptions
 from calibration.features import LEXICAL_DEPTH

@@ -440,10 +440,9 @@ def test_hybrid_pools_hold_the_product_bm25_and_the_exact_lists(
         embed_corpus,
         hybrid_retrieve,
         lexical_index,
-        read_qrels,
-        read_queries,
         retrieve,
     )
+    from app.cli.inputs import read_qrels, read_queries
     from app.collections import lexical
     from calibration.fusion import candidate_pool
 

@@ -29,7 +29,7 @@ def scifact_slice(
     ``n_distractors`` others), the query texts and their judgments, both in query
     order. Skips the test when the dataset is not staged (``shared_dataset``).
     """
-    from app.cli.beir import read_corpus, read_qrels, read_queries
+    from app.cli.inputs import read_corpus, read_qrels, read_queries
     from tests.conftest import shared_dataset
 
     path = shared_dataset("scifact")
