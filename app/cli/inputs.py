@@ -346,9 +346,7 @@ def default_split(data_dir: Path, exclude: str | None = None) -> str:
     return DEFAULT_SPLITS[0]
 
 
-def read_judged(
-    data_dir: Path, split: str
-) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+def read_judged(data_dir: Path, split: str) -> tuple[dict[str, str], Qrels]:
     """Queries (id -> text) and one split's qrels of a BEIR folder, checked."""
     check_beir_split(data_dir, split)
     try:
