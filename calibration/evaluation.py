@@ -11,6 +11,8 @@ dataset, embedding and printing tables is ``app.cli.evaluation``. Evaluates:
   ``calibrated`` (``auto``'s held-out probability from the same nested CV). Every mode
   ranks the *same* candidate pool per query (:class:`RankingPool`: the dense top-N
   and the BM25 top-N, N = ``depth``), so dense and lexical keep their exact top-N.
+  The calibrated ranking's paired per-query gain over dense, RRF and the blend comes
+  with its standard error (:func:`paired_gain`).
 * **Calibration** of the top-``k`` pairs of every judged query, either under an outer
   ``n_splits``-fold split *by query* (nested: inside each training fold the query
   :class:`~calibration.NormReference` is refitted on the training queries and
@@ -170,6 +172,34 @@ def retrieval_metrics(
     }
 
 
+def paired_gain(
+    ranked: Mapping[str, Sequence[str]],
+    base: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Mapping[str, int]],
+    k: int = 10,
+) -> dict[str, float | int | None]:
+    """Mean per-query nDCG@k gain of ``ranked`` over ``base`` and its standard error.
+
+    Over the queries with a relevant document, the independent units; a gap within
+    one standard error cannot be told from the queries' spread. SE is ``None``
+    (no spread to measure) with fewer than two queries.
+    """
+    diff = np.array(
+        [
+            ndcg_at_k(ranked[q], qrels.get(q, {}), k)
+            - ndcg_at_k(base[q], qrels.get(q, {}), k)
+            for q in ranked
+        ]
+    )
+    diff = diff[~np.isnan(diff)]
+    se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else None
+    return {
+        "gain": float(diff.mean()) if diff.size else 0.0,
+        "se": se,
+        "n_queries": int(diff.size),
+    }
+
+
 # -- retrieval modes over one shared candidate pool ---------------------------------------
 @dataclass(frozen=True)
 class RankingPool:
@@ -248,23 +278,28 @@ def mode_rankings(
 
     ``folds`` (query indices) are the outer folds: the blend weight of a fold's
     queries is tuned on the other folds' queries only. ``calibrated`` maps ``auto``
-    (and ``auto/query-side``) to held-out probabilities per pool member.
+    (and ``auto/query-side``) to held-out probabilities per pool member; each
+    calibrated ranking also carries its paired gain over dense, RRF and the blend
+    (``gain_over``, :func:`paired_gain`).
     """
     qrels = {p.query_id: p.judged for p in pools}
-    out: dict[str, Any] = {
-        mode: retrieval_metrics({p.query_id: mode_order(p, mode) for p in pools}, qrels)
+    ranked: dict[str, dict[str, list[str]]] = {
+        mode: {p.query_id: mode_order(p, mode) for p in pools}
         for mode in ("dense", "lexical", "rrf")
     }
-    ranked: dict[str, list[str]] = {}
+    out: dict[str, Any] = {
+        mode: retrieval_metrics(ranked[mode], qrels) for mode in ranked
+    }
+    ranked["blend"] = {}
     weights = []
     for test_q in folds:
         train_q = np.setdiff1d(np.arange(len(pools)), test_q)
         w = tune_blend([pools[q] for q in train_q])
         weights.append(w)
         for q in test_q:
-            ranked[pools[q].query_id] = mode_order(pools[q], "blend", weight=w)
+            ranked["blend"][pools[q].query_id] = mode_order(pools[q], "blend", weight=w)
     out["blend"] = {
-        **retrieval_metrics(ranked, qrels),
+        **retrieval_metrics(ranked["blend"], qrels),
         "cosine_weight_per_fold": weights,
         "tuned": "max mean nDCG@10 over the other outer folds' queries (grouped CV)",
     }
@@ -273,13 +308,17 @@ def mode_rankings(
         (AUTO_QUERY_SIDE, "calibrated/query-side"),
     ):
         if method in calibrated:
-            out[name] = retrieval_metrics(
-                {
-                    p.query_id: mode_order(p, "hybrid", proba=calibrated[method][i])
-                    for i, p in enumerate(pools)
+            mine = {
+                p.query_id: mode_order(p, "hybrid", proba=calibrated[method][i])
+                for i, p in enumerate(pools)
+            }
+            out[name] = {
+                **retrieval_metrics(mine, qrels),
+                "gain_over": {
+                    mode: paired_gain(mine, ranked[mode], qrels)
+                    for mode in ("dense", "rrf", "blend")
                 },
-                qrels,
-            )
+            }
     depth = max((p.depth for p in pools), default=0)
     out["pool"] = (
         f"per query the dense top-{depth} and the BM25 top-{depth} "

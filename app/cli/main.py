@@ -30,6 +30,9 @@ EXIT_API = 5  # the server answered with a problem (4xx/5xx)
 EXIT_BUSY = 6  # another normcal process owns the data dir
 EXIT_CANNOT_LISTEN = 7  # serve cannot bind its host:port (in use, or not allowed)
 EXIT_INTERRUPTED = 130  # Ctrl-C
+# `normcal eval --depth`'s bound: calibration.features.LEXICAL_DEPTH, the BM25 ranks'
+# depth (not imported: parsing loads no numpy; tests/cli/test_evaluation.py checks).
+MAX_EVAL_DEPTH = 100
 
 EPILOG = f"""\
 exit status:
@@ -573,6 +576,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "--url evaluates a served collection: name it with --collection C "
             "(the collection ingested from DATA_DIR); without both, eval runs locally",
         )
+    if not args.k <= args.depth <= MAX_EVAL_DEPTH:
+        raise CliError(
+            EXIT_USAGE,
+            f"--depth must be from --k ({args.k}) to {MAX_EVAL_DEPTH}; "
+            f"got {args.depth}",
+        )
     split = args.split or default_split(args.data_dir, exclude=args.fit_split)
     splits = [split] + ([args.fit_split] if args.fit_split else [])
     try:  # before anything heavy loads: a typo fails in a second, not a minute
@@ -588,6 +597,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     options = EvalOptions(
         k=args.k,
+        depth=args.depth,
         n_splits=args.folds,
         few_label_sizes=tuple(args.few_label),
         few_label_draws=args.draws,
@@ -935,6 +945,14 @@ def add_eval(sub: Subcommands) -> None:
     )
     ev.add_argument(
         "--k", type=_positive, default=20, help="top-k hits per query as pairs"
+    )
+    ev.add_argument(
+        "--depth",
+        type=_positive,
+        default=100,
+        help="depth of the dense and BM25 lists whose hybrid pool every retrieval "
+        f"mode reorders, from --k to {MAX_EVAL_DEPTH} (a search's pool is 20 + 20 "
+        "unless it asks for more candidates)",
     )
     ev.add_argument("--folds", type=_positive, default=5, help="grouped CV folds")
     ev.add_argument(

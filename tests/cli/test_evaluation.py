@@ -24,6 +24,7 @@ from calibration.evaluation import (
     mode_rankings,
     ndcg_at_k,
     nested_cv,
+    paired_gain,
     recall_at_k,
     retrieval_metrics,
     tune_blend,
@@ -118,6 +119,38 @@ def test_blend_weight_is_tuned_on_other_queries_only() -> None:
     low, high = out["blend"]["cosine_weight_per_fold"]
     assert high < 0.5 < low
     assert out["blend"]["ndcg@10"] < min(out["dense"]["ndcg@10"], 1.0)
+
+
+def test_paired_gain_is_the_mean_per_query_difference_with_its_standard_error() -> None:
+    judged = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"a": 1}, "none": {}}
+    mine = {"q1": ["a", "b"], "q2": ["b", "a"], "q3": ["b", "a"], "none": ["a"]}
+    base = {"q1": ["b", "a"], "q2": ["b", "a"], "q3": ["a", "b"], "none": ["b"]}
+    second = 1 / math.log2(3)  # nDCG@10 of the one relevant document in 2nd place
+    diff = np.array([1 - second, 0.0, second - 1])  # "none" has no relevant document
+    out = paired_gain(mine, base, judged)
+    assert out["n_queries"] == 3
+    assert out["gain"] == pytest.approx(0.0)
+    assert out["se"] == pytest.approx(diff.std(ddof=1) / math.sqrt(3))
+    one = paired_gain({"q1": ["a"]}, {"q1": ["b"]}, judged)
+    assert one == {"gain": 1.0, "se": None, "n_queries": 1}  # no spread to measure
+
+
+def test_the_calibrated_ranking_reports_its_gain_over_each_fusion() -> None:
+    pools = [
+        RankingPool(f"q{i}", p.docs, p.evidence, 3, 3, p.judged)
+        for i, p in enumerate(hand_pool({d: 1}) for d in "abcdabcd")
+    ]
+    folds = [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)]
+    proba = np.array([0.1, 0.2, 0.3, 0.9])  # orders d, c, b, a
+    out = mode_rankings(pools, folds, {AUTO: [proba] * 8})
+    gains = out["calibrated"]["gain_over"]
+    assert set(gains) == {"dense", "rrf", "blend"}
+    for mode, gain in gains.items():  # every query has a relevant document
+        assert gain["n_queries"] == 8
+        assert gain["gain"] == pytest.approx(
+            out["calibrated"]["ndcg@10"] - out[mode]["ndcg@10"]
+        )
+        assert gain["se"] > 0
 
 
 # -- calibration on synthetic evidence --------------------------------------------------
@@ -430,6 +463,37 @@ def test_cli_eval_on_a_real_scifact_slice(
     assert "scifact-slice" in method_table(result)
     # the corpus embedding is cached: a second run does not embed documents again
     assert list((tmp_path / "cache").glob("scifact-slice-*.npz"))
+
+
+def test_eval_depth_is_passed_on_from_k_to_the_bm25_depth_and_refused_outside(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import app.cli.evaluation
+    from app.cli.main import EXIT_USAGE, MAX_EVAL_DEPTH, main
+
+    assert MAX_EVAL_DEPTH == LEXICAL_DEPTH
+    data = tmp_path / "tiny"
+    (data / "qrels").mkdir(parents=True)
+    (data / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n', "utf-8")
+    (data / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n', "utf-8")
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    seen: list[int] = []
+
+    def run_eval(*_args, options: EvalOptions, **_kwargs):
+        seen.append(options.depth)
+        raise SystemExit(0)  # the options are all this test reads
+
+    monkeypatch.setattr(app.cli.evaluation, "run_eval", run_eval)
+    for depth in ("20", str(LEXICAL_DEPTH)):  # --k (20) and the BM25 depth: accepted
+        with pytest.raises(SystemExit):
+            main(["eval", str(data), "--depth", depth])
+    assert seen == [20, LEXICAL_DEPTH]
+    for depth, k in ((str(LEXICAL_DEPTH + 1), "20"), ("9", "10")):  # one past each
+        assert main(["eval", str(data), "--k", k, "--depth", depth]) == EXIT_USAGE
+        assert f"--depth must be from --k ({k}) to 100; got {depth}" in (
+            capsys.readouterr().err
+        )
+    assert seen == [20, LEXICAL_DEPTH]
 
 
 @pytest.mark.slow
