@@ -249,14 +249,31 @@ def _modes(result: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def mode_table(result: Mapping[str, Any]) -> str:
-    """Markdown rows of nDCG@10 and Recall@100 per retrieval mode (same pools)."""
-    lines = ["| mode | nDCG@10 | Recall@100 |", "|---|---|---|"]
-    for name, m in _modes(result).items():
+    """Markdown rows of nDCG@10 and Recall@100 per retrieval mode (same pools).
+
+    With the calibrated ranking's paired per-query gain over each fusion +- its
+    standard error, where the report has it.
+    """
+    modes = _modes(result)
+    gains = (modes.get("calibrated") or {}).get("gain_over", {})
+    lines = [
+        "| mode | nDCG@10 | Recall@100 | calibrated's nDCG@10 gain ± SE |",
+        "|---|---|---|---|",
+    ]
+    for name, m in modes.items():
         if isinstance(m, Mapping):
-            lines.append(
-                f"| {name} | {_f(m.get('ndcg@10'))} | {_f(m.get('recall@100'))} |"
+            gain = gains.get(name)
+            against = (
+                "-"
+                if gain is None
+                else f"{gain['gain']:+.4f} ± {_f(gain['se'])} ({gain['n_queries']} q)"
             )
-    return "\n".join(lines) + "\n"
+            lines.append(
+                f"| {name} | {_f(m.get('ndcg@10'))} | {_f(m.get('recall@100'))} "
+                f"| {against} |"
+            )
+    pool = modes.get("pool")
+    return "\n".join(lines) + ("" if pool is None else f"\n\nPool: {pool}.") + "\n"
 
 
 def norm_lift_summary(lift: Mapping[str, Any]) -> str:

@@ -436,6 +436,10 @@ def test_cli_eval_on_a_real_scifact_slice(
         # every relevant document is in the slice, so every list finds many
         assert 0.3 < modes[name]["ndcg@10"] <= 1
         assert 0.5 < modes[name]["recall@100"] <= 1
+    for mode in ("dense", "rrf", "blend"):  # paired gains, printed beside the modes
+        assert modes["calibrated"]["gain_over"][mode]["n_queries"] == 30
+        gain = modes["calibrated"]["gain_over"][mode]["gain"]
+        assert f"| {mode} | " in printed and f"{gain:+.4f} ± " in printed
     assert result["n_pairs"] >= 30 * 20  # hybrid pools: dense top-20 + BM25 top-20
     assert set(result["calibration_by_pool"]) == {"hybrid", "dense"}
     for name in ("platt", "isotonic", "nt", "nt-list", AUTO):
