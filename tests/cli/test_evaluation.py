@@ -480,7 +480,9 @@ def test_eval_depth_is_passed_on_from_k_to_the_bm25_depth_and_refused_outside(
     (data / "qrels").mkdir(parents=True)
     (data / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n', "utf-8")
     (data / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n', "utf-8")
-    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    (data / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\n", "utf-8"
+    )
     seen: list[int] = []
 
     def run_eval(*_args, options: EvalOptions, **_kwargs):
