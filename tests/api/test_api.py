@@ -41,7 +41,9 @@ def test_an_app_given_a_shared_model_leaves_the_garbage_collector_alone(app):
         assert client.get("/healthz").status_code == 200
         garbage = [[]]
         garbage[0].append(garbage)  # a cycle made while serving
-    assert gc.get_freeze_count() == frozen
+    # Not ==: a frozen object freed meanwhile leaves the count (run alone, this test
+    # saw 3 fewer); a freeze would add every live object.
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_a_server_renders_its_openapi_document_before_the_first_request(
@@ -58,7 +60,9 @@ def test_a_server_renders_its_openapi_document_before_the_first_request(
 
     frozen: list[bool] = []
     monkeypatch.setattr(app.api.lifespan, "load_embedder", lambda _s: embedder)
-    monkeypatch.setattr(app.api.lifespan, "freeze_start_up", lambda: frozen.append(True))
+    monkeypatch.setattr(
+        app.api.lifespan, "freeze_start_up", lambda: frozen.append(True)
+    )
     server = create_app(Settings(data_dir=tmp_path))  # no shared model: the server's
     assert server.openapi_schema is None
     with TestClient(server):  # start-up only: no request is sent
