@@ -416,6 +416,14 @@ class Settings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     host: str = Field("127.0.0.1", description="`normcal serve` address")
     port: int = Field(8000, ge=0, le=65535, description="`normcal serve` port; 0: any")
+    lexical_build_wait_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="seconds start-up waits, at most, for the stored collections' "
+        "in-memory BM25 indexes before serving; a search before its collection's is "
+        "built scores BM25 through SQLite FTS5, several times slower (0: serve at once)",
+    )
     header_timeout: float = Field(
         10.0, gt=0, description="seconds a client has to send a request's head"
     )

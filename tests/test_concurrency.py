@@ -92,6 +92,8 @@ def test_a_cancelled_waiter_gives_its_place_back():
         ("filter_timeout_ms", 600_000, 600_001),
         ("filter_jobs_per_collection", 0, -1),
         ("filter_jobs_per_collection", 64, 65),
+        ("lexical_build_wait_s", 0, -1),
+        ("lexical_build_wait_s", 3600, 3601),
     ],
 )
 def test_the_bounds_of_work_settings_hold_at_the_bound_and_refuse_one_past(

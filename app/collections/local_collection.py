@@ -263,6 +263,10 @@ class Collection(Generic[C]):
             top=float(top[0]) if top.size else 0.0,
         )
 
+    def wait_build(self, timeout: float) -> bool:
+        """Whether no lexical build is under way, after up to ``timeout`` s for it."""
+        return self._store.wait_build(timeout)
+
     def counts(self) -> tuple[int, int, int]:
         """Documents in SQLite, in the lexical index and vectors in FAISS.
 

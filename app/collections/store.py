@@ -291,6 +291,16 @@ class CollectionStore:
             if build is None or remaining <= 0 or not build.done.wait(remaining):
                 return False
 
+    def wait_build(self, timeout: float) -> bool:
+        """Whether no postings build is under way, after up to ``timeout`` s for it.
+
+        Starts none (unlike :meth:`wait_lexical`): start-up waits for the builds
+        opening the collections began.
+        """
+        with self._mutex:
+            build = self._build
+        return build is None or build.done.wait(timeout)
+
     def release_connection(self) -> bool:
         """Close the connection if the store is idle (for the LRU); False if busy."""
         if not self._mutex.acquire(blocking=False):

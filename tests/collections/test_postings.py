@@ -7,6 +7,7 @@ The reference is always FTS5 itself (``lexical.search`` of the full query and
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
@@ -609,6 +610,89 @@ def test_a_build_is_cancelled_cleanly(
     registry._builds.join()
     assert not _builds_alive()
     assert "not built" not in caplog.text
+
+
+def _stored(data: Path, names: tuple[str, ...]) -> None:
+    """Collections of ``TEXTS`` in ``data``, closed again (a server's last run)."""
+    first = CollectionRegistry(
+        data, model_name="m", dim=DIM, synchronous="OFF", load_calibrator=dict
+    )
+    first.load()
+    for name in names:
+        first.create(name).upsert([_doc(f"d{i}", t, i) for i, t in enumerate(TEXTS)])
+    first.close()
+
+
+def test_settle_waits_for_the_builds_opening_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What start-up waits for: the builds ``load`` started, up to the timeout."""
+    _stored(tmp_path / "data", ("a", "b"))
+    gate = _Gate(monkeypatch)
+    reopened = CollectionRegistry(
+        tmp_path / "data", model_name="m", dim=DIM, load_calibrator=dict
+    )
+    reopened.load()  # a's build starts and is held; b's waits for the one builder
+    try:
+        assert gate.entered.wait(timeout=60)
+        assert reopened.settle(0) == ["a", "b"]
+        gate.opened.set()
+        assert reopened.settle(120) == []
+        for name in ("a", "b"):  # their postings serve: no build is started
+            assert reopened.get(name).wait_build(0)
+            assert reopened.get(name)._store.wait_lexical(timeout=0)
+    finally:
+        gate.opened.set()
+        reopened.close()
+
+
+@pytest.mark.parametrize("timeout", [0.0, 30.0])
+def test_start_up_waits_for_the_lexical_indexes_up_to_its_setting(
+    embedder,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    timeout: float,
+) -> None:
+    """A restarted server answers its first searches from its postings, not from
+    FTS5 beside a build (``benchmarks/first_request.py``); with
+    ``NORMCAL_LEXICAL_BUILD_WAIT_S`` reached (here 0 s, the build held) it serves
+    anyway, says which collection is still building, and FTS5 answers."""
+    from fastapi.testclient import TestClient
+
+    from app.api.app import create_app
+    from app.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", lexical_build_wait_s=timeout)
+    with TestClient(create_app(settings, embedder=embedder)) as client:  # last run
+        client.post("/v1/collections", json={"name": "kb"}).raise_for_status()
+        documents = [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS) if t]
+        client.put(
+            "/v1/collections/kb/documents", json={"documents": documents}
+        ).raise_for_status()
+    caplog.set_level(logging.INFO, logger="app.api.lifespan")
+    gate = _Gate(monkeypatch)
+    if timeout:  # the build goes on once it started
+        opener = threading.Thread(
+            target=lambda: gate.entered.wait(60) and gate.opened.set()
+        )
+        opener.start()
+    with TestClient(create_app(settings, embedder=embedder)) as client:
+        try:
+            collection = client.app_state["service"].context.registry.get("kb")
+            if timeout:
+                assert collection._store.wait_lexical(timeout=0)  # before any request
+                assert "lexical indexes ready" in caplog.text
+            else:
+                assert "lexical index still building" in caplog.text
+                assert "for kb:" in caplog.text
+                assert not collection.wait_build(0)
+            r = client.post("/v1/collections/kb/search", json={"query": "fox", "k": 3})
+            assert r.status_code == 200 and r.json()["hits"][0]["bm25"] > 0
+        finally:  # before the shutdown, which waits for the build
+            gate.opened.set()
+    if timeout:
+        opener.join(60)
 
 
 # FTS5 keeps 32,768 bytes of a token (lexical.MAX_TOKEN_BYTES) and cuts the rest
