@@ -17,7 +17,6 @@ Run: ``HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/first_request.py [--rounds 3
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -32,9 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from app.cli.inputs import read_corpus  # noqa: E402
 from app.cli.process import ServerProcess, wait_for_port_file  # noqa: E402
-from benchmarks.peers import DATA, _machine  # noqa: E402
+from benchmarks.peers import _machine, _texts  # noqa: E402
 
 STARTED = b"Application startup complete"
 WAITED = re.compile(rb"start-up waited ([0-9.]+)s")  # for the BM25 indexes
@@ -69,9 +67,7 @@ def main() -> int:
     parser.add_argument("--set", default="scifact", help="a folder of the shared data")
     parser.add_argument("--docs", type=int, default=1000)
     args = parser.parse_args()
-    docs = list(read_corpus(DATA / args.set, args.docs))
-    with (DATA / args.set / "queries.jsonl").open() as fh:
-        queries = [json.loads(line)["text"] for line in fh]
+    docs, queries = _texts(args.docs, args.set)
     rounds: list[tuple[float, float | None, list[float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"

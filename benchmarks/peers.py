@@ -67,11 +67,12 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime
 
 
-def _texts(n: int) -> tuple[list[dict], list[str]]:
+def _texts(n: int, dataset: str = "scifact") -> tuple[list[dict], list[str]]:
+    """The first ``n`` documents and every query text of a shared set."""
     from app.cli.inputs import read_corpus
 
-    docs = list(read_corpus(DATA / "scifact", n))
-    with (DATA / "scifact" / "queries.jsonl").open() as fh:
+    docs = list(read_corpus(DATA / dataset, n))
+    with (DATA / dataset / "queries.jsonl").open() as fh:
         qs = [json.loads(line)["text"] for line in fh]
     return docs, qs
 
